@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh clone: `make demo` and `make test`.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup demo test bench lint format clean
+
+setup: $(STAMP)
+
+# torch first (the CPU build that lies on local disk), then the project with every extra.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/qkv demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(VENV)/bin/qkv bench
+
+lint: setup
+	$(VENV)/bin/ruff check qkv tests benchmarks
+	$(VENV)/bin/ruff format --check qkv tests benchmarks
+
+format: setup
+	$(VENV)/bin/ruff check --fix qkv tests benchmarks
+	$(VENV)/bin/ruff format qkv tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

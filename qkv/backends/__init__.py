@@ -1,0 +1,118 @@
+"""Attention backends and the dispatch that chooses between them.
+
+Every backend declares what it cannot do (:meth:`Backend.why_not`); ``auto`` takes the
+first backend in :data:`PREFERENCE` that can serve a request, and
+:func:`explain` says why each other one was not taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qkv.backends.base import AttentionRequest, AttentionResult, Backend
+from qkv.backends.chunked import ChunkedBackend
+from qkv.backends.reference import ReferenceBackend
+from qkv.backends.sdpa import SDPABackend
+
+__all__ = [
+    "AttentionRequest",
+    "AttentionResult",
+    "Backend",
+    "Dispatch",
+    "PREFERENCE",
+    "available_backends",
+    "explain",
+    "get_backend",
+    "register_backend",
+]
+
+_REGISTRY: dict[str, Backend] = {}
+
+# Fastest first. Reference comes before chunked because it computes weights and lse in one
+# pass; `auto` skips it when the score matrix would be too large (see REFERENCE_MAX_BYTES).
+PREFERENCE = ["triton", "sdpa", "reference", "chunked"]
+REFERENCE_MAX_BYTES = 1 << 30
+
+
+def register_backend(backend: Backend) -> None:
+    """Make a backend available by its name (replaces one of the same name)."""
+    _REGISTRY[backend.name] = backend
+
+
+def available_backends() -> list[str]:
+    """Names of the backends that can run in this installation, in dispatch order."""
+    _load_optional()
+    return [name for name in PREFERENCE if name in _REGISTRY] + sorted(
+        name for name in _REGISTRY if name not in PREFERENCE
+    )
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; ``ValueError`` listing the known names otherwise."""
+    _load_optional()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention backend {name!r}; known: {available_backends()}")
+    return _REGISTRY[name]
+
+
+@dataclass
+class Dispatch:
+    """Which backend runs a request and why each other one does not."""
+
+    chosen: str | None
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"auto -> {self.chosen}"]
+        for name in available_backends():
+            if name == self.chosen:
+                lines.append(f"  {name}: chosen")
+            elif self.reasons.get(name):
+                lines.append(f"  {name}: not used: " + "; ".join(self.reasons[name]))
+            else:
+                lines.append(f"  {name}: could run, but {self.chosen} comes first")
+        return "\n".join(lines)
+
+
+def explain(req: AttentionRequest) -> Dispatch:
+    """Decide the backend for ``req`` and record the reasons against the others."""
+    reasons: dict[str, list[str]] = {}
+    chosen = None
+    for name in available_backends():
+        why = list(get_backend(name).why_not(req))
+        if name == "reference" and not why:
+            why = _reference_too_large(req)
+        reasons[name] = why
+        if chosen is None and not why:
+            chosen = name
+    if chosen is None:  # nothing else fits: the reference serves everything
+        chosen = "reference"
+    return Dispatch(chosen=chosen, reasons=reasons)
+
+
+def _reference_too_large(req: AttentionRequest) -> list[str]:
+    b, h, tq, _ = req.q.shape
+    nbytes = b * h * tq * req.k.shape[-2] * max(req.q.element_size(), 4)
+    if nbytes > REFERENCE_MAX_BYTES:
+        return [f"its score matrix would take {nbytes / 2**30:.1f} GiB (auto limit 1 GiB)"]
+    return []
+
+
+_optional_loaded = False
+
+
+def _load_optional() -> None:
+    """Register, once, the optional backends whose dependencies are installed."""
+    global _optional_loaded
+    if _optional_loaded:
+        return
+    _optional_loaded = True
+    try:
+        from qkv.backends.triton_flash import TritonBackend
+    except ImportError:  # triton (the `kernels` extra) is not installed
+        return
+    register_backend(TritonBackend())
+
+
+for _backend in (SDPABackend(), ReferenceBackend(), ChunkedBackend()):
+    register_backend(_backend)

@@ -1,0 +1,115 @@
+"""What every attention backend shares: the request it is asked to serve and the masks.
+
+A backend receives an :class:`AttentionRequest` that has already been checked and
+normalised by :func:`qkv.functional.scaled_dot_product_attention`: shapes are valid, the
+mask is ``None``, a boolean tensor (``True`` = may attend) or a float tensor (added to the
+scores), broadcastable to ``(B, H, Tq, Tk)``, and ``causal`` means bottom-right aligned.
+
+Each backend declares what it supports through :meth:`Backend.why_not`, which returns
+the reasons it cannot serve a request (an empty list means it can). Dispatch and
+``explain_dispatch`` are built on those reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["AttentionRequest", "AttentionResult", "Backend", "causal_mask", "visible_rows"]
+
+
+@dataclass
+class AttentionRequest:
+    """One attention call, validated.
+
+    Shape:
+        q: ``(B, H, Tq, D)``; k: ``(B, Hkv, Tk, D)``; v: ``(B, Hkv, Tk, Dv)``;
+        mask: broadcastable to ``(B, H, Tq, Tk)`` or ``None``.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    causal: bool
+    scale: float
+    dropout_p: float
+    need_weights: bool
+    need_lse: bool
+
+    @property
+    def groups(self) -> int:
+        """How many query heads share one key/value head (1 = plain multi-head)."""
+        return self.q.shape[1] // self.k.shape[1]
+
+    @property
+    def requires_grad(self) -> bool:
+        tensors = [self.q, self.k, self.v] + ([self.mask] if self.mask is not None else [])
+        return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+    def full_mask(self) -> Tensor | None:
+        """The user mask combined with the causal mask, still broadcastable (never expanded)."""
+        mask = self.mask
+        if self.causal:
+            tq, tk = self.q.shape[-2], self.k.shape[-2]
+            cm = causal_mask(tq, tk, device=self.q.device)
+            if mask is None:
+                mask = cm
+            elif mask.dtype == torch.bool:
+                mask = mask & cm
+            else:
+                mask = mask.masked_fill(~cm, float("-inf"))
+        return mask
+
+
+@dataclass
+class AttentionResult:
+    """What a backend returns: the output and, when asked for, the weights and the lse.
+
+    Shape:
+        out: ``(B, H, Tq, Dv)``; weights: ``(B, H, Tq, Tk)``; lse: ``(B, H, Tq)`` in float32
+        (``-inf`` for a query row that sees no key).
+    """
+
+    out: Tensor
+    weights: Tensor | None = None
+    lse: Tensor | None = None
+
+
+class Backend:
+    """A way to compute attention. Subclasses set ``name`` and implement the two methods."""
+
+    name: str = "base"
+
+    def why_not(self, req: AttentionRequest) -> list[str]:
+        """Reasons this backend cannot serve ``req``; empty when it can."""
+        raise NotImplementedError
+
+    def __call__(self, req: AttentionRequest) -> AttentionResult:
+        raise NotImplementedError
+
+
+def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> Tensor:
+    """Boolean ``(Tq, Tk)`` mask, ``True`` where query ``i`` may see key ``j``.
+
+    Aligned bottom-right: query ``i`` sees keys ``j <= i + (Tk - Tq)``, so the last query
+    sees every key. With ``Tq == Tk`` this is the usual lower triangle; with a KV cache
+    (``Tq`` new queries after ``Tk - Tq`` cached keys) it is what incremental decoding needs.
+    """
+    rows = torch.arange(tq, device=device).unsqueeze(1)
+    cols = torch.arange(tk, device=device).unsqueeze(0)
+    return cols <= rows + (tk - tq)
+
+
+def visible_rows(mask: Tensor | None) -> Tensor | None:
+    """``True`` for query rows that see at least one key (``None`` when all rows do).
+
+    Shape: mask ``(..., Tq, Tk)`` -> ``(..., Tq, 1)``.
+    """
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return mask.any(dim=-1, keepdim=True)
+    return (mask > float("-inf")).any(dim=-1, keepdim=True)

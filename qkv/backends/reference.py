@@ -1,0 +1,72 @@
+"""The reference backend: attention written out as the formula, step by step.
+
+.. math::
+    \\mathrm{Attention}(Q, K, V) = \\mathrm{softmax}\\left(\\frac{QK^\\top}{\\sqrt{d}} + M\\right) V
+
+This is the backend the documentation walks through and the one every fast path is
+tested against. It materialises the full ``(B, H, Tq, Tk)`` score matrix, supports every
+feature (any mask, dropout, weights, log-sum-exp, every dtype and device) and is not fast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
+
+__all__ = ["ReferenceBackend", "reference_attention"]
+
+
+def reference_attention(req: AttentionRequest) -> AttentionResult:
+    """Compute attention with explicit matrices (see the module docstring)."""
+    q, k, v = req.q, req.k, req.v
+    # 0) GQA/MQA: every key/value head serves `groups` consecutive query heads.
+    if req.groups > 1:
+        k = k.repeat_interleave(req.groups, dim=1)  # (B, H, Tk, D)
+        v = v.repeat_interleave(req.groups, dim=1)  # (B, H, Tk, Dv)
+
+    # 1) compare every query with every key: (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * req.scale
+
+    # 2) hide what may not be seen: boolean masks remove keys, float masks are added.
+    mask = req.full_mask()
+    visible = visible_rows(mask)  # (B?, H?, Tq, 1): rows that see at least one key
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)
+        # A row that sees nothing gets finite scores here and zero weights below, so that
+        # neither the output nor any gradient becomes NaN.
+        scores = torch.where(visible, scores, torch.zeros((), dtype=scores.dtype))
+
+    # 3) turn each row of scores into a probability distribution (float32 for half types).
+    compute = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
+    weights = torch.softmax(scores.to(compute), dim=-1)
+    lse = torch.logsumexp(scores.to(compute), dim=-1) if req.need_lse else None
+    if visible is not None:
+        weights = torch.where(visible, weights, torch.zeros((), dtype=weights.dtype))
+        if lse is not None:
+            lse = lse.masked_fill(~visible.squeeze(-1), float("-inf"))
+    weights = weights.to(q.dtype)
+
+    # 4) dropout acts on the weights, as in the Transformer paper.
+    dropped = F.dropout(weights, p=req.dropout_p) if req.dropout_p > 0 else weights
+
+    # 5) the output is the weighted sum of the values: (B, H, Tq, Tk) @ (B, H, Tk, Dv)
+    out = torch.matmul(dropped, v)
+    return AttentionResult(out=out, weights=weights if req.need_weights else None, lse=lse)
+
+
+class ReferenceBackend(Backend):
+    """Explicit math; serves every request."""
+
+    name = "reference"
+
+    def why_not(self, req: AttentionRequest) -> list[str]:
+        return []
+
+    def __call__(self, req: AttentionRequest) -> AttentionResult:
+        return reference_attention(req)

@@ -1,0 +1,61 @@
+"""The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention``.
+
+PyTorch picks its own fused kernel (flash, memory-efficient, cuDNN or a C++ CPU kernel).
+qkv adds what SDPA does not do by itself: bottom-right causal alignment when ``Tq != Tk``,
+and zeros (not NaN) for query rows that see no key.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
+
+__all__ = ["SDPABackend"]
+
+
+class SDPABackend(Backend):
+    """PyTorch's fused attention; no weights, no log-sum-exp."""
+
+    name = "sdpa"
+
+    def why_not(self, req: AttentionRequest) -> list[str]:
+        reasons = []
+        if req.need_weights:
+            reasons.append("does not return attention weights")
+        if req.need_lse:
+            reasons.append("does not return the log-sum-exp")
+        return reasons
+
+    def __call__(self, req: AttentionRequest) -> AttentionResult:
+        q, k, v = req.q, req.k, req.v
+        tq, tk = q.shape[-2], k.shape[-2]
+        # SDPA's own causal flag is top-left aligned; it agrees with ours only when Tq == Tk.
+        use_flag = req.causal and req.mask is None and tq == tk
+        mask = None if use_flag else req.full_mask()
+        visible = visible_rows(mask)
+        if visible is not None:
+            if bool(visible.all()):
+                visible = None
+            else:
+                # Let empty rows attend to everything; their output is zeroed afterwards.
+                if mask.dtype == torch.bool:
+                    mask = mask | ~visible
+                else:
+                    mask = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype))
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=req.dropout_p,
+            is_causal=use_flag,
+            scale=req.scale,
+            enable_gqa=req.groups > 1,
+        )
+        if visible is not None:
+            out = torch.where(visible, out, torch.zeros((), dtype=out.dtype))
+        return AttentionResult(out=out)

@@ -1,0 +1,123 @@
+"""The ``qkv`` command line: parses arguments and calls library functions.
+
+Each sub-command lives in the library; this file only builds the parser and maps the
+errors that mean "bad input" to a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+__all__ = ["main", "UserError"]
+
+
+class UserError(Exception):
+    """Bad input from the user (config, corpus, checkpoint, arguments): exit code 2."""
+
+
+# command name -> (module, function); each function takes the parsed argparse.Namespace
+# and returns an exit code (or None for 0).
+HANDLERS = {
+    "walkthrough": ("qkv.walkthrough", "run_cli"),
+    "demo": ("qkv.demo", "run_cli"),
+    "train": ("qkv.train", "run_cli"),
+    "translate": ("qkv.translate", "run_cli"),
+    "evaluate": ("qkv.evaluate", "run_cli"),
+    "show": ("qkv.viz.show_cli", "run_cli"),
+    "lab": ("qkv.lab", "run_cli"),
+    "bench": ("qkv.bench", "run_cli"),
+    "data": ("qkv.data.download", "run_cli"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qkv", description="Attention from Q, K, V to a translator.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    w = sub.add_parser("walkthrough", help="self- and multi-head attention, step by step")
+    w.add_argument("sentence", help="a sentence, any script; split on whitespace")
+    w.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
+    w.add_argument("--dim", type=int, default=8, help="model width E (default 8)")
+    w.add_argument("--no-positions", action="store_true", help="leave out positional encodings")
+    w.add_argument("--seed", type=int, default=0)
+
+    d = sub.add_parser("demo", help="the main job on the built-in Korean->English toy corpus")
+    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    d.add_argument("--quick", action="store_true", help="a much shorter run, for tests")
+
+    t = sub.add_parser("train", help="train a translator from a YAML config")
+    t.add_argument("config")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    t.add_argument("--out", default=None, help="output folder (default: from the config)")
+
+    tr = sub.add_parser("translate", help="translate stdin to stdout")
+    tr.add_argument("checkpoint")
+    tr.add_argument("--beam", type=int, default=1)
+    tr.add_argument("--n-best", type=int, default=1)
+    tr.add_argument("--batch-size", type=int, default=32)
+    tr.add_argument("--show-attention", default=None, metavar="OUT.html")
+
+    e = sub.add_parser("evaluate", help="sacreBLEU and chrF of a checkpoint on a test set")
+    e.add_argument("checkpoint")
+    e.add_argument("--src", required=True)
+    e.add_argument("--ref", required=True)
+    e.add_argument("--beam", type=int, default=5)
+
+    s = sub.add_parser("show", help="attention of a pretrained encoder as HTML or PNG")
+    s.add_argument("text")
+    s.add_argument("text_b", nargs="?", default=None)
+    s.add_argument("--model", default=None, help="a Hugging Face BERT-family folder")
+    s.add_argument("--layer", type=int, default=None)
+    s.add_argument("--head", type=int, default=None)
+    s.add_argument("--out", default="attention.html", help="FILE.html or FILE.png")
+
+    lab = sub.add_parser("lab", help="reproduce one claim about attention")
+    lab.add_argument("name")
+    lab.add_argument("--quick", action="store_true")
+    lab.add_argument("--out", default=None)
+
+    b = sub.add_parser("bench", help="performance against the peers")
+    b.add_argument("name", nargs="?", default=None)
+    b.add_argument("--out", default="benchmarks/results")
+    b.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+
+    data = sub.add_parser("data", help="corpora")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    dl = dsub.add_parser("download", help="fetch a public corpus into the local cache")
+    dl.add_argument("name")
+    dl.add_argument("--cache", default=None)
+    dl.add_argument("--base-url", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
+    )
+    module_name, func_name = HANDLERS[args.command]
+    try:
+        module = importlib.import_module(module_name)
+        code = getattr(module, func_name)(args)
+    except UserError as err:
+        print(f"qkv {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("qkv"):
+            print(f"qkv {args.command}: not available in this version", file=sys.stderr)
+            return 1
+        print(f"qkv {args.command}: needs the package {err.name!r}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Attention as pure functions: scaled dot-product attention, masks, and the LSE merge.
+
+Shapes use ``(B, H, T, D)``: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key
+length, D head size. One mask polarity everywhere: a boolean mask is ``True`` where a
+query may attend to a key; a float mask is added to the scores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from qkv.backends import AttentionRequest, Dispatch, available_backends, explain, get_backend
+from qkv.backends.base import causal_mask
+
+__all__ = [
+    "attention_lse",
+    "available_backends",
+    "causal_mask",
+    "combine_masks",
+    "explain_dispatch",
+    "from_torch_masks",
+    "merge_attention",
+    "padding_mask",
+    "scaled_dot_product_attention",
+]
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
+
+    .. math::
+        \\mathrm{Attention}(Q, K, V) = \\mathrm{softmax}(Q K^\\top \\cdot s + M) V,
+        \\quad s = 1/\\sqrt{D}
+
+    Args:
+        q, k, v: queries, keys and values. ``Hkv`` must divide ``H`` (GQA/MQA: each key/value
+            head serves ``H / Hkv`` consecutive query heads).
+        mask: ``None``; boolean, ``True`` = may attend; or float, added to the scores.
+            Broadcastable to ``(B, H, Tq, Tk)``.
+        causal: hide future keys, aligned bottom-right when ``Tq != Tk``.
+        scale: score scale, default ``1 / sqrt(D)``.
+        dropout_p: dropout on the weights (pass 0 at evaluation time).
+        need_weights: also return the attention weights.
+        backend: ``"auto"`` or one of :func:`available_backends`.
+
+    Shape:
+        q ``(B, H, Tq, D)``, k ``(B, Hkv, Tk, D)``, v ``(B, Hkv, Tk, Dv)``.
+
+    Returns:
+        ``out`` ``(B, H, Tq, Dv)``, or ``(out, weights)`` with weights ``(B, H, Tq, Tk)``
+        when ``need_weights``. A query row that sees no key gets zeros in both.
+    """
+    req = _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse=False)
+    result = _run(req, backend)
+    return (result.out, result.weights) if need_weights else result.out
+
+
+def attention_lse(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """Attention that also returns the log-sum-exp of each query row's scores.
+
+    ``lse = log sum_j exp(s_j)`` over visible keys (``-inf`` for a row that sees none), in
+    float32 (float64 for float64 inputs). With it, results over disjoint key sets merge exactly (:func:`merge_attention`).
+
+    Shape:
+        as :func:`scaled_dot_product_attention`; returns ``out`` ``(B, H, Tq, Dv)`` and
+        ``lse`` ``(B, H, Tq)``.
+    """
+    req = _request(q, k, v, mask, causal, scale, 0.0, False, need_lse=True)
+    result = _run(req, backend)
+    return result.out, result.lse
+
+
+def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple:
+    """Merge attention over two disjoint key sets into attention over their union.
+
+    .. math::
+        lse = \\log(e^{lse_a} + e^{lse_b}),\\quad
+        out = e^{lse_a - lse} out_a + e^{lse_b - lse} out_b
+
+    Shape:
+        out ``(..., Tq, Dv)``, lse ``(..., Tq)``. Returns ``(out, lse)``. Rows that see no
+        key on either side stay zero with ``lse = -inf``.
+    """
+    compute = torch.promote_types(lse_a.dtype, torch.float32)
+    lse_a, lse_b = lse_a.to(compute), lse_b.to(compute)
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isinf(lse), 0.0, lse)  # both sides empty: weights 0, not NaN
+    w_a = torch.exp(lse_a - safe).unsqueeze(-1)
+    w_b = torch.exp(lse_b - safe).unsqueeze(-1)
+    out = w_a * out_a.to(compute) + w_b * out_b.to(compute)
+    return out.to(out_a.dtype), lse
+
+
+def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """Boolean ``(B, T)`` key mask, ``True`` for the first ``lengths[b]`` (real) tokens."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must be 1-d (B,), got shape {tuple(lengths.shape)}")
+    t = int(lengths.max()) if max_len is None else max_len
+    return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def from_torch_masks(
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
+    *,
+    num_heads: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor | None:
+    """Translate ``torch.nn.MultiheadAttention`` masks to one qkv mask.
+
+    torch uses the opposite boolean polarity (``True`` = do not attend); float masks are
+    added in both libraries.
+
+    Args:
+        attn_mask: ``(Tq, Tk)`` or ``(B * num_heads, Tq, Tk)``, bool (``True`` = ignore) or float.
+        key_padding_mask: ``(B, Tk)``, bool (``True`` = padding) or float.
+        num_heads: needed for a 3-d ``attn_mask``.
+        dtype: the float dtype used when a float mask is involved.
+
+    Returns:
+        ``None`` or a mask broadcastable to ``(B, H, Tq, Tk)`` in qkv's polarity: boolean
+        when both inputs are boolean, float otherwise.
+    """
+    parts = []
+    if attn_mask is not None:
+        if attn_mask.ndim == 3:
+            if num_heads is None:
+                raise ValueError("a 3-d attn_mask (B*H, Tq, Tk) needs num_heads")
+            attn_mask = attn_mask.reshape(-1, num_heads, *attn_mask.shape[-2:])
+        parts.append(attn_mask)
+    if key_padding_mask is not None:
+        parts.append(key_padding_mask[:, None, None, :])  # (B, 1, 1, Tk)
+    # torch: True = ignore, float = added. qkv: True = may attend, float = added.
+    flipped = [~p if p.dtype == torch.bool else p.to(dtype) for p in parts]
+    return combine_masks(*flipped)
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """Combine masks (``None`` entries skipped) so that a key is seen only if all allow it.
+
+    Boolean masks (``True`` = may attend) are and-ed; when any mask is float, boolean ones
+    become ``0 / -inf`` and all are added. Shapes broadcast.
+    """
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    if all(m.dtype == torch.bool for m in present):
+        out = present[0]
+        for m in present[1:]:
+            out = out & m
+        return out
+    dtype = next(m.dtype for m in present if m.dtype != torch.bool)
+    out = None
+    for m in present:
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, float("-inf"))
+        out = m if out is None else out + m
+    return out
+
+
+def explain_dispatch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    need_lse: bool = False,
+) -> Dispatch:
+    """Which backend ``auto`` runs for these inputs, and why each other one is not used.
+
+    ``str()`` of the result is a short report, one line per backend.
+    """
+    return explain(_request(q, k, v, mask, causal, None, dropout_p, need_weights, need_lse))
+
+
+# --- validation and dispatch -------------------------------------------------------------
+
+
+def _run(req: AttentionRequest, backend: str):
+    if backend == "auto":
+        backend = explain(req).chosen
+    impl = get_backend(backend)
+    why = impl.why_not(req)
+    if why:
+        raise ValueError(f"attention backend {backend!r} cannot run this call: " + "; ".join(why))
+    return impl(req)
+
+
+def _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse) -> AttentionRequest:
+    _check_qkv(q, k, v)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    mask = _check_mask(mask, target)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return AttentionRequest(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be 4-d (B, H, T, D); got {shapes}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"batch sizes differ: {shapes}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same heads and length: {shapes}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head size D: {shapes}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"key/value heads Hkv must divide query heads H: {shapes}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"q, k, v must share one floating dtype: {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _check_mask(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:
+    """Validate a mask against ``(B, H, Tq, Tk)`` and return it as a 4-d broadcastable view."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"mask must be a tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise ValueError(f"mask must be boolean (True = may attend) or float, got {mask.dtype}")
+    ok = mask.ndim <= 4 and all(
+        m in (1, t) for m, t in zip(mask.shape[::-1], target[::-1], strict=False)
+    )
+    if not ok:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (B, H, Tq, Tk) = {target}"
+        )
+    while mask.ndim < 4:
+        mask = mask.unsqueeze(0)
+    return mask

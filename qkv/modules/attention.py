@@ -1,0 +1,208 @@
+"""Multi-head attention (Vaswani et al. 2017, section 3.2.2), with GQA and a KV cache.
+
+.. math::
+    \\mathrm{MultiHead}(Q, K, V) = \\mathrm{Concat}(\\mathrm{head}_1, \\dots, \\mathrm{head}_H) W^O,
+    \\quad \\mathrm{head}_i = \\mathrm{Attention}(Q W_i^Q, K W_i^K, V W_i^V)
+
+Grouped-query attention (Ainslie et al. 2023) uses ``Hkv < H`` key/value heads, each
+shared by ``H / Hkv`` query heads; ``Hkv = 1`` is multi-query attention (Shazeer 2019).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from qkv.functional import combine_masks, scaled_dot_product_attention
+from qkv.modules.cache import KVCache, LayerKV
+from qkv.modules.positional import AttentionPositional
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self- or cross-attention on batch-first ``(B, T, E)`` inputs.
+
+    Args:
+        embed_dim: model width E (output width too).
+        num_heads: query heads H; ``E`` must be divisible by ``H`` (head size D = E / H).
+        num_kv_heads: key/value heads Hkv (default H); must divide H.
+        kdim, vdim: widths of key and value inputs (default E), for cross-attention.
+        bias: biases on the four projections.
+        dropout: dropout on the attention weights while training.
+        positional: a :class:`~qkv.modules.positional.AttentionPositional` (RoPE, ALiBi)
+            applied inside self-attention.
+        backend: attention backend (``"auto"``, ``"sdpa"``, ``"reference"``, ...).
+
+    Shape:
+        query ``(B, Tq, E)``, key ``(B, Tk, kdim)``, value ``(B, Tk, vdim)``;
+        mask ``(Tq, Tk)``, ``(B, Tq, Tk)`` or ``(B, H, Tq, Tk)``, boolean (``True`` = may attend)
+        or float (added); key_mask ``(B, Tk)``, ``True`` for real tokens.
+        Returns ``out`` ``(B, Tq, E)`` and ``weights`` ``(B, H, Tq, Tk)`` or ``None``.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        positional: AttentionPositional | None = None,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads {num_kv_heads} must divide num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.dropout = dropout
+        self.positional = positional
+        self.backend = backend
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+        cache: KVCache | LayerKV | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when ``key`` is None).
+
+        With ``cache``, self-attention appends the new keys/values and attends to all of
+        them (``key_mask`` then covers every cached position); cross-attention projects
+        ``key``/``value`` on the first call and reuses them afterwards.
+        """
+        self_attn = key is None
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        layer = _layer(cache)
+        past = layer.length if (layer is not None and self_attn) else 0
+
+        # 1) project and split heads: (B, T, E) -> (B, H, T, D)
+        q = self._split(self.q_proj(query), self.num_heads)
+        if layer is not None and layer.static:
+            k, v = layer.k, layer.v  # cross-attention keys/values, computed once
+        else:
+            k = self._split(self.k_proj(key), self.num_kv_heads)
+            v = self._split(self.v_proj(value), self.num_kv_heads)
+            if self.positional is not None and self_attn:
+                q, k = self.positional(q, k, past, past)
+            if layer is not None:
+                k, v = layer.append(k, v) if self_attn else layer.set_static(k, v)
+
+        # 2) one mask: user mask, key padding and positional bias
+        tq, tk = q.shape[-2], k.shape[-2]
+        bias = self.positional.bias(tq, tk, past, q.device) if self._has_bias(self_attn) else None
+        full = combine_masks(_as_4d(mask, tq, tk), _key_mask(key_mask, tk), bias)
+
+        # 3) attend in every head at once
+        dropout_p = self.dropout if self.training else 0.0
+        result = scaled_dot_product_attention(
+            q, k, v, full, causal=causal, dropout_p=dropout_p,
+            need_weights=need_weights, backend=self.backend,
+        )  # fmt: skip
+        out, weights = result if need_weights else (result, None)
+
+        # 4) concatenate heads and project: (B, H, Tq, D) -> (B, Tq, E)
+        out = out.transpose(1, 2).reshape(query.shape[0], tq, self.embed_dim)
+        return self.out_proj(out), weights
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
+
+    def _has_bias(self, self_attn: bool) -> bool:
+        return self_attn and self.positional is not None
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        if query.ndim != 3 or key.ndim != 3 or value.ndim != 3:
+            raise ValueError(f"MultiHeadAttention takes batch-first (B, T, E) inputs; got {shapes}")
+        if query.shape[-1] != self.embed_dim:
+            raise ValueError(f"query width must be embed_dim={self.embed_dim}; got {shapes}")
+        if key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
+            raise ValueError(f"key/value widths must be kdim={self.kdim}, vdim={self.vdim}: {shapes}")
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(f"batch and key/value lengths must agree: {shapes}")
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A qkv module with the weights of ``torch.nn.MultiheadAttention`` ``m``.
+
+        Packed (``in_proj_weight``) and separate (``q/k/v_proj_weight``, when kdim/vdim
+        differ) layouts are both copied. ``add_bias_kv`` and ``add_zero_attn`` are not
+        supported. Feed batch-first inputs, and translate masks with
+        :func:`qkv.functional.from_torch_masks`.
+        """
+        if m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
+        w = m.out_proj.weight
+        new = cls(
+            m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim,
+            bias=m.in_proj_bias is not None, dropout=m.dropout,
+        ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+        if m._qkv_same_embed_dim:
+            wq, wk, wv = m.in_proj_weight.detach().chunk(3)
+        else:
+            wq, wk, wv = (p.detach() for p in (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight))
+        with torch.no_grad():
+            for proj, weight in zip((new.q_proj, new.k_proj, new.v_proj), (wq, wk, wv)):
+                proj.weight.copy_(weight)
+            if m.in_proj_bias is not None:
+                for proj, b in zip((new.q_proj, new.k_proj, new.v_proj), m.in_proj_bias.chunk(3)):
+                    proj.bias.copy_(b)
+                new.out_proj.bias.copy_(m.out_proj.bias)
+            new.out_proj.weight.copy_(m.out_proj.weight)
+        return new
+
+
+def _layer(cache: KVCache | LayerKV | None) -> LayerKV | None:
+    if cache is None or isinstance(cache, LayerKV):
+        return cache
+    if isinstance(cache, KVCache):
+        if len(cache) != 1:
+            raise ValueError(f"pass one layer of a {len(cache)}-layer KVCache: cache[i]")
+        return cache[0]
+    raise ValueError(f"cache must be a KVCache or LayerKV, got {type(cache).__name__}")
+
+
+def _as_4d(mask: Tensor | None, tq: int, tk: int) -> Tensor | None:
+    """Module masks may be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk)."""
+    if mask is None:
+        return None
+    if mask.ndim == 3:
+        return mask.unsqueeze(1)  # (B, 1, Tq, Tk): the same mask for every head
+    if mask.ndim not in (2, 4):
+        raise ValueError(f"mask must be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with "
+                         f"Tq={tq}, Tk={tk}; got {tuple(mask.shape)}")  # fmt: skip
+    return mask
+
+
+def _key_mask(key_mask: Tensor | None, tk: int) -> Tensor | None:
+    if key_mask is None:
+        return None
+    if key_mask.ndim != 2 or key_mask.shape[-1] != tk or key_mask.dtype != torch.bool:
+        raise ValueError(
+            f"key_mask must be boolean (B, Tk) with Tk={tk} (True = real token); "
+            f"got {key_mask.dtype} {tuple(key_mask.shape)}"
+        )
+    return key_mask[:, None, None, :]  # (B, 1, 1, Tk)

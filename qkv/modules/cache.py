@@ -1,0 +1,88 @@
+"""Key/value cache for incremental decoding.
+
+When a decoder produces one token at a time, the keys and values of earlier positions do
+not change; keeping them turns each step from ``O(T^2)`` work into ``O(T)``. Self-attention
+appends the new keys/values every step; cross-attention computes the source's keys/values
+once and reuses them (a *static* layer cache).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["KVCache", "LayerKV"]
+
+
+class LayerKV:
+    """The cached keys and values of one attention layer.
+
+    Shape:
+        ``k`` ``(B, Hkv, T, D)`` and ``v`` ``(B, Hkv, T, Dv)``, ``None`` while empty.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.static = False  # True for cross-attention: set once, never appended to
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new positions and return all keys and values so far."""
+        if self.static:
+            raise ValueError("cannot append to a static (cross-attention) cache")
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=-2)
+            self.v = torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def set_static(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store keys/values that are computed once (cross-attention over a source)."""
+        self.k, self.v, self.static = k, v, True
+        return k, v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search reorders hypotheses every step)."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class KVCache:
+    """One :class:`LayerKV` per layer; grows as decoding proceeds.
+
+    Args:
+        num_layers: how many attention layers share this cache (one entry each).
+
+    Example:
+        >>> cache = KVCache(num_layers=2)
+        >>> cache[0].length
+        0
+    """
+
+    def __init__(self, num_layers: int = 1) -> None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.layers = [LayerKV() for _ in range(num_layers)]
+
+    def __getitem__(self, i: int) -> LayerKV:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def length(self) -> int:
+        """Cached positions (those of the first layer)."""
+        return self.layers[0].length
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` in every layer."""
+        for layer in self.layers:
+            layer.reorder(index)

@@ -1,0 +1,176 @@
+"""Positional information: added to embeddings, or applied inside attention.
+
+Self-attention without positions is permutation-equivariant: "Sally likes Sam" and
+"Sam likes Sally" give the same vector to each word. Two families fix that:
+
+* added to the token embeddings before the first layer:
+  :class:`SinusoidalPositionalEncoding`, :class:`LearnedPositionalEncoding`;
+* acting inside attention, on queries and keys or on the scores:
+  :class:`RotaryPositionalEncoding`, :class:`ALiBi`. Both are
+  :class:`AttentionPositional`: :class:`MultiHeadAttention` calls ``forward(q, k, q_start,
+  k_start) -> (q, k)`` on the new queries and keys (before they enter a KV cache) and
+  ``bias(tq, tk, q_start)`` for a float bias on the scores over the whole key sequence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "ALiBi",
+    "AttentionPositional",
+    "LearnedPositionalEncoding",
+    "RotaryPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+    "alibi_slopes",
+]
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sinusoids added to the embeddings (Vaswani et al. 2017, section 3.5).
+
+    .. math::
+        PE_{(p, 2i)} = \\sin(p / 10000^{2i/E}),\\quad PE_{(p, 2i+1)} = \\cos(p / 10000^{2i/E})
+
+    Args:
+        dim: model width E.
+        max_len: longest sequence (default 4096); longer inputs raise ``ValueError``.
+        base: the 10000 above.
+
+    Shape:
+        x ``(B, T, E)`` -> ``(B, T, E)``; ``start`` is the position of the first token.
+    """
+
+    def __init__(self, dim: int, max_len: int = 4096, base: float = 10000.0):
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
+        inv = torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        pe = torch.zeros(max_len, dim, dtype=torch.float64)
+        pe[:, 0::2] = torch.sin(pos * inv)
+        pe[:, 1::2] = torch.cos(pos * inv[: dim // 2])
+        self.register_buffer("pe", pe.float(), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        end = start + x.shape[1]
+        if end > self.pe.shape[0]:
+            raise ValueError(f"sequence end {end} exceeds max_len {self.pe.shape[0]}")
+        return x + self.pe[start:end].to(x.dtype)
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """A learned vector per position, added to the embeddings (as in BERT and GPT-2).
+
+    Shape:
+        x ``(B, T, E)`` -> ``(B, T, E)``; ``start`` is the position of the first token.
+    """
+
+    def __init__(self, max_len: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(max_len, dim) * 0.02)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        end = start + x.shape[1]
+        if end > self.weight.shape[0]:
+            raise ValueError(f"sequence end {end} exceeds max_len {self.weight.shape[0]}")
+        return x + self.weight[start:end].to(x.dtype)
+
+
+class AttentionPositional(nn.Module):
+    """Positions that act inside self-attention; the defaults change nothing."""
+
+    def forward(self, q: Tensor, k: Tensor, q_start: int = 0, k_start: int = 0):
+        """Transform new queries ``(B, H, Tq, D)`` and new keys ``(B, Hkv, Tnew, D)``."""
+        return q, k
+
+    def bias(self, tq: int, tk: int, q_start: int, device=None) -> Tensor | None:
+        """A float bias broadcastable to ``(B, H, Tq, Tk)`` for keys at ``0 ... Tk-1``."""
+        return None
+
+
+class RotaryPositionalEncoding(AttentionPositional):
+    """Rotary position embedding, RoPE (Su et al. 2021), rotate-half convention.
+
+    The head dimension is split into two halves ``(x1, x2)``; the pair ``(x1_i, x2_i)``
+    at position ``p`` is rotated by the angle ``p * base^(-2i/D)``:
+
+    .. math::
+        \\mathrm{rope}(x, p) = x \\cos(p\\theta) + \\mathrm{rotate\\_half}(x) \\sin(p\\theta),
+        \\quad \\mathrm{rotate\\_half}(x_1, x_2) = (-x_2, x_1)
+
+    This is the layout LLaMA and Hugging Face use. A query at position ``m`` and a key at
+    ``n`` then score ``q^T R_{n-m} k``: only their distance matters.
+
+    Args:
+        head_dim: D (even).
+        base: 10000 in the paper.
+
+    Shape:
+        q ``(B, H, Tq, D)``, k ``(B, Hkv, Tk, D)``; ``q_start``/``k_start`` are absolute
+        positions of their first rows (``k_start`` is the start of the *new* keys).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head size, got {head_dim}")
+        inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def rotate(self, x: Tensor, start: int = 0) -> Tensor:
+        """Rotate ``x`` ``(..., T, D)`` as if its rows sat at positions ``start, start+1, ...``."""
+        pos = torch.arange(start, start + x.shape[-2], dtype=torch.float64, device=x.device)
+        angles = torch.outer(pos, self.inv_freq.to(x.device))  # (T, D/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def forward(self, q: Tensor, k: Tensor, q_start: int = 0, k_start: int = 0):
+        return self.rotate(q, q_start), self.rotate(k, k_start)
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi head slopes (Press et al. 2022).
+
+    For ``n`` a power of two the slopes are the geometric sequence starting at
+    ``2^(-8/n)`` with that same ratio. Otherwise the paper takes the slopes of the closest
+    power of two ``m < n`` and adds every other slope of ``2m`` heads until there are ``n``.
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        first = 2.0 ** (-8.0 / n)
+        return [first ** (i + 1) for i in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return torch.tensor(power_of_two(num_heads))
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    extra = power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(power_of_two(closest) + extra)
+
+
+class ALiBi(AttentionPositional):
+    """Attention with Linear Biases (Press et al. 2022): no embeddings, a bias on the scores.
+
+    .. math::
+        \\mathrm{score}_h(i, j) = q_i^\\top k_j \\cdot s - m_h \\,|i - j|
+
+    where ``m_h`` are :func:`alibi_slopes`. With a causal mask this is the paper's
+    ``m_h (j - i)`` for ``j <= i``; without one, the distance is symmetric.
+
+    Shape:
+        :meth:`bias` returns ``(1, H, Tq, Tk)`` (float32) for queries at ``q_start...`` and
+        keys at ``0...Tk-1`` (the whole key sequence, cache included).
+    """
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def bias(self, tq: int, tk: int, q_start: int, device=None) -> Tensor:
+        qpos = torch.arange(q_start, q_start + tq, device=device).unsqueeze(1)
+        kpos = torch.arange(tk, device=device).unsqueeze(0)
+        dist = (qpos - kpos).abs().float()  # (Tq, Tk)
+        return -self.slopes.to(device).view(1, -1, 1, 1) * dist  # (1, H, Tq, Tk)

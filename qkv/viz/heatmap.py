@@ -1,0 +1,228 @@
+"""Attention heatmaps with matplotlib: one alignment, or a grid of layers x heads.
+
+Figures are built on :class:`matplotlib.figure.Figure` with an Agg canvas, not through
+``pyplot``: nothing pops up, no global backend is switched, and a figure returned in a
+notebook still displays inline. Labels in any script (Hangul included) get a font that
+has their glyphs (see :mod:`qkv.viz.fonts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qkv.viz._maps import prepare
+from qkv.viz.fonts import font_chain
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["plot_alignment", "plot_heads"]
+
+log = logging.getLogger(__name__)
+
+_FORMATS = (".png", ".svg", ".pdf")
+_CMAP = "viridis"
+
+
+def _import_matplotlib() -> Any:
+    """Import matplotlib, or say which extra installs it."""
+    try:
+        import matplotlib
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "qkv.viz heatmaps need matplotlib: pip install 'qkv[viz]'"
+        ) from err
+    return matplotlib
+
+
+@contextlib.contextmanager
+def _fonts_for(texts: Sequence[str]) -> Iterator[list[str]]:
+    """Use a font chain that covers ``texts`` while building and saving a figure."""
+    mpl = _import_matplotlib()
+    chain = font_chain(texts)
+    with mpl.rc_context({"font.family": chain, "axes.unicode_minus": False}):
+        yield chain
+
+
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    """A figure on an Agg canvas (never a window)."""
+    _import_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | os.PathLike[str] | None) -> None:
+    """Write ``fig`` as PNG, SVG or PDF, chosen by the suffix of ``path``."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.suffix.lower() not in _FORMATS:
+        raise ValueError(f"{path}: unsupported image format, use one of {', '.join(_FORMATS)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    log.info("wrote %s", path)
+
+
+def _label_step(n: int, max_labels: int = 64) -> int:
+    """Show every k-th label so that at most ``max_labels`` are drawn on an axis."""
+    return max(1, math.ceil(n / max_labels))
+
+
+def _set_token_ticks(ax: Axes, src: Sequence[str], tgt: Sequence[str], fontsize: float) -> None:
+    """Label the x axis with source (key) tokens and the y axis with target (query) tokens."""
+    sx, sy = _label_step(len(src)), _label_step(len(tgt))
+    xs, ys = range(0, len(src), sx), range(0, len(tgt), sy)
+    ax.set_xticks(list(xs), [src[i] for i in xs], rotation=90, fontsize=fontsize)
+    ax.set_yticks(list(ys), [tgt[i] for i in ys], fontsize=fontsize)
+    ax.tick_params(axis="x", top=True, labeltop=True, bottom=False, labelbottom=False)
+    ax.tick_params(length=2, pad=1)
+
+
+def plot_alignment(
+    weights: Any,
+    src_tokens: Sequence[Any],
+    tgt_tokens: Sequence[Any],
+    *,
+    title: str | None = None,
+    ax: Axes | None = None,
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """Heatmap of one attention map: target tokens (rows) x source tokens (columns).
+
+    Each row is the distribution :math:`\\operatorname{softmax}(q_i K^\\top/\\sqrt{d})`
+    of one target token over the source tokens. Labels stay readable up to about 60 x 60
+    tokens (rotated x labels, smaller text); beyond 64 only every k-th label is shown.
+
+    Args:
+        weights: array or tensor ``(Tq, Tk)``.
+        src_tokens: the ``Tk`` source (key) tokens, along the x axis.
+        tgt_tokens: the ``Tq`` target (query) tokens, along the y axis.
+        title: text above the map.
+        ax: axes to draw into; a new figure is made when None.
+        path: where to save (``.png``, ``.svg`` or ``.pdf``); not saved when None.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    w = np.asarray(_as_2d(weights))
+    am = prepare(w, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+    tq, tk = w.shape
+    src, tgt = am.key_tokens, am.query_tokens
+    fontsize = 9.0 if max(tq, tk) <= 30 else 7.0
+    with _fonts_for([*src, *tgt, title or ""]):
+        if ax is None:
+            cell = 0.24 if max(tq, tk) <= 30 else 0.17
+            width = min(max(4.0, 1.8 + cell * tk), 24.0)
+            height = min(max(3.5, 1.4 + cell * tq), 24.0)
+            fig = _new_figure((width, height))
+            ax = fig.add_subplot()
+        else:
+            fig = ax.figure
+        image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=max(1e-12, float(w.max())),
+                          aspect="auto", interpolation="nearest")
+        _set_token_ticks(ax, src, tgt, fontsize)
+        ax.set_xlabel("source (keys)")
+        ax.xaxis.set_label_position("top")
+        ax.set_ylabel("target (queries)")
+        if title:
+            ax.set_title(title)
+        fig.colorbar(image, ax=ax, label="attention weight", shrink=0.8)
+        _save(fig, path)
+    return fig
+
+
+def _as_2d(weights: Any) -> np.ndarray:
+    """Return one attention map as a float64 ``(Tq, Tk)`` array."""
+    if hasattr(weights, "detach"):
+        weights = weights.detach().cpu().double().numpy()
+    w = np.asarray(weights, dtype=np.float64)
+    w = w.reshape(w.shape[-2:]) if w.ndim > 2 and math.prod(w.shape[:-2]) == 1 else w
+    if w.ndim != 2:
+        raise ValueError(f"plot_alignment: weights of shape {w.shape}, expected (Tq, Tk)")
+    return w
+
+
+def _pick(name: str, chosen: Sequence[int] | None, n: int) -> list[int]:
+    """Validate a selection of layer or head indices (all when None)."""
+    idx = list(range(n)) if chosen is None else [int(i) for i in chosen]
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad or not idx:
+        raise ValueError(f"plot_heads: {name} {bad or idx} out of range 0..{n - 1}")
+    return idx
+
+
+def plot_heads(
+    maps: Any,
+    tokens: Sequence[Any] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    src_tokens: Sequence[Any] | None = None,
+    tgt_tokens: Sequence[Any] | None = None,
+) -> Figure:
+    """A grid of attention maps, one row per layer and one column per head.
+
+    All cells share one colour scale (0 to the largest weight shown). Token labels are
+    drawn on the outer cells when there are at most 24 tokens.
+
+    Args:
+        maps: ``(L, H, T, T)`` array or tensor, or a list of ``L`` arrays ``(H, T, T)``.
+        tokens: the ``T`` tokens (self-attention).
+        layers: layer indices to show (from 0); all when None.
+        heads: head indices to show (from 0); all when None.
+        path: where to save (``.png``, ``.svg`` or ``.pdf``); not saved when None.
+        src_tokens: keys, for cross-attention maps ``(L, H, Tq, Tk)`` instead of ``tokens``.
+        tgt_tokens: queries, for cross-attention maps.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    am = prepare(maps, tokens, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+    ls = _pick("layers", layers, am.weights.shape[0])
+    hs = _pick("heads", heads, am.weights.shape[1])
+    sel = am.weights[np.ix_(ls, hs)]  # (len(ls), len(hs), Tq, Tk)
+    vmax = max(1e-12, float(sel.max()))
+    labelled = max(sel.shape[2:]) <= 24
+    cell = 2.2 if labelled else 1.6
+    with _fonts_for([*am.query_tokens, *am.key_tokens]):
+        fig = _new_figure((0.8 + cell * len(hs), 0.6 + cell * len(ls)))
+        axes = fig.subplots(len(ls), len(hs), squeeze=False)
+        for r, layer in enumerate(ls):
+            for c, head in enumerate(hs):
+                ax = axes[r, c]
+                image = ax.imshow(sel[r, c], cmap=_CMAP, vmin=0.0, vmax=vmax,
+                                  aspect="auto", interpolation="nearest")
+                ax.set_title(f"layer {layer} · head {head}", fontsize=8)
+                _label_cell(ax, am.key_tokens, am.query_tokens, labelled,
+                            r == len(ls) - 1, c == 0)
+        fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
+        _save(fig, path)
+    return fig
+
+
+def _label_cell(ax: Axes, keys: Sequence[str], queries: Sequence[str], labelled: bool,
+                bottom: bool, left: bool) -> None:
+    """Put token labels on the outer cells of the grid, none on the inner ones."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if not labelled:
+        return
+    if bottom:
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
+    if left:
+        ax.set_yticks(range(len(queries)), queries, fontsize=6)
+    ax.tick_params(length=1, pad=1)
