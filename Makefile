@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/qkv demo
+	$(VENV)/bin/qkv walkthrough "Sally likes Sam" --heads 2 --dim 8 --no-positions
 
 test: setup
 	$(PY) -m pytest -q

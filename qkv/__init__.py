@@ -16,8 +16,8 @@ from qkv.functional import (
     scaled_dot_product_attention,
 )
 from qkv.modules import (
-    ALiBi,
     AdditiveScore,
+    ALiBi,
     DotScore,
     GeneralScore,
     KVCache,

@@ -82,7 +82,8 @@ def attention_lse(
     """Attention that also returns the log-sum-exp of each query row's scores.
 
     ``lse = log sum_j exp(s_j)`` over visible keys (``-inf`` for a row that sees none), in
-    float32 (float64 for float64 inputs). With it, results over disjoint key sets merge exactly (:func:`merge_attention`).
+    float32 (float64 for float64 inputs). With it, results over disjoint key sets merge
+    exactly (:func:`merge_attention`).
 
     Shape:
         as :func:`scaled_dot_product_attention`; returns ``out`` ``(B, H, Tq, Dv)`` and

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
 

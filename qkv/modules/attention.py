@@ -140,7 +140,9 @@ class MultiHeadAttention(nn.Module):
         if query.shape[-1] != self.embed_dim:
             raise ValueError(f"query width must be embed_dim={self.embed_dim}; got {shapes}")
         if key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
-            raise ValueError(f"key/value widths must be kdim={self.kdim}, vdim={self.vdim}: {shapes}")
+            raise ValueError(
+                f"key/value widths must be kdim={self.kdim}, vdim={self.vdim}: {shapes}"
+            )
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"batch and key/value lengths must agree: {shapes}")
 

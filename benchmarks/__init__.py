@@ -1,0 +1,1 @@
+"""qkv's benchmarks: each module has ``run(out_dir, quick=False) -> dict``."""

@@ -1,0 +1,117 @@
+"""Attention on the CPU: qkv against torch SDPA and nn.MultiheadAttention, and memory.
+
+Run: ``python benchmarks/attention.py [--quick] [--out DIR]`` or ``qkv bench attention``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import qkv  # noqa: E402
+from benchmarks.common import format_table, measure, peak_rss_mib, result, write  # noqa: E402
+
+B, H, D = 4, 8, 64
+
+
+def _time(fn, backward: bool, inputs) -> float:
+    def step():
+        if backward:
+            out = fn()
+            out = out[0] if isinstance(out, tuple) else out
+            out.sum().backward()
+            for t in inputs:
+                t.grad = None
+        else:
+            with torch.no_grad():
+                fn()
+
+    return measure(step, repeat=5)
+
+
+def functional_rows(ts: list[int]) -> list[dict]:
+    rows = []
+    for t in ts:
+        for causal in (False, True):
+            for backward in (False, True):
+                q, k, v = (torch.randn(B, H, t, D, requires_grad=backward) for _ in range(3))
+                sdpa = _time(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal), backward, (q, k, v))  # fmt: skip
+                auto = _time(lambda: qkv.scaled_dot_product_attention(q, k, v, causal=causal),
+                             backward, (q, k, v))  # fmt: skip
+                ref = _time(lambda: qkv.scaled_dot_product_attention(
+                    q, k, v, causal=causal, backend="reference"), backward, (q, k, v))  # fmt: skip
+                case = f"T={t} {'causal' if causal else 'full'} {'fwd+bwd' if backward else 'fwd'}"
+                rows.append(result(f"sdpa auto, {case}", auto, "torch SDPA", sdpa,
+                                   target="≤ 1.05×", met=auto <= 1.05 * sdpa))  # fmt: skip
+                rows.append(result(f"sdpa reference, {case}", ref, "torch SDPA", sdpa))
+    return rows
+
+
+def module_rows(ts: list[int]) -> list[dict]:
+    rows, e = [], H * D
+    for t in ts:
+        for need_weights in (False, True):
+            for backward in (False, True):
+                peer = nn.MultiheadAttention(e, H, batch_first=True)
+                ours = qkv.MultiHeadAttention.from_torch(peer)
+                x = torch.randn(B, t, e, requires_grad=backward)
+
+                def theirs():
+                    return peer(x, x, x, need_weights=need_weights, average_attn_weights=False)
+
+                theirs_t = _time(theirs, backward, (x,))
+                ours_t = _time(lambda: ours(x, need_weights=need_weights), backward, (x,))
+                case = (f"mha T={t} {'weights' if need_weights else 'no weights'} "
+                        f"{'fwd+bwd' if backward else 'fwd'}")  # fmt: skip
+                rows.append(result(case, ours_t, "nn.MultiheadAttention", theirs_t,
+                                   target="≤ 1.10×", met=ours_t <= 1.10 * theirs_t))  # fmt: skip
+    return rows
+
+
+MEMORY = """
+import torch, qkv
+torch.manual_seed(0)
+t = {t}
+q, k, v = (torch.randn(1, 4, t, 64) for _ in range(3))
+mask = torch.rand(t, t) > 0.5
+# --- measure ---
+with torch.no_grad():
+    qkv.scaled_dot_product_attention(q, k, v, mask, backend="{backend}")
+"""
+
+
+def memory_rows(t: int) -> list[dict]:
+    chunked = peak_rss_mib(MEMORY.format(t=t, backend="chunked"))
+    reference = peak_rss_mib(MEMORY.format(t=t, backend="reference"))
+    case = f"peak memory, bool mask, T={t}, B=1 H=4 D=64"
+    met = chunked <= 0.25 * reference
+    return [
+        result(case, chunked, "qkv reference", reference, unit="MiB", target="≤ 0.25×", met=met)
+    ]
+
+
+def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict:
+    """Run every case; write ``out_dir/attention.json``; return the rows."""
+    torch.manual_seed(0)
+    ts = [128, 512] if quick else [128, 512, 2048]
+    rows = functional_rows(ts) + module_rows(ts) + memory_rows(2048 if quick else 8192)
+    notes = f"CPU fp32, B={B}, H={H}, D={D} (E={H * D} for the modules); median of ≤5 runs."
+    path = write(out_dir, "attention", rows, notes=notes)
+    print(format_table(rows))
+    print(f"written to {path}")
+    return {"rows": rows, "path": str(path)}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results", type=Path)
+    args = ap.parse_args()
+    run(args.out, args.quick)

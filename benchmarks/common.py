@@ -1,0 +1,177 @@
+"""What every benchmark shares: timing, peak memory, the JSON format and BENCHMARKS.md.
+
+One JSON file per benchmark, ``{"name", "machine", "versions", "command", "results"}``;
+each result names the case, qkv's figure and its peer's figure from the same run, and
+their ratio, so a number is never read without the one it is compared with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["machine", "measure", "peak_rss_mib", "result", "write", "render_markdown"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine() -> dict:
+    """CPU, cores, memory, threads and library versions of this run."""
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return info
+
+
+def versions() -> dict:
+    import numpy
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+    }
+    for name in ("transformers", "triton"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def measure(
+    fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, budget_s: float = 20
+) -> float:
+    """Median wall time of ``fn()`` in seconds (fewer repeats when one call is slow)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeat and (not times or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+_SAMPLER = """
+import os, threading, time
+_page = os.sysconf("SC_PAGE_SIZE")
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _page
+_peak = [0]
+_stop = threading.Event()
+def _watch():
+    while not _stop.is_set():
+        _peak[0] = max(_peak[0], _rss())
+        time.sleep(0.0005)
+"""
+
+
+def peak_rss_mib(code: str) -> float:
+    """Extra peak resident memory (MiB) of ``code``'s part after ``# --- measure ---``.
+
+    The code runs in a fresh interpreter. The setup before the marker runs first; then a
+    thread samples the resident set size every 0.5 ms while the measured part runs, and
+    the figure is the highest sample minus the size before it started.
+    """
+    setup, body = code.split("# --- measure ---")
+    script = (
+        _SAMPLER + setup
+        + "\nbase = _rss()\nthreading.Thread(target=_watch, daemon=True).start()\n" + body
+        + "\n_stop.set(); time.sleep(0.01)\nprint((max(_peak[0], _rss()) - base) / 2**20)\n"
+    )  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def result(case: str, qkv_value: float, peer: str, peer_value: float, *, unit: str = "s",
+           target: str | None = None, met: bool | None = None, **extra) -> dict:  # fmt: skip
+    """One row: qkv's figure, the peer's figure, and qkv / peer."""
+    row = {"case": case, "unit": unit, "qkv": qkv_value, "peer": peer, "peer_value": peer_value,
+           "ratio": qkv_value / peer_value if peer_value else None}  # fmt: skip
+    if target is not None:
+        row["target"], row["met"] = target, met
+    row.update(extra)
+    return row
+
+
+def write(out_dir: Path, name: str, rows: list[dict], *, notes: str = "") -> Path:
+    """Write ``out_dir/NAME.json`` atomically and return its path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": name,
+        "machine": machine(),
+        "versions": versions(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "notes": notes,
+        "results": rows,
+    }
+    path = out_dir / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table of rows (used for printing and for BENCHMARKS.md)."""
+    lines = [
+        "| case | qkv | peer | peer value | qkv / peer | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        unit = r.get("unit", "s")
+        target = r.get("target", "")
+        if target:
+            target += " ✓" if r.get("met") else " ✗"
+        ratio = f"{r['ratio']:.2f}×" if r.get("ratio") is not None else "–"
+        lines.append(f"| {r['case']} | {_fmt(r['qkv'], unit)} | {r['peer']} | "
+                     f"{_fmt(r['peer_value'], unit)} | {ratio} | {target} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:.3g} {unit}"
+
+
+def render_markdown(results_dir: Path) -> str:
+    """The measured part of BENCHMARKS.md, from every JSON file in ``results_dir``."""
+    parts = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        doc = json.loads(path.read_text())
+        m, v = doc["machine"], doc["versions"]
+        parts.append(f"### {doc['name']}\n")
+        parts.append(f"`{doc['command']}` on {doc['date']}: {m.get('processor')}, {m.get('cpus')} "
+                     f"CPUs, {m.get('torch_threads')} torch threads, torch {v.get('torch')}"
+                     + (f", {m['cuda']}" if m.get("cuda") else "") + ".\n")  # fmt: skip
+        if doc.get("notes"):
+            parts.append(doc["notes"] + "\n")
+        parts.append(format_table(doc["results"]) + "\n")
+    return "\n".join(parts)

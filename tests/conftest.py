@@ -1,0 +1,46 @@
+"""Shared test helpers: a float64 attention written independently of qkv."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def naive_attention(q, k, v, mask=None, causal=False, scale=None):
+    """Attention in float64 with Python-level clarity; returns (out, weights)."""
+    q, k, v = q.double(), k.double(), v.double()
+    h, hkv = q.shape[1], k.shape[1]
+    k = torch.repeat_interleave(k, h // hkv, dim=1)
+    v = torch.repeat_interleave(v, h // hkv, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q @ k.transpose(-1, -2) * scale
+    tq, tk = s.shape[-2:]
+    allowed = torch.ones(tq, tk, dtype=torch.bool)
+    if causal:
+        allowed = torch.tensor([[j <= i + tk - tq for j in range(tk)] for i in range(tq)])
+    bias = torch.zeros_like(s)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            allowed = allowed & mask
+        else:
+            bias = bias + mask.double()
+    s = (s + bias).masked_fill(~allowed, float("-inf"))
+    s = torch.broadcast_to(s, torch.broadcast_shapes(s.shape, allowed.shape))
+    empty = torch.isinf(s).all(-1, keepdim=True)
+    w = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    return w @ v, w
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared corpora not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,162 @@
+"""Masks, the log-sum-exp merge, dispatch explanations and input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+from tests.conftest import naive_attention
+
+
+def test_causal_mask_bottom_right():
+    m = qkv.causal_mask(2, 4)
+    assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert torch.equal(qkv.causal_mask(3, 3), torch.ones(3, 3, dtype=torch.bool).tril())
+
+
+def test_padding_mask():
+    m = qkv.padding_mask(torch.tensor([3, 1]), max_len=4)
+    assert m.tolist() == [[True, True, True, False], [True, False, False, False]]
+
+
+def test_from_torch_masks_flips_polarity_and_adds_floats():
+    attn = torch.tensor([[False, True], [False, False]])  # torch: True = ignore
+    kpm = torch.tensor([[False, False], [False, True]])
+    m = qkv.from_torch_masks(attn, kpm)
+    assert m.dtype == torch.bool and m.shape == (2, 1, 2, 2)
+    assert m[0, 0].tolist() == [[True, False], [True, True]]
+    assert m[1, 0].tolist() == [[True, False], [True, False]]
+    f = qkv.from_torch_masks(torch.tensor([[0.5, -1.0], [0.0, 2.0]]), kpm)
+    assert f.dtype == torch.float32
+    assert f[1, 0, 0].tolist() == [0.5, float("-inf")]
+
+
+def test_combine_masks_mixed():
+    b = torch.tensor([True, False])
+    f = torch.tensor([1.0, 2.0])
+    assert qkv.combine_masks(b, None, f).tolist() == [1.0, float("-inf")]
+    assert qkv.combine_masks(None) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tk=st.integers(2, 24),
+    tq=st.integers(1, 12),
+    split=st.integers(1, 23),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_merge_of_any_split_equals_whole(tk, tq, split, causal, seed):
+    split = min(split, tk - 1)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, tq, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, tk, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, tk, 8, generator=g, dtype=torch.float64)
+    mask = qkv.causal_mask(tq, tk) if causal else torch.rand(tq, tk, generator=g) > 0.3
+    out, lse = qkv.attention_lse(q, k, v, mask)
+    a = qkv.attention_lse(q, k[:, :, :split], v[:, :, :split], mask[:, :split])
+    b = qkv.attention_lse(q, k[:, :, split:], v[:, :, split:], mask[:, split:])
+    merged, merged_lse = qkv.merge_attention(*a, *b)
+    torch.testing.assert_close(merged, out)
+    torch.testing.assert_close(merged_lse, lse)
+    empty = ~mask.any(-1)
+    assert (out[..., empty, :] == 0).all() and torch.isinf(lse[..., empty]).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_lse_is_logsumexp_of_visible_scores(backend):
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64) for _ in range(3))
+    mask = torch.rand(5, 5) > 0.4
+    mask[:, 0] = True
+    _, lse = qkv.attention_lse(q, k, v, mask, backend=backend)
+    s = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), backend=st.sampled_from(["reference", "sdpa", "chunked"]))
+def test_values_at_masked_keys_change_nothing(seed, backend):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 6, 6, generator=g) > 0.5
+    hidden = ~mask.any(dim=2, keepdim=True)  # keys no query sees: (B, 1, 1, Tk)
+    v2 = torch.where(hidden.transpose(-1, -2), torch.randn(2, 2, 6, 8, generator=g) * 100, v)
+    k2 = torch.where(hidden.transpose(-1, -2), torch.randn(2, 2, 6, 8, generator=g) * 100, k)
+    a = qkv.scaled_dot_product_attention(q, k, v, mask, backend=backend)
+    b = qkv.scaled_dot_product_attention(q, k2, v2, mask, backend=backend)
+    torch.testing.assert_close(a, b)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), t=st.integers(2, 12))
+def test_weights_sum_to_one_over_visible_keys(seed, t):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 3, t, 4, generator=g) for _ in range(3))
+    mask = torch.rand(1, 3, t, t, generator=g) > 0.5
+    _, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    sums = w.sum(-1)
+    visible = mask.any(-1)
+    torch.testing.assert_close(sums[visible], torch.ones_like(sums[visible]))
+    assert (sums[~visible] == 0).all()
+    assert (w[~mask] == 0).all()
+
+
+def test_explain_dispatch_names_every_backend():
+    q = k = v = torch.randn(1, 2, 4, 8)
+    d = qkv.explain_dispatch(q, k, v, need_weights=True)
+    assert d.chosen == "reference"
+    assert "weights" in " ".join(d.reasons["sdpa"])
+    text = str(d)
+    for name in qkv.available_backends():
+        assert name in text
+    assert qkv.explain_dispatch(q, k, v).chosen in ("sdpa", "triton")
+
+
+def test_forcing_an_unsupported_backend_lists_reasons():
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="sdpa.*does not return attention weights"):
+        qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="sdpa")
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
+        qkv.scaled_dot_product_attention(q, k, v, backend="nope")
+
+
+@pytest.mark.parametrize(
+    "q_shape, k_shape, v_shape, mask_shape, match",
+    [
+        ((2, 4, 5), (2, 4, 5, 8), (2, 4, 5, 8), None, r"4-d.*q \(2, 4, 5\)"),
+        (
+            (2, 6, 5, 8),
+            (2, 4, 5, 8),
+            (2, 4, 5, 8),
+            None,
+            r"Hkv must divide query heads H.*q \(2, 6, 5, 8\)",
+        ),
+        ((2, 4, 5, 8), (2, 4, 5, 4), (2, 4, 5, 8), None, "same head size"),
+        ((2, 4, 5, 8), (3, 4, 5, 8), (3, 4, 5, 8), None, "batch sizes differ"),
+        ((2, 4, 5, 8), (2, 4, 5, 8), (2, 4, 6, 8), None, "same heads and length"),
+        (
+            (2, 4, 5, 8),
+            (2, 4, 6, 8),
+            (2, 4, 6, 8),
+            (5, 5),
+            r"mask of shape \(5, 5\).*\(2, 4, 5, 6\)",
+        ),
+    ],
+    ids=["rank", "heads", "head-size", "batch", "kv-length", "mask-shape"],
+)
+def test_bad_shapes_name_the_shapes(q_shape, k_shape, v_shape, mask_shape, match):
+    q, k, v = torch.randn(q_shape), torch.randn(k_shape), torch.randn(v_shape)
+    mask = None if mask_shape is None else torch.ones(mask_shape, dtype=torch.bool)
+    with pytest.raises(ValueError, match=match):
+        qkv.scaled_dot_product_attention(q, k, v, mask)
+
+
+def test_causal_with_cache_alignment_matches_naive():
+    q = torch.randn(1, 2, 3, 8, dtype=torch.float64)
+    k = torch.randn(1, 2, 7, 8, dtype=torch.float64)
+    v = torch.randn(1, 2, 7, 8, dtype=torch.float64)
+    out = qkv.scaled_dot_product_attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, naive_attention(q, k, v, causal=True)[0])

@@ -1,0 +1,154 @@
+"""scaled_dot_product_attention: every backend against float64 math and torch SDPA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkv
+from tests.conftest import naive_attention
+
+BACKENDS = ["reference", "sdpa", "chunked"]
+SHAPES = {
+    "self": (2, 4, 4, 9, 9, 16),
+    "cross_tq<tk": (2, 4, 4, 5, 13, 8),
+    "cross_tq>tk": (1, 4, 4, 11, 6, 8),
+    "gqa": (2, 8, 2, 7, 10, 16),
+    "mqa": (2, 4, 1, 6, 6, 8),
+}
+MASKS = ["none", "bool", "float", "keypad"]
+
+
+def _inputs(shape, dtype=torch.float32, grad=False):
+    b, h, hkv, tq, tk, d = shape
+    q = torch.randn(b, h, tq, d, dtype=dtype, requires_grad=grad)
+    k = torch.randn(b, hkv, tk, d, dtype=dtype, requires_grad=grad)
+    v = torch.randn(b, hkv, tk, d, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+def _mask(kind, shape):
+    b, h, _, tq, tk, _ = shape
+    if kind == "none":
+        return None
+    if kind == "bool":
+        m = torch.rand(b, h, tq, tk) > 0.3
+        m[..., 0] = True  # keep every row non-empty here; empty rows are tested separately
+        return m
+    if kind == "float":
+        return torch.randn(b, 1, tq, tk)
+    lengths = torch.randint(1, tk + 1, (b,))
+    return qkv.padding_mask(lengths, tk)[:, None, None, :]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_matches_float64_reference(backend, shape_id, mask_kind, causal):
+    shape = SHAPES[shape_id]
+    q, k, v = _inputs(shape, torch.float64)
+    mask = _mask(mask_kind, shape)
+    out = qkv.scaled_dot_product_attention(q, k, v, mask, causal=causal, backend=backend)
+    expected, _ = naive_attention(q, k, v, mask, causal)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape_id", ["self", "gqa", "cross_tq<tk"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_match_float64_reference(backend, shape_id, causal):
+    shape = SHAPES[shape_id]
+    q, k, v = _inputs(shape, torch.float64, grad=True)
+    mask = _mask("bool", shape)
+    grad_out = torch.randn(shape[0], shape[1], shape[3], shape[5], dtype=torch.float64)
+    out = qkv.scaled_dot_product_attention(q, k, v, mask, causal=causal, backend=backend)
+    ours = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref, _ = naive_attention(q, k, v, mask, causal)
+    theirs = torch.autograd.grad(ref, (q, k, v), grad_out)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_matches_torch_sdpa(backend, causal):
+    q, k, v = _inputs((3, 8, 8, 33, 33, 32))
+    mask = torch.rand(3, 1, 33, 33) > 0.2
+    mask[..., 0] = True
+    ours = qkv.scaled_dot_product_attention(q, k, v, mask, causal=causal, backend=backend)
+    full = mask & torch.ones(33, 33, dtype=torch.bool).tril() if causal else mask
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
+    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_fully_masked_rows_are_zero_never_nan(backend, dtype, mask_kind):
+    q, k, v = _inputs((2, 2, 2, 6, 5, 8), dtype, grad=True)
+    allowed = torch.rand(2, 2, 6, 5) > 0.4
+    allowed[:, :, 2] = False  # query row 2 sees nothing
+    allowed[:, :, 3, 0] = True
+    if mask_kind == "bool":
+        mask = allowed
+    else:
+        mask = torch.zeros(2, 2, 6, 5, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    need_weights = backend != "sdpa"
+    res = qkv.scaled_dot_product_attention(
+        q, k, v, mask, backend=backend, need_weights=need_weights
+    )
+    out = res[0] if need_weights else res
+    assert torch.isfinite(out).all()
+    assert (out[:, :, 2] == 0).all()
+    if need_weights:
+        assert (res[1][:, :, 2] == 0).all()
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_half_precision_error_is_close_to_torch(dtype, backend):
+    q, k, v = _inputs((2, 4, 4, 40, 40, 32), torch.float64)
+    exact, _ = naive_attention(q, k, v, causal=True)
+    ours = qkv.scaled_dot_product_attention(
+        q.to(dtype), k.to(dtype), v.to(dtype), causal=True, backend=backend
+    )
+    torch_math = F.scaled_dot_product_attention(
+        q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True
+    )
+    err_ours = (ours.double() - exact).abs().max().item()
+    err_torch = (torch_math.double() - exact).abs().max().item()
+    assert ours.dtype == dtype
+    assert err_ours <= 2 * err_torch + 1e-3
+
+
+def test_weights_sum_to_one_and_equal_reference():
+    q, k, v = _inputs((2, 4, 2, 7, 9, 8), torch.float64)
+    mask = torch.rand(2, 1, 7, 9) > 0.5
+    mask[..., -1] = True
+    for backend in ["reference", "chunked"]:
+        out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend=backend)
+        assert w.shape == (2, 4, 7, 9)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 7, dtype=torch.float64))
+        assert (w.masked_select(~mask.expand_as(w)) == 0).all()
+        _, expected = naive_attention(q, k, v, mask)
+        torch.testing.assert_close(w, expected)
+
+
+def test_scale_argument():
+    q, k, v = _inputs((1, 2, 2, 4, 4, 8), torch.float64)
+    out = qkv.scaled_dot_product_attention(q, k, v, scale=0.05)
+    torch.testing.assert_close(out, naive_attention(q, k, v, scale=0.05)[0])
+
+
+def test_dropout_only_in_backends_that_support_it():
+    q, k, v = _inputs((1, 2, 2, 4, 4, 8))
+    torch.manual_seed(0)
+    a = qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="reference")
+    assert not torch.allclose(a, qkv.scaled_dot_product_attention(q, k, v))
+    with pytest.raises(ValueError, match="chunked.*dropout"):
+        qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="chunked")

@@ -1,0 +1,201 @@
+"""MultiHeadAttention: parity with torch.nn.MultiheadAttention, GQA, cache, permutations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import qkv
+from qkv.functional import from_torch_masks
+
+E, H = 24, 4
+
+
+def _torch_mha(batch_first, kdim=None, vdim=None, bias=True):
+    m = nn.MultiheadAttention(E, H, batch_first=batch_first, kdim=kdim, vdim=vdim, bias=bias)
+    return m.double()
+
+
+def _torch_masks(kind, b, tq, tk):
+    kpm = attn = None
+    if kind in ("keypad", "both"):
+        lengths = torch.randint(1, tk + 1, (b,))
+        kpm = ~qkv.padding_mask(lengths, tk)  # torch: True = padding
+    if kind in ("bool", "both"):
+        attn = torch.rand(tq, tk) > 0.6
+        attn[:, 0] = False  # torch NaNs on empty rows; keep them non-empty
+        if kpm is not None:
+            kpm[:, 0] = False
+    if kind == "float":
+        attn = torch.randn(tq, tk, dtype=torch.float64)
+    if kind == "per-head":
+        attn = torch.randn(b * H, tq, tk, dtype=torch.float64)
+    return attn, kpm
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
+@pytest.mark.parametrize("masks", ["none", "keypad", "bool", "float", "both", "per-head"])
+@pytest.mark.parametrize("kv", ["self", "cross", "kdim-vdim"])
+def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv):
+    kdim, vdim = (10, 14) if kv == "kdim-vdim" else (None, None)
+    ref = _torch_mha(batch_first, kdim, vdim)
+    ours = qkv.MultiHeadAttention.from_torch(ref)
+    b, tq, tk = 3, 5, 7 if kv != "self" else 5
+    x = torch.randn(b, tq, E, dtype=torch.float64)
+    key = x if kv == "self" else torch.randn(b, tk, kdim or E, dtype=torch.float64)
+    value = x if kv == "self" else torch.randn(b, tk, vdim or E, dtype=torch.float64)
+    attn, kpm = _torch_masks(masks, b, tq, tk)
+
+    def t(y):
+        return y if batch_first else y.transpose(0, 1)
+
+    out_ref, w_ref = ref(t(x), t(key), t(value), key_padding_mask=kpm, attn_mask=attn,
+                         need_weights=True, average_attn_weights=False)  # fmt: skip
+    mask = from_torch_masks(attn, kpm, num_heads=H, dtype=torch.float64)
+    out, w = ours(x, None if kv == "self" else key, None if kv == "self" else value,
+                  mask=mask, need_weights=True)  # fmt: skip
+    torch.testing.assert_close(out, t(out_ref), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(w, w_ref, atol=1e-12, rtol=1e-10)
+    _, w_avg = ref(t(x), t(key), t(value), key_padding_mask=kpm, attn_mask=attn)
+    torch.testing.assert_close(w.mean(1), w_avg, atol=1e-12, rtol=1e-10)
+
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    out_ref.backward(t(grad))
+    ours_w = [ours.q_proj.weight.grad, ours.k_proj.weight.grad, ours.v_proj.weight.grad]
+    if ref._qkv_same_embed_dim:
+        torch.testing.assert_close(torch.cat(ours_w), ref.in_proj_weight.grad)
+    else:
+        theirs = [ref.q_proj_weight.grad, ref.k_proj_weight.grad, ref.v_proj_weight.grad]
+        for a, c in zip(ours_w, theirs):
+            torch.testing.assert_close(a, c)
+    torch.testing.assert_close(ours.out_proj.weight.grad, ref.out_proj.weight.grad)
+    bias_grads = [ours.q_proj.bias.grad, ours.k_proj.bias.grad, ours.v_proj.bias.grad]
+    torch.testing.assert_close(torch.cat(bias_grads), ref.in_proj_bias.grad)
+
+
+def test_from_torch_float32_fast_path_and_no_bias():
+    ref = nn.MultiheadAttention(E, H, batch_first=True, bias=False).eval()
+    ours = qkv.MultiHeadAttention.from_torch(ref).eval()
+    x = torch.randn(2, 9, E)
+    kpm = torch.zeros(2, 9, dtype=torch.bool)
+    kpm[1, 6:] = True
+    with torch.no_grad():  # torch takes its fused inference path here
+        out_ref, _ = ref(x, x, x, key_padding_mask=kpm, need_weights=False)
+        out, _ = ours(x, key_mask=~kpm)
+    torch.testing.assert_close(out[0], out_ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1, :6], out_ref[1, :6], atol=1e-5, rtol=1e-5)
+
+
+def test_from_torch_rejects_bias_kv():
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        qkv.MultiHeadAttention.from_torch(nn.MultiheadAttention(E, H, add_bias_kv=True))
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_gqa_equals_mha_with_repeated_kv_weights(backend, kv_heads):
+    gqa = qkv.MultiHeadAttention(E, H, num_kv_heads=kv_heads, backend=backend).double()
+    mha = qkv.MultiHeadAttention(E, H).double()
+    d = E // H
+    with torch.no_grad():
+        for name in ("q_proj", "out_proj"):
+            getattr(mha, name).load_state_dict(getattr(gqa, name).state_dict())
+        for name in ("k_proj", "v_proj"):
+            w = getattr(gqa, name).weight.view(kv_heads, d, E).repeat_interleave(H // kv_heads, 0)
+            b = getattr(gqa, name).bias.view(kv_heads, d).repeat_interleave(H // kv_heads, 0)
+            getattr(mha, name).weight.copy_(w.reshape(E, E))
+            getattr(mha, name).bias.copy_(b.reshape(E))
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    torch.testing.assert_close(gqa(x, causal=True)[0], mha(x, causal=True)[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), t=st.integers(2, 10))
+def test_self_attention_without_positions_is_permutation_equivariant(seed, t):
+    torch.manual_seed(seed)
+    m = qkv.MultiHeadAttention(E, H).double()
+    x = torch.randn(2, t, E, dtype=torch.float64)
+    perm = torch.randperm(t)
+    out, w = m(x, need_weights=True)
+    out_p, w_p = m(x[:, perm], need_weights=True)
+    torch.testing.assert_close(out_p, out[:, perm])
+    torch.testing.assert_close(w_p, w[:, :, perm][:, :, :, perm])
+
+
+def test_rope_breaks_permutation_equivariance():
+    torch.manual_seed(0)
+    m = qkv.MultiHeadAttention(E, H, positional=qkv.RotaryPositionalEncoding(E // H)).double()
+    x = torch.randn(1, 5, E, dtype=torch.float64)
+    perm = torch.tensor([4, 3, 2, 1, 0])
+    assert not torch.allclose(m(x[:, perm])[0], m(x)[0][:, perm])
+
+
+@pytest.mark.parametrize("positional", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_kv_cache_decoding_equals_one_causal_pass(positional, kv_heads):
+    torch.manual_seed(1)
+    pos = {"none": None, "rope": qkv.RotaryPositionalEncoding(E // H), "alibi": qkv.ALiBi(H)}
+    m = qkv.MultiHeadAttention(E, H, num_kv_heads=kv_heads, positional=pos[positional]).double()
+    x = torch.randn(2, 9, E, dtype=torch.float64)
+    full, w_full = m(x, causal=True, need_weights=True)
+    cache = qkv.KVCache(1)
+    pieces, first = [], 3  # a 3-token prompt, then one token at a time
+    out, _ = m(x[:, :first], causal=True, cache=cache)
+    pieces.append(out)
+    for t in range(first, 9):
+        out, w = m(x[:, t : t + 1], causal=True, cache=cache, need_weights=True)
+        pieces.append(out)
+        torch.testing.assert_close(w[:, :, 0], w_full[:, :, t, : t + 1])
+    torch.testing.assert_close(torch.cat(pieces, 1), full)
+    assert cache.length == 9
+
+
+def test_cross_attention_cache_projects_keys_once():
+    m = qkv.MultiHeadAttention(E, H, kdim=10, vdim=10).double()
+    memory = torch.randn(2, 7, 10, dtype=torch.float64)
+    q = torch.randn(2, 3, E, dtype=torch.float64)
+    cache = qkv.KVCache(1)
+    first, _ = m(q[:, :1], memory, cache=cache)
+    assert cache[0].static and cache[0].length == 7
+    second, _ = m(q[:, 1:2], torch.zeros_like(memory), cache=cache)  # memory ignored now
+    torch.testing.assert_close(second, m(q[:, 1:2], memory)[0])
+    torch.testing.assert_close(first, m(q[:, :1], memory)[0])
+
+
+def test_dropout_only_while_training():
+    m = qkv.MultiHeadAttention(E, H, dropout=0.5)
+    x = torch.randn(2, 6, E)
+    m.eval()
+    torch.testing.assert_close(m(x)[0], m(x)[0])
+    m.train()
+    assert not torch.allclose(m(x)[0], m(x)[0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, call, match",
+    [
+        ({}, lambda m: m(torch.randn(2, 5)), r"batch-first \(B, T, E\)"),
+        ({}, lambda m: m(torch.randn(2, 5, 7)), "embed_dim=24"),
+        (
+            {},
+            lambda m: m(torch.randn(2, 5, E), key_mask=torch.ones(2, 4, dtype=torch.bool)),
+            "key_mask must be boolean",
+        ),
+        ({}, lambda m: m(torch.randn(2, 5, E), torch.randn(3, 5, E)), "batch"),
+    ],
+    ids=["rank", "width", "key-mask", "batch"],
+)
+def test_bad_inputs_raise_value_errors_with_shapes(kwargs, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(qkv.MultiHeadAttention(E, H, **kwargs))
+
+
+def test_bad_head_configuration():
+    with pytest.raises(ValueError, match="not divisible"):
+        qkv.MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="must divide"):
+        qkv.MultiHeadAttention(E, 4, num_kv_heads=3)

@@ -1,0 +1,78 @@
+"""Positional encodings against their formulas and against Hugging Face's RoPE."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import qkv
+from qkv.modules.positional import alibi_slopes
+
+
+def test_sinusoidal_matches_formula():
+    pe = qkv.SinusoidalPositionalEncoding(6, max_len=50)
+    x = torch.zeros(1, 50, 6)
+    y = pe(x)
+    for p in (0, 7, 49):
+        for i in range(3):
+            angle = p / 10000 ** (2 * i / 6)
+            assert y[0, p, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert y[0, p, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    torch.testing.assert_close(pe(x[:, :3], start=10), y[:, 10:13])
+    with pytest.raises(ValueError, match="max_len"):
+        pe(torch.zeros(1, 51, 6))
+
+
+def test_learned_positions_are_added():
+    pe = qkv.LearnedPositionalEncoding(10, 4)
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(pe(x, start=2), x + pe.weight[2:5])
+
+
+def test_rope_matches_hugging_face_llama():
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    d, t = 16, 11
+    q = torch.randn(2, 3, t, d, dtype=torch.float64)
+    k = torch.randn(2, 3, t, d, dtype=torch.float64)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.outer(torch.arange(t, dtype=torch.float64), inv)
+    emb = torch.cat([ang, ang], -1)
+    hq, hk = llama.apply_rotary_pos_emb(q, k, emb.cos()[None], emb.sin()[None])
+    rope = qkv.RotaryPositionalEncoding(d)
+    oq, ok = rope(q, k)
+    torch.testing.assert_close(oq, hq)
+    torch.testing.assert_close(ok, hk)
+
+
+def test_rope_scores_depend_only_on_distance():
+    rope = qkv.RotaryPositionalEncoding(8)
+    q = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    k = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    s1 = (rope.rotate(q, 5) * rope.rotate(k, 2)).sum()
+    s2 = (rope.rotate(q, 13) * rope.rotate(k, 10)).sum()
+    torch.testing.assert_close(s1, s2)
+    assert not torch.allclose(s1, (rope.rotate(q, 5) * rope.rotate(k, 4)).sum())
+
+
+def test_alibi_slopes_follow_press_et_al():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    # 6 heads: the 4-head slopes, then every other slope of the 8-head sequence.
+    expected = [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]
+    torch.testing.assert_close(alibi_slopes(6), torch.tensor(expected))
+    assert len(alibi_slopes(12)) == 12
+
+
+def test_alibi_bias_is_linear_in_distance():
+    alibi = qkv.ALiBi(4)
+    bias = alibi.bias(3, 5, q_start=2)
+    assert bias.shape == (1, 4, 3, 5)
+    # query 0 sits at position 2: distances to keys 0..4 are 2, 1, 0, 1, 2
+    expected = -alibi.slopes[1] * torch.tensor([2.0, 1.0, 0.0, 1.0, 2.0])
+    torch.testing.assert_close(bias[0, 1, 0], expected)
+
+
+def test_rope_needs_even_head_size():
+    with pytest.raises(ValueError, match="even"):
+        qkv.RotaryPositionalEncoding(7)

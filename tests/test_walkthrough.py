@@ -1,0 +1,56 @@
+"""The walkthrough command: its numbers are qkv's attention, and it shows word order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.walkthrough import check_against_library, walkthrough
+
+
+@pytest.mark.parametrize("heads, dim", [(1, 8), (2, 8), (4, 16)])
+def test_steps_equal_library_attention(heads, dim):
+    result = walkthrough("the cat that caught the mouse slept", heads=heads, dim=dim, seed=3)
+    assert check_against_library(result, heads, dim, seed=3) < 1e-12
+    weights = [s.value for s in result.steps if s.title.startswith("weights")]
+    assert len(weights) == heads
+    for w in weights:
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[0], dtype=w.dtype))
+
+
+def test_without_positions_same_word_same_vector_in_either_order():
+    a = walkthrough("Sally likes Sam", positions=False, heads=2)
+    b = walkthrough("Sam likes Sally", positions=False, heads=2)
+    for i, tok in enumerate(a.tokens):
+        j = b.tokens.index(tok)
+        torch.testing.assert_close(a.output[i], b.output[j], atol=1e-12, rtol=0)
+    assert max(a.reorder_diff.values()) < 1e-12
+
+
+def test_with_positions_the_vectors_differ():
+    a = walkthrough("Sally likes Sam", positions=True)
+    b = walkthrough("Sam likes Sally", positions=True)
+    assert (a.output[0] - b.output[2]).abs().max() > 1e-3
+    assert max(a.reorder_diff.values()) > 1e-3
+
+
+def test_cli_prints_shapes_and_hangul(capsys):
+    assert main(["walkthrough", "고양이가 쥐를 잡았다", "--heads", "2", "--dim", "8"]) == 0
+    out = capsys.readouterr().out
+    for text in ("고양이가", "shape (3x8)", "scores Q K^T (head 2/2)", "concat W_o", "sums to 1"):
+        assert text in out
+
+
+@pytest.mark.parametrize("args", [["   "], ["a b", "--dim", "6", "--heads", "4"]])
+def test_cli_bad_input_exits_2_without_traceback(args):
+    proc = subprocess.run(
+        [sys.executable, "-m", "qkv", "walkthrough", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("qkv walkthrough: error:")
+    assert len(proc.stderr.strip().splitlines()) == 1
