@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AttentionMaps", "as_maps", "head_entropy", "prepare", "summary"]
+__all__ = ["AttentionMaps", "as_maps", "head_entropy", "prepare", "summarize", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ def as_maps(maps: Any) -> np.ndarray:
         layers = [m[0] if m.ndim == 4 and m.shape[0] == 1 else m for m in layers]
         bad = [(i, m.shape) for i, m in enumerate(layers) if m.ndim != 3]
         if bad:
-            raise ValueError(f"attention maps: layer {bad[0][0]} has shape {bad[0][1]}, "
-                             "expected (H, Tq, Tk)")
+            raise ValueError(
+                f"attention maps: layer {bad[0][0]} has shape {bad[0][1]}, expected (H, Tq, Tk)"
+            )
         if len({m.shape for m in layers}) > 1:
             shapes = [m.shape for m in layers]
             raise ValueError(f"attention maps: layers differ in shape: {shapes}")
@@ -77,8 +78,10 @@ def as_maps(maps: Any) -> np.ndarray:
         arr = _to_numpy(maps)
         if arr.ndim == 5:
             if arr.shape[1] != 1:
-                raise ValueError(f"attention maps: shape {arr.shape} has a batch of "
-                                 f"{arr.shape[1]}; select one batch element first")
+                raise ValueError(
+                    f"attention maps: shape {arr.shape} has a batch of "
+                    f"{arr.shape[1]}; select one batch element first"
+                )
             arr = arr[:, 0]
         arr = arr.reshape((1,) * (4 - arr.ndim) + arr.shape) if 2 <= arr.ndim < 4 else arr
     if arr.ndim != 4:
@@ -100,20 +103,25 @@ def _resolve_tokens(
     """Check the token lists against the map shape; return (queries, keys, kind)."""
     if tokens is not None:
         if src_tokens is not None or tgt_tokens is not None:
-            raise ValueError("give either tokens (self-attention) or src_tokens and "
-                             "tgt_tokens (cross-attention), not both")
+            raise ValueError(
+                "give either tokens (self-attention) or src_tokens and "
+                "tgt_tokens (cross-attention), not both"
+            )
         toks = tuple(str(t) for t in tokens)
         if not len(toks) == tq == tk:
-            raise ValueError(f"self-attention: {len(toks)} tokens for maps of "
-                             f"{tq} queries x {tk} keys")
+            raise ValueError(
+                f"self-attention: {len(toks)} tokens for maps of {tq} queries x {tk} keys"
+            )
         return toks, toks, "self"
     if src_tokens is None or tgt_tokens is None:
         raise ValueError("cross-attention needs both src_tokens (keys) and tgt_tokens (queries)")
     src = tuple(str(t) for t in src_tokens)
     tgt = tuple(str(t) for t in tgt_tokens)
     if len(tgt) != tq or len(src) != tk:
-        raise ValueError(f"cross-attention: {len(tgt)} target and {len(src)} source tokens "
-                         f"for maps of {tq} queries x {tk} keys")
+        raise ValueError(
+            f"cross-attention: {len(tgt)} target and {len(src)} source tokens "
+            f"for maps of {tq} queries x {tk} keys"
+        )
     return tgt, src, "cross"
 
 
@@ -212,7 +220,11 @@ def summary(
         list of ``L`` strings, e.g. ``"layer 0: head 3 (entropy 0.21 nats) looks at the
         previous token (92% of queries)"``.
     """
-    am = prepare(maps, tokens, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+    return summarize(prepare(maps, tokens, src_tokens=src_tokens, tgt_tokens=tgt_tokens))
+
+
+def summarize(am: AttentionMaps) -> list[str]:
+    """:func:`summary` for maps already validated by :func:`prepare`."""
     ent = head_entropy(am.weights)  # (L, H)
     lines = []
     for layer, row in enumerate(ent):

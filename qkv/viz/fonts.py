@@ -163,6 +163,8 @@ def font_chain(texts: Iterable[str] = ()) -> list[str]:
     if missing_counts[order[0]]:
         uncovered = set.intersection(*(glyph_coverage(p, texts)[1] for _, p in pairs))
         if uncovered:
-            log.warning("no installed font has glyphs for %s; install fonts-noto or "
-                        "pip install 'qkv[viz]'", "".join(sorted(uncovered)))
+            log.warning(
+                "no installed font has glyphs for %s; install fonts-noto or pip install 'qkv[viz]'",
+                "".join(sorted(uncovered)),
+            )
     return [pairs[i][0] for i in order]

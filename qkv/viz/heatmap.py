@@ -38,9 +38,7 @@ def _import_matplotlib() -> Any:
     try:
         import matplotlib
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "qkv.viz heatmaps need matplotlib: pip install 'qkv[viz]'"
-        ) from err
+        raise ImportError("qkv.viz heatmaps need matplotlib: pip install 'qkv[viz]'") from err
     return matplotlib
 
 
@@ -76,6 +74,11 @@ def _save(fig: Figure, path: str | os.PathLike[str] | None) -> None:
     log.info("wrote %s", path)
 
 
+def _short(label: str, limit: int = 24) -> str:
+    """Cut a long token to ``limit`` characters so that the map keeps its room."""
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
 def _label_step(n: int, max_labels: int = 64) -> int:
     """Show every k-th label so that at most ``max_labels`` are drawn on an axis."""
     return max(1, math.ceil(n / max_labels))
@@ -85,8 +88,8 @@ def _set_token_ticks(ax: Axes, src: Sequence[str], tgt: Sequence[str], fontsize:
     """Label the x axis with source (key) tokens and the y axis with target (query) tokens."""
     sx, sy = _label_step(len(src)), _label_step(len(tgt))
     xs, ys = range(0, len(src), sx), range(0, len(tgt), sy)
-    ax.set_xticks(list(xs), [src[i] for i in xs], rotation=90, fontsize=fontsize)
-    ax.set_yticks(list(ys), [tgt[i] for i in ys], fontsize=fontsize)
+    ax.set_xticks(list(xs), [_short(src[i]) for i in xs], rotation=90, fontsize=fontsize)
+    ax.set_yticks(list(ys), [_short(tgt[i]) for i in ys], fontsize=fontsize)
     ax.tick_params(axis="x", top=True, labeltop=True, bottom=False, labelbottom=False)
     ax.tick_params(length=2, pad=1)
 
@@ -131,8 +134,14 @@ def plot_alignment(
             ax = fig.add_subplot()
         else:
             fig = ax.figure
-        image = ax.imshow(w, cmap=_CMAP, vmin=0.0, vmax=max(1e-12, float(w.max())),
-                          aspect="auto", interpolation="nearest")
+        image = ax.imshow(
+            w,
+            cmap=_CMAP,
+            vmin=0.0,
+            vmax=max(1e-12, float(w.max())),
+            aspect="auto",
+            interpolation="nearest",
+        )
         _set_token_ticks(ax, src, tgt, fontsize)
         ax.set_xlabel("source (keys)")
         ax.xaxis.set_label_position("top")
@@ -204,25 +213,31 @@ def plot_heads(
         for r, layer in enumerate(ls):
             for c, head in enumerate(hs):
                 ax = axes[r, c]
-                image = ax.imshow(sel[r, c], cmap=_CMAP, vmin=0.0, vmax=vmax,
-                                  aspect="auto", interpolation="nearest")
+                image = ax.imshow(
+                    sel[r, c],
+                    cmap=_CMAP,
+                    vmin=0.0,
+                    vmax=vmax,
+                    aspect="auto",
+                    interpolation="nearest",
+                )
                 ax.set_title(f"layer {layer} · head {head}", fontsize=8)
-                _label_cell(ax, am.key_tokens, am.query_tokens, labelled,
-                            r == len(ls) - 1, c == 0)
+                _label_cell(ax, am.key_tokens, am.query_tokens, labelled, r == len(ls) - 1, c == 0)
         fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
         _save(fig, path)
     return fig
 
 
-def _label_cell(ax: Axes, keys: Sequence[str], queries: Sequence[str], labelled: bool,
-                bottom: bool, left: bool) -> None:
+def _label_cell(
+    ax: Axes, keys: Sequence[str], queries: Sequence[str], labelled: bool, bottom: bool, left: bool
+) -> None:
     """Put token labels on the outer cells of the grid, none on the inner ones."""
     ax.set_xticks([])
     ax.set_yticks([])
     if not labelled:
         return
     if bottom:
-        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
+        ax.set_xticks(range(len(keys)), [_short(k) for k in keys], rotation=90, fontsize=6)
     if left:
-        ax.set_yticks(range(len(queries)), queries, fontsize=6)
+        ax.set_yticks(range(len(queries)), [_short(q) for q in queries], fontsize=6)
     ax.tick_params(length=1, pad=1)

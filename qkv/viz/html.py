@@ -1,0 +1,345 @@
+"""A self-contained HTML attention viewer: head view, model view and matrix view.
+
+One file holds everything: the weights (quantised, base64, inside a JSON script block),
+the script and the style sheet. It loads nothing from the network and opens from
+``file://``. A Content-Security-Policy forbids any fetch, image or font from elsewhere.
+
+Views (all for self-attention and for cross-attention, source <-> target):
+
+- **head view**: queries on the left, keys on the right, lines weighted by attention, one
+  colour per head; hover a token to focus it (click to pin), choose layer and heads;
+- **model view**: a thumbnail for every layer x head; click one to open it;
+- **matrix view**: the heatmap of one head with the exact weight on hover.
+
+Quantisation: weights are stored as unsigned integers over ``[lo, hi]`` (``lo = min(0,
+min w)``, ``hi = max w``): ``w' = lo + q * step`` with ``step = (hi - lo) / (2**bits - 1)``,
+so ``|w' - w| <= step / 2``. The page states the bound. Elements the script draws carry
+``data-layer``, ``data-head``, ``data-query``, ``data-key`` and ``data-weight`` (the
+de-quantised weight, as JavaScript prints a double) so that tests can read them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qkv.viz._maps import AttentionMaps, prepare, summarize
+
+__all__ = [
+    "AttentionView",
+    "decode_payload",
+    "encode_payload",
+    "extract_payload",
+    "render_html",
+    "save_html",
+    "show",
+]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2")}
+_SIZE_BUDGET = 2_000_000  # bytes; a larger page still works but is slow to open
+_PAYLOAD_ID = "qkv-data"
+
+
+def encode_payload(
+    am: AttentionMaps, *, title: str | None = None, quantization: str = "uint16"
+) -> dict[str, Any]:
+    """Quantise the maps and pack them with the tokens into the page's JSON payload.
+
+    Args:
+        am: validated maps and tokens.
+        title: title shown on the page.
+        quantization: ``"uint16"`` (default, max error about 7.6e-6 of the range) or
+            ``"uint8"`` (about 2e-3, half the size).
+
+    Returns:
+        a JSON-serialisable dict; ``weights`` is the base64 of the little-endian integers
+        in ``(L, H, Tq, Tk)`` C order.
+    """
+    if quantization not in _DTYPES:
+        raise ValueError(f"quantization {quantization!r}: choose one of {sorted(_DTYPES)}")
+    dtype = _DTYPES[quantization]
+    levels = int(np.iinfo(dtype).max)
+    w = am.weights
+    lo = min(0.0, float(w.min()))
+    hi = float(w.max())
+    hi = hi if hi > lo else lo + 1.0
+    step = (hi - lo) / levels
+    q = np.rint((w - lo) / step).clip(0, levels).astype(dtype)
+    layers, heads, tq, tk = w.shape
+    return {
+        "version": 1,
+        "kind": am.kind,
+        "title": title or "",
+        "shape": [layers, heads, tq, tk],
+        "queryTokens": list(am.query_tokens),
+        "keyTokens": list(am.key_tokens),
+        "encoding": {
+            "dtype": quantization,
+            "byteOrder": "little",
+            "lo": lo,
+            "hi": hi,
+            "step": step,
+            "maxError": step / 2,
+        },
+        "weights": base64.b64encode(q.tobytes()).decode("ascii"),
+    }
+
+
+def decode_payload(payload: dict[str, Any]) -> np.ndarray:
+    """De-quantise the weights of a payload exactly as the page's script does.
+
+    Args:
+        payload: a dict from :func:`encode_payload` or :func:`extract_payload`.
+
+    Returns:
+        float64 array ``(L, H, Tq, Tk)``.
+    """
+    enc = payload["encoding"]
+    q = np.frombuffer(base64.b64decode(payload["weights"]), dtype=_DTYPES[enc["dtype"]])
+    return (enc["lo"] + q.astype(np.float64) * enc["step"]).reshape(payload["shape"])
+
+
+def _json_for_script(obj: Any) -> str:
+    """JSON that is safe inside ``<script>``: no ``<``, ``>``, ``&`` or line separators."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(char, escape)
+    return text
+
+
+def extract_payload(page: str) -> dict[str, Any]:
+    """Read the JSON payload back from a page made by :func:`render_html`.
+
+    Args:
+        page: the HTML text.
+
+    Returns:
+        the payload dict.
+    """
+    start_tag = f'<script type="application/json" id="{_PAYLOAD_ID}">'
+    start = page.index(start_tag) + len(start_tag)
+    return json.loads(page[start : page.index("</script>", start)])
+
+
+def _asset(name: str) -> str:
+    """Text of a file shipped next to this module (viewer.js, viewer.css)."""
+    return resources.files("qkv.viz").joinpath(name).read_text(encoding="utf-8")
+
+
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data:; base-uri 'none'; form-action 'none'"
+)
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="qkv.viz">
+<title>{title}</title>
+<style>
+{css}
+</style>
+</head>
+<body>
+<div id="qkv-app" data-kind="{kind}">
+<header>
+<h1 id="qkv-title">{title}</h1>
+<nav id="qkv-tabs" role="tablist">
+<button type="button" id="qkv-tab-head" data-view="head">Head view</button>
+<button type="button" id="qkv-tab-model" data-view="model">Model view</button>
+<button type="button" id="qkv-tab-matrix" data-view="matrix">Matrix view</button>
+</nav>
+<div id="qkv-controls">
+<label>Layer <select id="qkv-layer"></select></label>
+<span id="qkv-heads" aria-label="heads"></span>
+<span class="qkv-hint" id="qkv-hint"></span>
+</div>
+</header>
+<main>
+<section id="qkv-head-view" class="qkv-view"></section>
+<section id="qkv-model-view" class="qkv-view" hidden></section>
+<section id="qkv-matrix-view" class="qkv-view" hidden></section>
+</main>
+<div id="qkv-tooltip" role="tooltip" hidden></div>
+<footer>
+<details id="qkv-summary"><summary>Most focused head per layer</summary><ul>{summary}</ul>
+</details>
+<p id="qkv-quantization" data-dtype="{dtype}" data-max-error="{max_error!r}">{quant_text}</p>
+</footer>
+</div>
+<script type="application/json" id="{payload_id}">{payload}</script>
+<script>
+{js}
+</script>
+</body>
+</html>
+"""
+
+
+def render_html(
+    maps: Any,
+    tokens: Sequence[Any] | None = None,
+    *,
+    src_tokens: Sequence[Any] | None = None,
+    tgt_tokens: Sequence[Any] | None = None,
+    title: str | None = None,
+    quantization: str = "uint16",
+) -> str:
+    """Build the viewer page as one HTML string.
+
+    Args:
+        maps: ``(L, H, Tq, Tk)`` tensor or array, or a list of ``L`` arrays ``(H, Tq, Tk)``.
+        tokens: self-attention tokens (``Tq == Tk``).
+        src_tokens: cross-attention keys (source sentence).
+        tgt_tokens: cross-attention queries (target sentence).
+        title: page title; a default names the shape.
+        quantization: ``"uint16"`` or ``"uint8"`` (see :func:`encode_payload`).
+
+    Returns:
+        the complete HTML document.
+    """
+    am = prepare(maps, tokens, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
+    layers, heads, tq, tk = am.weights.shape
+    title = title or f"{am.kind}-attention: {layers} layers × {heads} heads, {tq} × {tk} tokens"
+    payload = encode_payload(am, title=title, quantization=quantization)
+    enc = payload["encoding"]
+    quant_text = (
+        f"Weights are stored as {enc['dtype']} over [{enc['lo']:.6g}, {enc['hi']:.6g}]; "
+        f"values shown differ from the model's by at most {enc['maxError']:.3g}."
+    )
+    page = _TEMPLATE.format(
+        csp=_CSP,
+        title=html.escape(title),
+        kind=am.kind,
+        css=_asset("viewer.css"),
+        summary="".join(f"<li>{html.escape(line)}</li>" for line in summarize(am)),
+        dtype=enc["dtype"],
+        max_error=enc["maxError"],
+        quant_text=html.escape(quant_text),
+        payload_id=_PAYLOAD_ID,
+        payload=_json_for_script(payload),
+        js=_asset("viewer.js"),
+    )
+    if len(page.encode("utf-8")) > _SIZE_BUDGET:
+        log.warning(
+            "attention page is %.1f MB; quantization='uint8' halves the weights",
+            len(page.encode("utf-8")) / 1e6,
+        )
+    return page
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """An attention viewer page; displays itself in Jupyter and saves to a file.
+
+    Attributes:
+        html: the complete, self-contained HTML document.
+    """
+
+    html: str = field(repr=False)
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the page inside a sandboxed iframe, so ids and styles stay apart."""
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" '
+            'sandbox="allow-scripts" style="width:100%;height:720px;border:0" '
+            'title="qkv attention viewer"></iframe>'
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the page to ``path`` (UTF-8) and return the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.html, encoding="utf-8")
+        log.info("wrote %s (%d bytes)", path, len(self.html.encode("utf-8")))
+        return path
+
+
+def show(
+    maps: Any,
+    tokens: Sequence[Any] | None = None,
+    *,
+    src_tokens: Sequence[Any] | None = None,
+    tgt_tokens: Sequence[Any] | None = None,
+    title: str | None = None,
+    quantization: str = "uint16",
+) -> AttentionView:
+    """Make an interactive attention viewer (head, model and matrix views).
+
+    Args:
+        maps: ``(L, H, Tq, Tk)`` tensor or array, or a list of ``L`` arrays ``(H, Tq, Tk)``.
+        tokens: self-attention tokens.
+        src_tokens: cross-attention keys (source sentence).
+        tgt_tokens: cross-attention queries (target sentence).
+        title: page title.
+        quantization: ``"uint16"`` or ``"uint8"``.
+
+    Returns:
+        an :class:`AttentionView` (``_repr_html_`` for notebooks, ``.save(path)``).
+    """
+    return AttentionView(
+        render_html(
+            maps,
+            tokens,
+            src_tokens=src_tokens,
+            tgt_tokens=tgt_tokens,
+            title=title,
+            quantization=quantization,
+        )
+    )
+
+
+def save_html(
+    path: str | os.PathLike[str],
+    maps: Any,
+    tokens: Sequence[Any] | None = None,
+    *,
+    src_tokens: Sequence[Any] | None = None,
+    tgt_tokens: Sequence[Any] | None = None,
+    title: str | None = None,
+    quantization: str = "uint16",
+) -> Path:
+    """Write the attention viewer to one HTML file.
+
+    Args:
+        path: output file (``.html``).
+        maps: ``(L, H, Tq, Tk)`` tensor or array, or a list of ``L`` arrays ``(H, Tq, Tk)``.
+        tokens: self-attention tokens.
+        src_tokens: cross-attention keys (source sentence).
+        tgt_tokens: cross-attention queries (target sentence).
+        title: page title.
+        quantization: ``"uint16"`` or ``"uint8"``.
+
+    Returns:
+        the path written.
+    """
+    view = show(
+        maps,
+        tokens,
+        src_tokens=src_tokens,
+        tgt_tokens=tgt_tokens,
+        title=title,
+        quantization=quantization,
+    )
+    return view.save(path)

@@ -1,0 +1,348 @@
+// qkv attention viewer: head view, model view, matrix view.
+// Reads the JSON payload from the script element #qkv-data, draws with DOM/SVG/canvas.
+// Tokens are always inserted with textContent, never parsed as HTML.
+(function () {
+  "use strict";
+
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const ROW = 22; // px per token row in the head view
+  const LINE_MIN = 0.01; // lines below this weight are not drawn when nothing is focused
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#e7969c"];
+  // viridis, sampled at 0, 0.25, 0.5, 0.75, 1
+  const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+  const data = JSON.parse(document.getElementById("qkv-data").textContent);
+  const [L, H, TQ, TK] = data.shape;
+  const W = decode(data);
+  const cross = data.kind === "cross";
+  const state = { view: "head", layer: 0, heads: new Set(range(H)), matrixHead: 0,
+    focus: null, pinned: false };
+
+  function range(n) { return Array.from({ length: n }, (_, i) => i); }
+
+  function decode(d) {
+    const bin = atob(d.weights);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    const wide = d.encoding.dtype === "uint16";
+    const n = wide ? bytes.length / 2 : bytes.length;
+    const out = new Float64Array(n);
+    const lo = d.encoding.lo, step = d.encoding.step;
+    for (let k = 0; k < n; k++) {
+      const q = wide ? bytes[2 * k] | (bytes[2 * k + 1] << 8) : bytes[k];
+      out[k] = lo + q * step; // same arithmetic as qkv.viz.html.decode_payload
+    }
+    return out;
+  }
+
+  function weight(l, h, i, j) { return W[((l * H + h) * TQ + i) * TK + j]; }
+
+  function headColor(h) {
+    return h < PALETTE.length ? PALETTE[h] : `hsl(${(h * 137.5) % 360}, 65%, 45%)`;
+  }
+
+  function ramp(x) {
+    const t = Math.min(1, Math.max(0, x)) * (RAMP.length - 1);
+    const k = Math.min(RAMP.length - 2, Math.floor(t)), f = t - k;
+    return RAMP[k].map((c, i) => Math.round(c + f * (RAMP[k + 1][i] - c)));
+  }
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function headMax(l, h) {
+    let m = 0;
+    for (let k = (l * H + h) * TQ * TK, e = k + TQ * TK; k < e; k++) m = Math.max(m, W[k]);
+    return m > 0 ? m : 1;
+  }
+
+  // ---- controls ------------------------------------------------------------------
+  const layerSelect = document.getElementById("qkv-layer");
+  const headBar = document.getElementById("qkv-heads");
+  const hint = document.getElementById("qkv-hint");
+
+  function buildControls() {
+    for (const l of range(L)) layerSelect.appendChild(el("option", { value: l }, `layer ${l}`));
+    layerSelect.addEventListener("change", () => { state.layer = +layerSelect.value; render(); });
+    for (const [id, label, pick] of [["qkv-heads-all", "all", () => range(H)],
+      ["qkv-heads-none", "none", () => []]]) {
+      const b = el("button", { type: "button", id, class: "qkv-heads-bulk" }, label);
+      b.addEventListener("click", () => { state.heads = new Set(pick()); render(); });
+      headBar.appendChild(b);
+    }
+    for (const h of range(H)) {
+      const b = el("button", { type: "button", class: "qkv-head-toggle", "data-head": h },
+        `${h}`);
+      b.style.setProperty("--head-color", headColor(h));
+      b.title = `head ${h} (double-click: only this head)`;
+      b.addEventListener("click", () => toggleHead(h));
+      b.addEventListener("dblclick", () => { state.heads = new Set([h]); render(); });
+      headBar.appendChild(b);
+    }
+    for (const b of document.querySelectorAll("#qkv-tabs button")) {
+      b.addEventListener("click", () => { state.view = b.dataset.view; render(); });
+    }
+  }
+
+  function toggleHead(h) {
+    if (state.view === "matrix") state.matrixHead = h;
+    else if (state.heads.has(h)) state.heads.delete(h);
+    else state.heads.add(h);
+    render();
+  }
+
+  function syncControls() {
+    layerSelect.value = String(state.layer);
+    for (const b of headBar.querySelectorAll(".qkv-head-toggle")) {
+      const h = +b.dataset.head;
+      const on = state.view === "matrix" ? h === state.matrixHead : state.heads.has(h);
+      b.setAttribute("aria-pressed", on ? "true" : "false");
+    }
+    for (const b of document.querySelectorAll("#qkv-tabs button")) {
+      b.setAttribute("aria-selected", b.dataset.view === state.view ? "true" : "false");
+    }
+    document.getElementById("qkv-controls").dataset.view = state.view;
+    hint.textContent = {
+      head: "Hover a token to focus it, click to pin. Heads: click to toggle.",
+      model: "Every layer × head. Click a thumbnail to open it.",
+      matrix: "Rows attend to columns. Hover a cell for its exact weight. Heads: pick one.",
+    }[state.view];
+  }
+
+  // ---- head view -----------------------------------------------------------------
+  function tokenColumn(side, tokens) {
+    const col = el("div", { class: `qkv-column qkv-${side}-column` });
+    tokens.forEach((t, i) => {
+      const d = el("div", { class: `qkv-token qkv-${side}`, "data-side": side,
+        "data-index": i, title: t }, t);
+      d.addEventListener("mouseenter", () => { if (!state.pinned) setFocus(side, i); });
+      d.addEventListener("mouseleave", () => { if (!state.pinned) setFocus(null); });
+      d.addEventListener("click", () => {
+        const same = state.focus && state.focus.side === side && state.focus.index === i;
+        state.pinned = !same || !state.pinned;
+        setFocus(state.pinned ? side : null, i);
+      });
+      col.appendChild(d);
+    });
+    return col;
+  }
+
+  function renderHeadView(root) {
+    const wrap = el("div", { class: "qkv-head-layout" });
+    const names = cross ? ["target (queries)", "source (keys)"] : ["queries", "keys"];
+    wrap.appendChild(el("div", { class: "qkv-column-title" }, names[0]));
+    wrap.appendChild(el("div"));
+    wrap.appendChild(el("div", { class: "qkv-column-title" }, names[1]));
+    wrap.appendChild(tokenColumn("query", data.queryTokens));
+    const box = el("div", { class: "qkv-lines-box" });
+    box.style.height = `${Math.max(TQ, TK) * ROW}px`;
+    box.appendChild(el("canvas", { id: "qkv-overview" }));
+    const svg = document.createElementNS(SVG_NS, "svg");
+    svg.setAttribute("id", "qkv-lines");
+    box.appendChild(svg);
+    wrap.appendChild(box);
+    wrap.appendChild(tokenColumn("key", data.keyTokens));
+    root.appendChild(wrap);
+    drawOverview();
+    drawLines();
+  }
+
+  // All lines of the selected heads at once: thousands of them, so on a canvas.
+  function drawOverview() {
+    const canvas = document.getElementById("qkv-overview");
+    const box = canvas.parentNode, ratio = window.devicePixelRatio || 1;
+    const width = box.clientWidth, height = box.clientHeight;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.scale(ratio, ratio);
+    ctx.lineWidth = 1.5;
+    for (const h of [...state.heads].sort((a, b) => a - b)) {
+      ctx.strokeStyle = headColor(h);
+      for (let i = 0; i < TQ; i++) {
+        for (let j = 0; j < TK; j++) {
+          const w = weight(state.layer, h, i, j);
+          if (w < LINE_MIN) continue;
+          ctx.globalAlpha = Math.min(1, 0.9 * w);
+          ctx.beginPath();
+          ctx.moveTo(0, i * ROW + ROW / 2);
+          ctx.lineTo(width, j * ROW + ROW / 2);
+          ctx.stroke();
+        }
+      }
+    }
+  }
+
+  function setFocus(side, index) {
+    state.focus = side ? { side, index } : null;
+    if (!side) state.pinned = false;
+    drawLines();
+  }
+
+  function lineEl(h, i, j, w) {
+    const line = document.createElementNS(SVG_NS, "line");
+    line.setAttribute("x1", "0%");
+    line.setAttribute("x2", "100%");
+    line.setAttribute("y1", i * ROW + ROW / 2);
+    line.setAttribute("y2", j * ROW + ROW / 2);
+    line.setAttribute("class", "qkv-line qkv-active");
+    line.setAttribute("stroke", headColor(h));
+    line.setAttribute("stroke-opacity", Math.min(1, w).toFixed(4));
+    line.setAttribute("stroke-width", 2.5);
+    for (const [k, v] of [["layer", state.layer], ["head", h], ["query", i], ["key", j],
+      ["weight", w]]) line.setAttribute(`data-${k}`, String(v));
+    return line;
+  }
+
+  // The lines of the focused token, one SVG element each, carrying the exact weight.
+  function drawLines() {
+    const svg = document.getElementById("qkv-lines");
+    if (!svg) return;
+    svg.replaceChildren();
+    const f = state.focus, l = state.layer;
+    document.getElementById("qkv-overview").style.visibility = f ? "hidden" : "visible";
+    const glow = { query: new Array(TQ).fill(null), key: new Array(TK).fill(null) };
+    if (f) {
+      const [other, n] = f.side === "query" ? ["key", TK] : ["query", TQ];
+      for (const h of [...state.heads].sort((a, b) => a - b)) {
+        for (let k = 0; k < n; k++) {
+          const [i, j] = f.side === "query" ? [f.index, k] : [k, f.index];
+          const w = weight(l, h, i, j);
+          svg.appendChild(lineEl(h, i, j, w));
+          if (!glow[other][k] || glow[other][k].w < w) glow[other][k] = { w, h };
+        }
+      }
+    }
+    for (const side of ["query", "key"]) {
+      document.querySelectorAll(`.qkv-${side}`).forEach((node, k) => {
+        const g = glow[side][k];
+        node.style.setProperty("--glow", g ? headColor(g.h) : "transparent");
+        node.style.setProperty("--glow-alpha", g ? Math.min(1, g.w).toFixed(3) : "0");
+        node.classList.toggle("qkv-focused", !!f && f.side === side && f.index === k);
+      });
+    }
+  }
+
+  // ---- model view ----------------------------------------------------------------
+  function thumbnail(l, h) {
+    const c = el("canvas", { class: "qkv-thumb", width: TK, height: TQ,
+      "data-layer": l, "data-head": h, title: `layer ${l}, head ${h}` });
+    const ctx = c.getContext("2d");
+    const img = ctx.createImageData(TK, TQ);
+    const m = headMax(l, h);
+    for (let i = 0; i < TQ; i++) {
+      for (let j = 0; j < TK; j++) {
+        const [r, g, b] = ramp(weight(l, h, i, j) / m), o = 4 * (i * TK + j);
+        img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    c.style.height = `${Math.round(72 * Math.min(2, TQ / TK))}px`;
+    c.addEventListener("click", () => {
+      Object.assign(state, { layer: l, matrixHead: h, view: "matrix" });
+      render();
+    });
+    return c;
+  }
+
+  function renderModelView(root) {
+    const table = el("table", { id: "qkv-model", class: "qkv-model-grid" });
+    const head = el("tr");
+    head.appendChild(el("th"));
+    for (const h of range(H)) {
+      const th = el("th", { class: "qkv-model-head" }, `head ${h}`);
+      th.style.color = headColor(h);
+      head.appendChild(th);
+    }
+    table.appendChild(head);
+    for (const l of range(L)) {
+      const tr = el("tr");
+      tr.appendChild(el("th", { class: "qkv-model-layer" }, `layer ${l}`));
+      for (const h of range(H)) {
+        const td = el("td");
+        td.appendChild(thumbnail(l, h));
+        tr.appendChild(td);
+      }
+      table.appendChild(tr);
+    }
+    root.appendChild(table);
+  }
+
+  // ---- matrix view ---------------------------------------------------------------
+  const tooltip = document.getElementById("qkv-tooltip");
+
+  function renderMatrixView(root) {
+    const l = state.layer, h = state.matrixHead, m = headMax(l, h);
+    const caption = `layer ${l}, head ${h}: rows ${cross ? "target" : "query"} tokens, ` +
+      `columns ${cross ? "source" : "key"} tokens; colour 0 → ${m.toFixed(3)}`;
+    root.appendChild(el("p", { class: "qkv-caption", id: "qkv-matrix-caption" }, caption));
+    const table = el("table", { id: "qkv-matrix", "data-layer": l, "data-head": h });
+    table.style.setProperty("--cell", `${TK <= 16 ? 34 : TK <= 40 ? 18 : 13}px`);
+    const top = el("tr");
+    top.appendChild(el("th", { class: "qkv-corner" }));
+    data.keyTokens.forEach((t, j) => top.appendChild(
+      el("th", { class: "qkv-col-label", "data-key": j, title: t }, t)));
+    table.appendChild(top);
+    for (let i = 0; i < TQ; i++) {
+      const tr = el("tr");
+      tr.appendChild(el("th", { class: "qkv-row-label", "data-query": i,
+        title: data.queryTokens[i] }, data.queryTokens[i]));
+      for (let j = 0; j < TK; j++) tr.appendChild(matrixCell(l, h, i, j, m));
+      table.appendChild(tr);
+    }
+    table.addEventListener("mouseover", (e) => showCell(e.target.closest(".qkv-cell"), e));
+    table.addEventListener("mouseleave", () => showCell(null));
+    root.appendChild(table);
+  }
+
+  function matrixCell(l, h, i, j, m) {
+    const w = weight(l, h, i, j), x = w / m;
+    const td = el("td", { class: "qkv-cell", "data-layer": l, "data-head": h,
+      "data-query": i, "data-key": j, "data-weight": String(w) });
+    td.style.background = `rgb(${ramp(x).join(",")})`;
+    if (TK <= 16) {
+      td.textContent = w.toFixed(2);
+      td.style.color = x > 0.6 ? "#000" : "#fff";
+    }
+    return td;
+  }
+
+  function showCell(td, e) {
+    document.querySelectorAll(".qkv-hl").forEach((n) => n.classList.remove("qkv-hl"));
+    if (!td) { tooltip.hidden = true; return; }
+    const i = +td.dataset.query, j = +td.dataset.key;
+    document.querySelector(`.qkv-row-label[data-query="${i}"]`).classList.add("qkv-hl");
+    document.querySelector(`.qkv-col-label[data-key="${j}"]`).classList.add("qkv-hl");
+    tooltip.textContent = `${data.queryTokens[i]} → ${data.keyTokens[j]}: ` +
+      `${(+td.dataset.weight).toFixed(6)}`;
+    tooltip.dataset.weight = td.dataset.weight;
+    tooltip.hidden = false;
+    const r = td.getBoundingClientRect();
+    tooltip.style.left = `${r.right + window.scrollX + 6}px`;
+    tooltip.style.top = `${r.top + window.scrollY - 4}px`;
+  }
+
+  // ---- top level -----------------------------------------------------------------
+  function render() {
+    syncControls();
+    for (const v of ["head", "model", "matrix"]) {
+      const root = document.getElementById(`qkv-${v}-view`);
+      root.hidden = v !== state.view;
+      root.replaceChildren();
+    }
+    state.focus = null;
+    state.pinned = false;
+    tooltip.hidden = true;
+    const root = document.getElementById(`qkv-${state.view}-view`);
+    ({ head: renderHeadView, model: renderModelView, matrix: renderMatrixView })[state.view](root);
+    document.getElementById("qkv-app").dataset.ready = "true";
+  }
+
+  buildControls();
+  render();
+})();

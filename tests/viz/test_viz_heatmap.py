@@ -1,0 +1,132 @@
+"""Matplotlib heatmaps: files written, labels readable, Hangul glyphs present."""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from matplotlib import font_manager  # noqa: E402
+from matplotlib.ft2font import FT2Font  # noqa: E402
+
+from qkv.viz import plot_alignment, plot_heads  # noqa: E402
+from qkv.viz.fonts import font_chain, glyph_coverage  # noqa: E402
+
+KOREAN = ["나는", "학교에", "갑니다", "고양이가", "생선을", "먹었다"]
+
+
+def _is_hangul(char: str) -> bool:
+    return "HANGUL" in unicodedata.name(char, "")
+
+
+def _tick_labels(fig):
+    ax = fig.axes[0]
+    return [t for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
+
+
+def test_korean_labels_have_glyphs(tmp_path):
+    """Every Hangul character drawn is in the charmap of the font matplotlib picks."""
+    src = ["[CLS]", *KOREAN[:3], "."]
+    tgt = ["I", "go", "to", "school", "Ωμέγα"]
+    w = np.random.default_rng(0).dirichlet(np.ones(len(src)), size=len(tgt))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig = plot_alignment(w, src, tgt, title="한국어 → English", path=tmp_path / "ko.png")
+        fig.canvas.draw()
+    assert not [w for w in caught if "missing from font" in str(w.message)]
+    labels = _tick_labels(fig)
+    texts = [t.get_text() for t in labels]
+    assert texts.count("학교에") == 1 and "Ωμέγα" in texts
+    hangul = [t for t in labels if any(_is_hangul(c) for c in t.get_text())]
+    assert len(hangul) == 3
+    for text in [*hangul, fig.axes[0].title]:
+        path = font_manager.findfont(text.get_fontproperties(), fallback_to_default=False)
+        charmap = FT2Font(path).get_charmap()
+        missing = [c for c in text.get_text() if _is_hangul(c) and ord(c) not in charmap]
+        assert not missing, f"{path} lacks {missing}"
+
+
+def test_font_chain_puts_a_hangul_font_first():
+    chain = font_chain(KOREAN)
+    path = font_manager.findfont(font_manager.FontProperties(family=chain))
+    assert glyph_coverage(path, KOREAN)[1] == set()
+    assert "DejaVu Sans" in chain
+    assert font_chain(["plain ascii"])  # never empty
+
+
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
+def test_alignment_file_formats(tmp_path, suffix, magic):
+    w = np.random.default_rng(1).dirichlet(np.ones(4), size=3)
+    path = tmp_path / f"align{suffix}"
+    plot_alignment(w, ["a", "b", "c", "d"], ["x", "y", "z"], path=path)
+    data = path.read_bytes()
+    assert data.startswith(magic) and len(data) > 5_000
+
+
+def test_alignment_60_tokens_all_labelled():
+    t = 60
+    toks = [f"w{i}" if i % 3 else f"단어{i}" for i in range(t)]
+    w = np.random.default_rng(2).dirichlet(np.ones(t), size=t)
+    fig = plot_alignment(w, toks, toks)
+    ax = fig.axes[0]
+    assert [x.get_text() for x in ax.get_xticklabels()] == toks
+    assert [y.get_text() for y in ax.get_yticklabels()] == toks
+    assert all(x.get_rotation() == 90 for x in ax.get_xticklabels())
+    fig.canvas.draw()
+    # labels on an axis do not overlap one another
+    boxes = [y.get_window_extent() for y in ax.get_yticklabels()]
+    assert all(a.y0 >= b.y1 - 0.5 or b.y0 >= a.y1 - 0.5 for a, b in zip(boxes, boxes[1:]))
+
+
+def test_long_sequences_are_thinned():
+    t = 150
+    w = np.random.default_rng(3).dirichlet(np.ones(t), size=t)
+    fig = plot_alignment(w, [f"s{i}" for i in range(t)], [f"t{i}" for i in range(t)])
+    assert 32 <= len(fig.axes[0].get_xticklabels()) <= 64
+
+
+def test_alignment_into_given_axes_and_tensor_input():
+    import torch
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    w = torch.softmax(torch.randn(1, 3, 4), -1)
+    assert plot_alignment(w, list("abcd"), list("xyz"), ax=ax) is fig
+
+
+def test_heads_grid(tmp_path, make_maps):
+    maps = make_maps(3, 4, 6, 6)
+    fig = plot_heads(maps, KOREAN, layers=[0, 2], heads=[1, 3], path=tmp_path / "grid.svg")
+    grid = [a for a in fig.axes if a.get_title()]
+    assert [a.get_title() for a in grid] == [
+        "layer 0 · head 1",
+        "layer 0 · head 3",
+        "layer 2 · head 1",
+        "layer 2 · head 3",
+    ]
+    np.testing.assert_allclose(grid[3].images[0].get_array(), maps[2, 3])
+    assert (tmp_path / "grid.svg").stat().st_size > 10_000
+    full = plot_heads(list(maps), KOREAN, path=tmp_path / "grid.png")
+    assert len([a for a in full.axes if a.get_title()]) == 12
+    with pytest.raises(ValueError, match="heads"):
+        plot_heads(maps, KOREAN, heads=[4])
+
+
+def test_bad_suffix_and_shape(tmp_path):
+    w = np.full((2, 2), 0.5)
+    with pytest.raises(ValueError, match="unsupported image format"):
+        plot_alignment(w, ["a", "b"], ["c", "d"], path=tmp_path / "x.bmp")
+    with pytest.raises(ValueError, match="expected"):
+        plot_alignment(np.ones((2, 2, 2)), ["a", "b"], ["c", "d"])
+
+
+def test_missing_matplotlib_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"qkv\[viz\]"):
+        plot_alignment(np.full((2, 2), 0.5), ["a", "b"], ["c", "d"])

@@ -1,0 +1,101 @@
+"""The HTML page: payload round trip, quantisation bound, escaping, size, no network."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.viz import AttentionView, render_html, save_html, show
+from qkv.viz.html import decode_payload, extract_payload
+
+
+@pytest.mark.parametrize("quantization, levels", [("uint16", 65535), ("uint8", 255)])
+def test_payload_round_trip_within_stated_bound(make_maps, quantization, levels):
+    maps = make_maps(2, 3, 7, 7, seed=3)
+    page = render_html(maps, [f"t{i}" for i in range(7)], quantization=quantization)
+    payload = extract_payload(page)
+    enc = payload["encoding"]
+    decoded = decode_payload(payload)
+    assert payload["shape"] == [2, 3, 7, 7] and payload["kind"] == "self"
+    assert enc["maxError"] <= 1 / (2 * levels) + 1e-15  # weights lie in [0, 1]
+    err = np.abs(decoded - maps).max()
+    assert 0 < err <= enc["maxError"] * (1 + 1e-9)
+    # the bound that the page states in words is the bound in the payload
+    stated = re.search(r'data-max-error="([^"]+)"', page).group(1)
+    assert float(stated) == enc["maxError"]
+    assert f"at most {enc['maxError']:.3g}" in page
+
+
+def test_cross_attention_payload(make_maps):
+    maps = torch.from_numpy(make_maps(1, 2, 3, 5))
+    src, tgt = ["나는", "학교에", "간다", ".", "<eos>"], ["I", "go", "home"]
+    payload = extract_payload(render_html(maps, src_tokens=src, tgt_tokens=tgt))
+    assert payload["kind"] == "cross"
+    assert payload["queryTokens"] == tgt and payload["keyTokens"] == src
+    np.testing.assert_allclose(decode_payload(payload), maps.numpy(), atol=1e-5)
+
+
+def test_weights_outside_unit_range(make_maps):
+    raw = make_maps(1, 1, 4, 4) * 6 - 2  # e.g. scores, not probabilities
+    payload = extract_payload(render_html(raw, list("abcd")))
+    err = np.abs(decode_payload(payload) - raw).max()
+    assert err <= payload["encoding"]["maxError"] * (1 + 1e-9)
+
+
+def test_tokens_are_escaped(make_maps, hostile_tokens):
+    tokens = hostile_tokens + ["ok"]
+    title = "</title><script>alert(2)</script>"
+    page = render_html(make_maps(1, 2, 5, 5), tokens, title=title)
+    head, _, rest = page.partition('<script type="application/json"')
+    payload_text = rest[: rest.index("</script>")]
+    # no token or title markup reaches the page as markup
+    assert "<img" not in page and "alert(2)</script>" not in page
+    assert "<" not in payload_text.split(">", 1)[1]
+    assert "\u2028" not in payload_text
+    assert html.escape(title) in head
+    assert page.count("<script") == 2  # the payload block and the viewer script
+    assert extract_payload(page)["queryTokens"] == tokens
+
+
+def test_page_is_self_contained(make_maps):
+    page = render_html(make_maps(1, 1, 3, 3), list("abc"))
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "@import" not in page and "url(" not in page
+
+
+def test_assets_cannot_close_their_blocks():
+    from qkv.viz.html import _asset
+
+    assert "</script" not in _asset("viewer.js").lower()
+    assert "</style" not in _asset("viewer.css").lower()
+    assert "<!--" not in _asset("viewer.js")
+
+
+def test_size_limit_for_six_layers_twelve_heads_64_tokens(make_maps):
+    maps = make_maps(6, 12, 64, 64, seed=4)
+    page = render_html(maps, [f"tok{i}" for i in range(64)])
+    assert len(page.encode("utf-8")) <= 2_000_000
+    payload = extract_payload(page)
+    assert np.abs(decode_payload(payload) - maps).max() <= payload["encoding"]["maxError"] * 1.001
+
+
+def test_show_and_save(tmp_path, make_maps):
+    maps = make_maps(2, 2, 4, 4)
+    view = show(maps, ["가", "나", "다", "라"], title="demo")
+    assert isinstance(view, AttentionView)
+    frame = view._repr_html_()
+    assert frame.startswith("<iframe") and "&lt;!DOCTYPE html&gt;" in frame
+    path = view.save(tmp_path / "sub" / "view.html")
+    assert path.read_text(encoding="utf-8") == view.html
+    again = save_html(tmp_path / "again.html", maps, ["가", "나", "다", "라"], title="demo")
+    assert again.read_text(encoding="utf-8") == view.html
+
+
+def test_bad_quantization_is_rejected(make_maps):
+    with pytest.raises(ValueError, match="quantization"):
+        render_html(make_maps(1, 1, 2, 2), list("ab"), quantization="float8")

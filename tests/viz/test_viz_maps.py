@@ -1,0 +1,95 @@
+"""Input layouts, token checks, head entropy and the per-layer summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.viz import as_maps, head_entropy, summary
+from qkv.viz._maps import prepare
+
+
+def test_layouts_agree(make_maps):
+    maps = make_maps(3, 2, 5, 5)
+    ref = as_maps(maps)
+    assert ref.shape == (3, 2, 5, 5) and ref.dtype == np.float64
+    np.testing.assert_array_equal(as_maps(torch.from_numpy(maps)), ref)
+    np.testing.assert_array_equal(as_maps(list(maps)), ref)
+    np.testing.assert_array_equal(as_maps([torch.from_numpy(m)[None] for m in maps]), ref)
+    np.testing.assert_array_equal(as_maps(maps[:, None]), ref)  # (L, 1, H, T, T)
+    assert as_maps(maps[0]).shape == (1, 2, 5, 5)
+    assert as_maps(maps[0, 0]).shape == (1, 1, 5, 5)
+
+
+def test_tensor_with_grad_and_bfloat16(make_maps):
+    t = torch.tensor(make_maps(1, 2, 4, 4), requires_grad=True)
+    assert as_maps(t).shape == (1, 2, 4, 4)
+    low = as_maps(t.detach().to(torch.bfloat16))
+    np.testing.assert_allclose(low, t.detach().numpy(), atol=4e-3)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (np.ones((2, 2, 3, 3, 3, 3)), "expected"),
+        (np.ones((2, 3, 2, 4, 4)), "batch of 3"),
+        ([np.ones((2, 4, 4)), np.ones((2, 5, 5))], "differ in shape"),
+        ([], "empty list"),
+        (np.full((1, 1, 2, 2), np.nan), "NaN"),
+    ],
+    ids=["six-dims", "batch-3", "ragged-layers", "no-layers", "nan"],
+)
+def test_bad_maps_are_rejected(bad, match):
+    with pytest.raises(ValueError, match=match):
+        as_maps(bad)
+
+
+def test_token_checks(make_maps):
+    maps = make_maps(1, 1, 3, 4)
+    am = prepare(maps, src_tokens=list("abcd"), tgt_tokens=list("xyz"))
+    assert (am.kind, am.query_tokens, am.key_tokens) == ("cross", tuple("xyz"), tuple("abcd"))
+    with pytest.raises(ValueError, match="self-attention"):
+        prepare(maps, list("abc"))
+    with pytest.raises(ValueError, match="cross-attention"):
+        prepare(maps, src_tokens=list("abc"), tgt_tokens=list("xyz"))
+    with pytest.raises(ValueError, match="not both"):
+        prepare(maps, list("abc"), src_tokens=list("abcd"), tgt_tokens=list("xyz"))
+    assert prepare(make_maps(1, 1, 2, 2), [1, None]).key_tokens == ("1", "None")
+
+
+def test_entropy_of_known_rows():
+    uniform = np.full((4, 4), 0.25)
+    onehot = np.eye(4)
+    masked = np.vstack([np.eye(4)[:3], np.zeros((1, 4))])  # last query fully masked
+    ent = head_entropy(np.stack([uniform, onehot, masked])[None])
+    np.testing.assert_allclose(ent, [[np.log(4), 0.0, 0.0]], atol=1e-12)
+
+
+def _shifted(t: int, shift: int) -> np.ndarray:
+    """A head where query i puts 0.9 on key i + shift (clamped) and spreads the rest."""
+    w = np.full((t, t), 0.1 / (t - 1))
+    for i in range(t):
+        w[i, min(max(i + shift, 0), t - 1)] = 0.9
+    return w
+
+
+def test_summary_names_focused_head_and_pattern(make_maps):
+    tokens = ["[CLS]", "나는", "학교에", "간다", ".", "[SEP]"]
+    noisy = make_maps(2, 3, 6, 6, seed=1) ** 0.2  # flattened: high entropy
+    noisy /= noisy.sum(-1, keepdims=True)
+    noisy[0, 1] = _shifted(6, -1)
+    noisy[1, 2] = np.eye(6) * 0.9 + 0.1 / 6
+    lines = summary(noisy, tokens)
+    assert len(lines) == 2
+    assert lines[0].startswith("layer 0: head 1 ") and "previous token" in lines[0]
+    assert lines[1].startswith("layer 1: head 2 ") and "itself" in lines[1]
+
+
+def test_summary_first_token_and_cross(make_maps):
+    cls = np.zeros((1, 1, 5, 5))
+    cls[..., 0] = 1.0
+    assert "'[CLS]'" in summary(cls, ["[CLS]", "a", "b", "c", "d"])[0]
+    cross = make_maps(1, 2, 3, 4)
+    (line,) = summary(cross, src_tokens=["s0", "s1", "s2", "s3"], tgt_tokens=["t0", "t1", "t2"])
+    assert line.startswith("layer 0: head ") and "previous" not in line
