@@ -1,0 +1,311 @@
+"""Tokenizers with one interface: BPE (Hugging Face ``tokenizers``), characters, words.
+
+Every tokenizer maps text to ids and back, reserves the same special ids
+(``<pad>`` = 0, ``<unk>`` = 1, ``<s>`` = 2, ``</s>`` = 3), and stores itself as JSON so
+that a checkpoint can hold it without pickle. ``encode`` adds no ``<s>``/``</s>``
+(batching does); ``decode`` drops pad/bos/eos ids.
+
+Detokenisation is exact, ``decode(encode(s)) == s``, for normal text: no leading
+whitespace, no tabs or line breaks, and (for BPE and characters) only characters seen in
+training; the word tokenizer also needs single spaces between words. BPE uses the
+SentencePiece convention (Kudo & Richardson, 2018): spaces become "▁" and are part of the
+following token, so the decoder can put them back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Tokenizer", "CharTokenizer",
+    "WordTokenizer", "BPETokenizer", "tokenizer_from_json", "train_tokenizers",
+]  # fmt: skip
+
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+FORMAT_VERSION = 1
+
+
+class Tokenizer:
+    """The interface every qkv tokenizer implements."""
+
+    pad_id: int = PAD_ID
+    unk_id: int = UNK_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    kind: str = ""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without ``<s>``/``</s>``."""
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``; pad, ``<s>`` and ``</s>`` are dropped."""
+        raise NotImplementedError
+
+    def id_to_token(self, index: int) -> str:
+        """The token string of one id (for showing attention over tokens)."""
+        raise NotImplementedError
+
+    def tokens(self, text: str) -> list[str]:
+        """The token strings ``text`` splits into."""
+        return [self.id_to_token(i) for i in self.encode(text)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many texts (faster than a loop for BPE)."""
+        return [self.encode(t) for t in texts]
+
+    def _payload(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        """The tokenizer as a JSON string (read back with :func:`tokenizer_from_json`)."""
+        return json.dumps(
+            {"type": self.kind, "version": FORMAT_VERSION, **self._payload()}, ensure_ascii=False
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Tokenizer:
+        """Rebuild a tokenizer from :meth:`to_json` output; the type must match ``cls``."""
+        tok = tokenizer_from_json(text)
+        if not isinstance(tok, cls):
+            raise ValueError(f"JSON holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
+        return tok
+
+
+class _VocabTokenizer(Tokenizer):
+    """Shared code of the character and word tokenizers: a list of token strings."""
+
+    def __init__(self, tokens: Sequence[str]) -> None:
+        tokens = list(tokens)
+        if tuple(tokens[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+            tokens = list(SPECIAL_TOKENS) + [t for t in tokens if t not in SPECIAL_TOKENS]
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("vocabulary has duplicate tokens")
+        self.itos = tokens
+        self.stoi = {t: i for i, t in enumerate(tokens)}
+
+    @classmethod
+    def _count(cls, texts: Iterable[str]) -> Counter[str]:
+        raise NotImplementedError
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], max_size: int | None = None, min_freq: int = 1
+    ) -> _VocabTokenizer:
+        """Build the vocabulary from training texts, most frequent tokens first.
+
+        Args:
+            texts: training sentences.
+            max_size: largest vocabulary, special tokens included (None: no limit).
+            min_freq: drop tokens seen fewer times.
+
+        Returns:
+            The tokenizer.
+        """
+        counts = cls._count(texts)
+        kept = (t for t, c in counts.items() if c >= min_freq)
+        ordered = sorted(kept, key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            ordered = ordered[: max(0, max_size - len(SPECIAL_TOKENS))]
+        return cls(list(SPECIAL_TOKENS) + ordered)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def id_to_token(self, index: int) -> str:
+        return self.itos[index]
+
+    def _ids(self, pieces: Iterable[str]) -> list[int]:
+        return [self.stoi.get(p, UNK_ID) for p in pieces]
+
+    def _pieces(self, ids: Iterable[int]) -> list[str]:
+        skip = {PAD_ID, BOS_ID, EOS_ID}
+        return [self.itos[i] for i in ids if i not in skip]
+
+    def _payload(self) -> dict[str, Any]:
+        return {"vocab": self.itos}
+
+
+class CharTokenizer(_VocabTokenizer):
+    """One token per Unicode character (spaces included)."""
+
+    kind = "char"
+
+    @classmethod
+    def _count(cls, texts: Iterable[str]) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(text)
+        return counts
+
+    def encode(self, text: str) -> list[int]:
+        return self._ids(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self._pieces(ids))
+
+
+class WordTokenizer(_VocabTokenizer):
+    """One token per whitespace-separated word; decoding joins words with single spaces."""
+
+    kind = "word"
+
+    @classmethod
+    def _count(cls, texts: Iterable[str]) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(text.split())
+        return counts
+
+    def encode(self, text: str) -> list[int]:
+        return self._ids(text.split())
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return " ".join(self._pieces(ids))
+
+
+def _hf() -> Any:
+    try:
+        import tokenizers
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "BPE needs the 'tokenizers' package: pip install 'qkv[hf]'", name="tokenizers"
+        ) from err
+    return tokenizers
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-pair encoding (Sennrich et al., 2016) trained with Hugging Face ``tokenizers``."""
+
+    kind = "bpe"
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        for index, token in enumerate(SPECIAL_TOKENS):
+            if hf_tokenizer.token_to_id(token) != index:
+                raise ValueError(f"BPE vocabulary must have {token} at id {index}")
+        if hasattr(hf_tokenizer, "encode_special_tokens"):
+            hf_tokenizer.encode_special_tokens = True  # "<s>" in text is text, not an id
+        self.hf = hf_tokenizer
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
+    ) -> BPETokenizer:
+        """Learn a BPE vocabulary from training sentences.
+
+        Args:
+            texts: training sentences.
+            vocab_size: target vocabulary size, special tokens included (the result is larger
+                when the training text has more distinct characters than this).
+            min_frequency: merges must be seen at least this often.
+
+        Returns:
+            The trained tokenizer.
+        """
+        hf = _hf()
+        tok = hf.Tokenizer(hf.models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = hf.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = hf.decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = hf.trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        keep = [i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)]
+        return self.hf.decode(keep, skip_special_tokens=False)
+
+    def id_to_token(self, index: int) -> str:
+        return self.hf.id_to_token(index)
+
+    def _payload(self) -> dict[str, Any]:
+        return {"tokenizer": json.loads(self.hf.to_str())}
+
+
+def tokenizer_from_json(text: str) -> Tokenizer:
+    """Rebuild any qkv tokenizer from the JSON that its ``to_json`` wrote.
+
+    Args:
+        text: the JSON string.
+
+    Returns:
+        A :class:`BPETokenizer`, :class:`CharTokenizer` or :class:`WordTokenizer`.
+
+    Raises:
+        ValueError: the JSON is not a qkv tokenizer (the message says why).
+    """
+    try:
+        data = json.loads(text)
+        kind = data["type"]
+    except (json.JSONDecodeError, TypeError, KeyError) as err:
+        raise ValueError(f"not a qkv tokenizer JSON: {err}") from None
+    if data.get("version") != FORMAT_VERSION:
+        version = data.get("version")
+        raise ValueError(f"tokenizer JSON version {version!r}, expected {FORMAT_VERSION}")
+    if kind == "char":
+        return CharTokenizer(data["vocab"])
+    if kind == "word":
+        return WordTokenizer(data["vocab"])
+    if kind == "bpe":
+        return BPETokenizer(_hf().Tokenizer.from_str(json.dumps(data["tokenizer"])))
+    raise ValueError(f"unknown tokenizer type {kind!r}; expected bpe, char or word")
+
+
+def train_tokenizers(
+    kind: str,
+    src_texts: Sequence[str],
+    tgt_texts: Sequence[str],
+    *,
+    vocab_size: int = 8000,
+    joint: bool = True,
+) -> tuple[Tokenizer, Tokenizer]:
+    """Train source and target tokenizers, with one joint or two separate vocabularies.
+
+    Args:
+        kind: ``"bpe"``, ``"char"`` or ``"word"``.
+        src_texts: source training sentences.
+        tgt_texts: target training sentences.
+        vocab_size: vocabulary size (per vocabulary); for char/word it is a maximum.
+        joint: one vocabulary trained on both sides (the same object is returned twice).
+
+    Returns:
+        ``(src_tokenizer, tgt_tokenizer)``.
+    """
+
+    def train(texts: Sequence[str]) -> Tokenizer:
+        if kind == "bpe":
+            return BPETokenizer.train(texts, vocab_size)
+        if kind == "char":
+            return CharTokenizer.train(texts, max_size=vocab_size)
+        if kind == "word":
+            return WordTokenizer.train(texts, max_size=vocab_size)
+        raise ValueError(f"unknown tokenizer kind {kind!r}; expected bpe, char or word")
+
+    if joint:
+        tok = train(list(src_texts) + list(tgt_texts))
+        return tok, tok
+    return train(src_texts), train(tgt_texts)

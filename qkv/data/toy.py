@@ -1,0 +1,413 @@
+"""The built-in Korean→English toy corpus: a seeded grammar with gold word alignments.
+
+Korean is subject–object–verb with postpositional particles and prenominal relative
+clauses; English is subject–verb–object with articles and postnominal relative clauses.
+So "쥐를 잡은 고양이가 잤다" is "the cat that caught the mouse slept": the verb moves
+from the end to the middle and the relative clause from before the noun to after it, and
+the gold alignment between the two is non-monotonic.
+
+A sentence grows from a minimal clause by random expansions (adjectives, "a", relative
+clauses, places, a time adverb, coordinated nouns, coordinated clauses) until it reaches
+a length drawn between ``min_len`` and ``max_len`` Korean words. Particles follow the real
+rule: 이/을/은/과 after a final consonant (batchim), 가/를/는/와 after a vowel.
+
+Example::
+
+    >>> pair = render(Sentence([Clause(np("고양이"), verb("catch"), np("쥐"))], "past"))
+    >>> pair.ko, pair.en
+    ('고양이가 쥐를 잡았다', 'the cat caught the mouse')
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from qkv.data.toy_lexicon import (
+    ADJECTIVES,
+    NOUNS,
+    NP,
+    PLACES,
+    TENSES,
+    TIMES,
+    VERBS,
+    Adjective,
+    Clause,
+    Nominal,
+    Noun,
+    RelClause,
+    Sentence,
+    Verb,
+    has_batchim,
+    np,
+    particle,
+    verb,
+)
+
+__all__ = [
+    "ToyPair", "ToyConfig", "Nominal", "NP", "RelClause", "Clause", "Sentence",
+    "has_batchim", "particle", "np", "verb", "render", "generate_pair", "make_splits",
+    "toy_splits", "sentence_length",
+]  # fmt: skip
+
+MAX_DEPTH = 2  # relative clauses nest at most this deep
+MAX_CLAUSES = 3
+STALL = 3000  # make_splits gives up after this many duplicate draws in a row
+
+
+@dataclass(frozen=True)
+class ToyPair:
+    """One Korean sentence, its English translation and their gold word alignment.
+
+    ``alignment`` holds (korean_word_index, english_word_index) pairs over the
+    whitespace tokens of ``ko`` and ``en``, sorted.
+    """
+
+    ko: str
+    en: str
+    alignment: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Sizes and lengths of the toy corpus; lengths count Korean words."""
+
+    seed: int = 0
+    n_train: int = 10_000
+    n_valid: int = 500
+    n_test: int = 500
+    min_len: int = 2
+    max_len: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("n_train", "n_valid", "n_test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ToyConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 2 <= self.min_len <= self.max_len:
+            raise ValueError(
+                f"ToyConfig needs 2 <= min_len <= max_len, got {self.min_len}, {self.max_len}"
+            )
+
+
+class _Renderer:
+    """Renders a tree twice: Korean (recording each word's key) then English (aligned)."""
+
+    def __init__(self) -> None:
+        self.ko: list[str] = []
+        self.index: dict[tuple[int, str], int] = {}
+        self.en: list[str] = []
+        self.pairs: set[tuple[int, int]] = set()
+
+    def k(self, node: object, role: str, word: str) -> None:
+        self.index[(id(node), role)] = len(self.ko)
+        self.ko.append(word)
+
+    def e(self, words: tuple[str, ...] | list[str], *keys: tuple[object, str]) -> None:
+        for word in words:
+            for node, role in keys:
+                self.pairs.add((self.index[(id(node), role)], len(self.en)))
+            self.en.append(word)
+
+    # Korean side ---------------------------------------------------------------------
+    def ko_nominal(self, n: Nominal, role: str) -> None:
+        if n.rel is not None:
+            self.ko_rel(n.rel)
+        if n.indefinite:
+            self.k(n, "det", "한")
+        for i, adj in enumerate(n.adjs):
+            self.k(n, f"adj{i}", adj.ko)
+        self.k(n, "head", particle(n.noun.ko, role))
+
+    def ko_np(self, p: NP, role: str) -> None:
+        for i, item in enumerate(p.items):
+            self.ko_nominal(item, role if i == len(p.items) - 1 else "and")
+
+    def ko_rel(self, r: RelClause) -> None:
+        if r.arg is not None:
+            self.ko_np(r.arg, "obj" if r.gap == "subj" else "subj")
+        form = {"past": r.verb.rel_past, "present": r.verb.rel_present}
+        self.k(r, "verb", form.get(r.tense, r.verb.rel_future))
+
+    def ko_sentence(self, s: Sentence) -> None:
+        if s.time is not None:
+            for i, word in enumerate(s.time.ko):
+                self.k(s, f"time{i}", word)
+        for i, c in enumerate(s.clauses):
+            self.ko_np(c.subj, "topic" if (i == 0 and s.topic) else "subj")
+            if c.place is not None:
+                self.ko_nominal(c.place, "place")
+            if c.obj is not None:
+                self.ko_np(c.obj, "obj")
+            if i < len(s.clauses) - 1:
+                self.k(c, "verb", c.verb.connective)
+            elif s.tense == "future":
+                self.k(c, "verb", c.verb.rel_future)
+                self.k(c, "will", "것이다")
+            else:
+                self.k(c, "verb", c.verb.ko_past if s.tense == "past" else c.verb.ko_present)
+
+    # English side --------------------------------------------------------------------
+    def en_nominal(self, n: Nominal) -> None:
+        head = (n, "head")
+        if n.noun.prep:
+            self.e((n.noun.prep,), head)
+        if n.indefinite:
+            first = n.adjs[0].en if n.adjs else n.noun.en[0]
+            self.e(("an" if first[0] in "aeiou" else "a",), (n, "det"))
+        else:
+            self.e(("the",), head)
+        for i, adj in enumerate(n.adjs):
+            self.e((adj.en,), (n, f"adj{i}"))
+        self.e(n.noun.en, head)
+        if n.rel is not None:
+            self.en_rel(n.rel)
+
+    def en_np(self, p: NP) -> None:
+        for i, item in enumerate(p.items):
+            if i:
+                self.e(("and",), (p.items[i - 1], "head"))
+            self.en_nominal(item)
+
+    def en_rel(self, r: RelClause) -> None:
+        plural = r.gap == "obj" and r.arg is not None and r.arg.plural
+        words = ["that", *_en_verb(r.verb, r.tense, plural)]
+        if r.gap == "obj" and r.arg is not None:
+            self.e(words[:1], (r, "verb"))
+            self.en_np(r.arg)
+            self.e(words[1:], (r, "verb"))
+        else:
+            self.e(words, (r, "verb"))
+            if r.arg is not None:
+                self.en_np(r.arg)
+
+    def en_sentence(self, s: Sentence) -> None:
+        last = len(s.clauses) - 1
+        for i, c in enumerate(s.clauses):
+            self.en_np(c.subj)
+            words = _en_verb(c.verb, s.tense, c.subj.plural)
+            if i == last and s.tense == "future":
+                self.e(words[:1], (c, "will"))
+                self.e(words[1:], (c, "verb"))
+            else:
+                self.e(words, (c, "verb"))
+            if c.obj is not None:
+                self.en_np(c.obj)
+            if c.place is not None:
+                self.en_nominal(c.place)
+            if i < last:
+                self.e(("and",), (c, "verb"))
+        if s.time is not None:
+            n_ko, n_en = len(s.time.ko), len(s.time.en)
+            for j, word in enumerate(s.time.en):
+                keys = [(s, f"time{j}")] if n_ko == n_en else [(s, f"time{i}") for i in range(n_ko)]
+                self.e((word,), *keys)
+
+
+def _en_verb(v: Verb, tense: str, plural: bool) -> list[str]:
+    if tense == "past":
+        return [v.en_past]
+    if tense == "present":
+        return [v.en_base if plural else v.en_3sg]
+    return ["will", v.en_base]
+
+
+def render(sentence: Sentence) -> ToyPair:
+    """Render a syntax tree as a Korean/English pair with its gold word alignment.
+
+    Args:
+        sentence: the tree (see :class:`Sentence`).
+
+    Returns:
+        The :class:`ToyPair`; every word on either side is aligned to at least one word.
+    """
+    r = _Renderer()
+    r.ko_sentence(sentence)
+    r.en_sentence(sentence)
+    return ToyPair(" ".join(r.ko), " ".join(r.en), sorted(r.pairs))
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def _size_np(p: NP | None) -> int:
+    return 0 if p is None else sum(_size_nominal(n) for n in p.items)
+
+
+def _size_nominal(n: Nominal | None) -> int:
+    if n is None:
+        return 0
+    rel = 0 if n.rel is None else 1 + _size_np(n.rel.arg)
+    return 1 + len(n.adjs) + int(n.indefinite) + rel
+
+
+def sentence_length(s: Sentence) -> int:
+    """Number of Korean words the sentence renders to (without rendering it)."""
+    words = (len(s.time.ko) if s.time else 0) + int(s.tense == "future")
+    for c in s.clauses:
+        words += 1 + _size_np(c.subj) + _size_np(c.obj) + _size_nominal(c.place)
+    return words
+
+
+def _nominals(s: Sentence) -> Iterator[tuple[Nominal, NP | None]]:
+    """Every nominal of the tree with the noun phrase that holds it (None for places)."""
+
+    def walk_np(p: NP | None) -> Iterator[tuple[Nominal, NP | None]]:
+        for n in p.items if p is not None else ():
+            yield n, p
+            if n.rel is not None:
+                yield from walk_np(n.rel.arg)
+
+    for c in s.clauses:
+        yield from walk_np(c.subj)
+        yield from walk_np(c.obj)
+        if c.place is not None:
+            yield c.place, None
+
+
+def _pick_noun(rng: random.Random, allowed: frozenset[str], avoid: Noun | None = None) -> Noun:
+    choices = [n for n in NOUNS if n.tags & allowed and n is not avoid]
+    return rng.choice(choices)
+
+
+def _new_np(rng: random.Random, allowed: frozenset[str], depth: int) -> NP:
+    return NP([Nominal(_pick_noun(rng, allowed), depth=depth)], allowed)
+
+
+def _new_clause(rng: random.Random) -> Clause:
+    v = rng.choice(VERBS)
+    obj = _new_np(rng, v.obj, 0) if v.obj is not None else None
+    return Clause(_new_np(rng, v.subj, 0), v, obj)
+
+
+def _expansions(rng: random.Random, s: Sentence, room: int) -> list[tuple[int, object]]:
+    """Candidate growth steps that add at most ``room`` Korean words: (weight, action)."""
+    out: list[tuple[int, object]] = []
+    for n, holder in _nominals(s):
+        tags = n.noun.tags
+        used = {a.rank for a in n.adjs}
+        adjs = [a for a in ADJECTIVES if a.tags & tags and a.rank not in used]
+        if len(n.adjs) < 2 and adjs:
+            out.append((2, lambda n=n, adjs=adjs: _add_adjective(n, rng.choice(adjs))))
+        if holder is None:
+            continue
+        if n.noun.count and not n.indefinite and n.rel is None:
+            out.append((1, lambda n=n: setattr(n, "indefinite", True)))
+        if n.rel is None and not n.indefinite and n.depth < MAX_DEPTH and room >= 2:
+            out.append((3, lambda n=n: _add_relative(rng, n)))
+        if len(holder.items) == 1:
+            out.append((1, lambda h=holder: _coordinate(rng, h)))
+    for c in s.clauses:
+        if c.place is None:
+            out.append((1, lambda c=c: setattr(c, "place", Nominal(rng.choice(PLACES)))))
+    times = [t for t in TIMES if s.tense in t.tenses and len(t.ko) <= room]
+    if s.time is None and times:
+        out.append((1, lambda: setattr(s, "time", rng.choice(times))))
+    if len(s.clauses) < MAX_CLAUSES and room >= 3:
+        out.append((1, lambda: s.clauses.append(_new_clause(rng))))
+    return out
+
+
+def _add_adjective(n: Nominal, adj: Adjective) -> None:
+    n.adjs = sorted([*n.adjs, adj], key=lambda a: a.rank)
+
+
+def _add_relative(rng: random.Random, n: Nominal) -> None:
+    """Attach a one- or two-word relative clause whose gap the head noun can fill."""
+    fits_subj = [v for v in VERBS if v.subj & n.noun.tags]
+    fits_obj = [v for v in VERBS if v.obj is not None and v.obj & n.noun.tags]
+    gap = "obj" if fits_obj and (not fits_subj or rng.random() < 0.35) else "subj"
+    v = rng.choice(fits_obj if gap == "obj" else fits_subj)
+    tense = rng.choice(TENSES)
+    arg_tags = v.subj if gap == "obj" else v.obj
+    arg = _new_np(rng, arg_tags, n.depth + 1) if arg_tags is not None else None
+    n.rel = RelClause(v, tense, gap, arg)
+
+
+def _coordinate(rng: random.Random, p: NP) -> None:
+    p.items.append(Nominal(_pick_noun(rng, p.allowed, p.items[0].noun), depth=p.items[0].depth))
+
+
+def _grow(rng: random.Random, target: int, max_len: int) -> Sentence:
+    s = Sentence([_new_clause(rng)], rng.choice(TENSES), topic=rng.random() < 0.2)
+    while (length := sentence_length(s)) < target:
+        candidates = _expansions(rng, s, max_len - length)
+        if not candidates:
+            break
+        weights = [w for w, _ in candidates]
+        action = rng.choices([a for _, a in candidates], weights=weights)[0]
+        action()  # type: ignore[operator]
+    return s
+
+
+def generate_pair(rng: random.Random, min_len: int = 2, max_len: int = 12) -> ToyPair:
+    """Draw one sentence pair whose Korean side has ``min_len``..``max_len`` words.
+
+    Args:
+        rng: the random source (the result depends only on its state).
+        min_len: fewest Korean words (at least 2).
+        max_len: most Korean words.
+
+    Returns:
+        A :class:`ToyPair`.
+    """
+    if not 2 <= min_len <= max_len:
+        raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
+    for _ in range(1000):
+        s = _grow(rng, rng.randint(min_len, max_len), max_len)
+        if min_len <= sentence_length(s) <= max_len:
+            return render(s)
+    raise RuntimeError(f"could not grow a sentence of {min_len}..{max_len} words")
+
+
+def make_splits(
+    n_train: int, n_valid: int, n_test: int, seed: int = 0, min_len: int = 2, max_len: int = 12
+) -> dict[str, list[ToyPair]]:
+    """Generate disjoint train/valid/test splits of the toy corpus.
+
+    Pairs are deduplicated by Korean and by English sentence, so no sentence of one split
+    occurs in another. The result depends only on the arguments.
+
+    Args:
+        n_train: number of training pairs.
+        n_valid: number of validation pairs.
+        n_test: number of test pairs.
+        seed: random seed.
+        min_len: fewest Korean words per sentence.
+        max_len: most Korean words per sentence.
+
+    Returns:
+        ``{"train": [...], "valid": [...], "test": [...]}``.
+    """
+    config = ToyConfig(seed, n_train, n_valid, n_test, min_len, max_len)
+    rng = random.Random(config.seed)
+    total = n_train + n_valid + n_test
+    seen_ko: set[str] = set()
+    seen_en: set[str] = set()
+    pairs: list[ToyPair] = []
+    misses = 0  # draws in a row that gave nothing new: the grammar is nearly exhausted
+    while len(pairs) < total and misses < STALL:
+        pair = generate_pair(rng, min_len, max_len)
+        misses += 1
+        if pair.ko not in seen_ko and pair.en not in seen_en:
+            seen_ko.add(pair.ko)
+            seen_en.add(pair.en)
+            pairs.append(pair)
+            misses = 0
+    if len(pairs) < total:
+        raise ValueError(
+            f"the toy grammar gave only {len(pairs)} distinct sentences of "
+            f"{min_len}..{max_len} words, {total} requested: widen the length range"
+        )
+    return {
+        "train": pairs[:n_train],
+        "valid": pairs[n_train : n_train + n_valid],
+        "test": pairs[n_train + n_valid :],
+    }
+
+
+def toy_splits(config: ToyConfig) -> dict[str, list[ToyPair]]:
+    """Generate the splits a :class:`ToyConfig` describes (see :func:`make_splits`)."""
+    return make_splits(
+        config.n_train, config.n_valid, config.n_test, config.seed, config.min_len, config.max_len
+    )

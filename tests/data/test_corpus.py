@@ -1,0 +1,104 @@
+"""Reading and validating parallel corpora."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkv.data.corpus import CorpusError, filter_pairs, read_lines, read_parallel, read_tsv
+
+
+def _write(path, lines, end="\n"):
+    path.write_text(end.join(lines) + end, encoding="utf-8")
+    return path
+
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+    a = _write(tmp_path / "a.ko", ["하나", "둘", "셋"])
+    b = _write(tmp_path / "b.en", ["one", "two"])
+    with pytest.raises(CorpusError) as info:
+        read_parallel(a, b)
+    message = str(info.value)
+    assert str(a) in message and str(b) in message and "3" in message and "2" in message
+    assert "\n" not in message
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"eins\nzw\xc3\xb6i\n" + b"dr\xffei\nvier\n")
+    good = _write(tmp_path / "good.en", ["one", "two", "three", "four"])
+    with pytest.raises(CorpusError, match=r"bad\.de: line 3, byte 3: not valid UTF-8"):
+        read_parallel(bad, good)
+    with pytest.raises(CorpusError, match="cannot read"):
+        read_lines(tmp_path / "missing.txt")
+
+
+def test_filters_are_counted(tmp_path):
+    src = ["ein Hund", "", "ja", "a b c d e f g h", "zwei Katzen schlafen", "   "]
+    tgt = ["a dog", "nothing", "yes it is really true that", "x y z", "two cats sleep", "x"]
+    corpus = read_parallel(
+        _write(tmp_path / "s", src), _write(tmp_path / "t", tgt), max_len=6, max_ratio=2.5
+    )
+    assert corpus.src == ["ein Hund", "zwei Katzen schlafen"]
+    assert corpus.tgt == ["a dog", "two cats sleep"]
+    r = corpus.report
+    assert (r.total, r.kept, r.empty, r.too_long, r.ratio) == (6, 2, 2, 1, 1)
+    assert "kept 2 of 6" in r.summary()
+
+
+def test_line_separators_inside_sentences_do_not_split(tmp_path):
+    # U+2028 and U+0085 are line breaks for str.splitlines but ordinary text for a corpus
+    src = _write(tmp_path / "s", ["a\u2028b", "c\x85d"], end="\r\n")
+    tgt = _write(tmp_path / "t", ["x", "y"])
+    corpus = read_parallel(src, tgt, max_ratio=None)
+    assert corpus.src == ["a\u2028b", "c\x85d"]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    return tmp_path_factory.mktemp("lines") / "f.txt"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(st.characters(blacklist_characters="\n\r", codec="utf-8")), max_size=20))
+def test_read_lines_round_trips(scratch, lines):
+    path = scratch
+    path.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
+    assert read_lines(path) == [line.removeprefix("\ufeff") if i == 0 else line
+                                for i, line in enumerate(lines)]  # fmt: skip
+
+
+def test_tsv_columns_and_errors(tmp_path):
+    path = _write(tmp_path / "c.tsv", ["Go.\t가.\tCC-BY #1", "", "Hi.\t안녕.\tCC-BY #2"])
+    corpus = read_tsv(path, src_column=1, tgt_column=0)
+    assert corpus.pairs() == [("가.", "Go."), ("안녕.", "Hi.")]
+    assert corpus.report.empty == 1
+    broken = _write(tmp_path / "broken.tsv", ["Go.\t가.", "Hi."])
+    with pytest.raises(CorpusError, match=r"broken\.tsv: line 2 has 1 tab-separated columns"):
+        read_tsv(broken)
+    with pytest.raises(CorpusError, match="different columns"):
+        read_tsv(path, src_column=1, tgt_column=1)
+
+
+def test_filter_pairs_rejects_unequal_lists():
+    with pytest.raises(CorpusError, match="1 source but 2 target"):
+        filter_pairs(["a"], ["b", "c"], source="lists")
+
+
+def test_multi30k(shared_data):
+    m30k = shared_data / "multi30k"
+    corpus = read_parallel(m30k / "val.de", m30k / "val.en", max_ratio=None)
+    assert len(corpus) == corpus.report.total == 1014
+    assert corpus.src[0].startswith("Eine Gruppe")
+
+
+def test_tatoeba_tsv_matches_the_split_files(shared_data):
+    tatoeba = shared_data / "ko-en" / "tatoeba"
+    from_tsv = read_tsv(tatoeba / "kor.txt", src_column=1, tgt_column=0, max_ratio=None)
+    from_files = read_parallel(tatoeba / "kor-eng.ko", tatoeba / "kor-eng.en", max_ratio=None)
+    assert from_tsv.report.total == 5749
+    assert from_tsv.pairs() == from_files.pairs()
+    assert any("\uac00" <= ch <= "\ud7a3" for ch in from_tsv.src[0])
+    # the default ratio filter removes only a handful of real pairs
+    assert read_tsv(tatoeba / "kor.txt", src_column=1, tgt_column=0).report.ratio < 20

@@ -1,0 +1,180 @@
+"""Downloads against a local HTTP server on 127.0.0.1: resume, checksums, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import threading
+import zipfile
+from argparse import Namespace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from qkv.data import download as dl
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Serves ``server.files``; honours Range; truncates paths listed in ``server.drop``."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        server = self.server
+        name = self.path.lstrip("/")
+        server.requests.append((name, self.headers.get("Range")))
+        if name not in server.files:
+            self.send_error(404)
+            return
+        body = server.files[name]
+        start = 0
+        header = self.headers.get("Range")
+        if header and server.ranges:
+            start = int(header.removeprefix("bytes=").split("-")[0])
+            if start >= len(body):
+                self.send_error(416)
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        if name in server.drop:  # send half, then hang up: the client must resume
+            server.drop.discard(name)
+            self.wfile.write(body[start : start + (len(body) - start) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body[start:])
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.files, httpd.drop, httpd.requests, httpd.ranges = {}, set(), [], True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(dl, "BACKOFF_S", 0.0)
+
+
+# about 200 kB that gzip cannot shrink much: the download takes several chunks
+CONTENT = b"".join(
+    b"Hunde %d %s\n" % (i, hashlib.sha256(b"%d" % i).hexdigest().encode()) for i in range(3000)
+)
+
+
+@pytest.fixture
+def fake(monkeypatch, server):
+    """A one-file gzip corpus 'fake' whose checksum is that of CONTENT."""
+    spec = dl.RemoteFile("text.de.gz", "text.de", hashlib.sha256(CONTENT).hexdigest())
+    monkeypatch.setitem(dl.DATASETS, "fake", dl.Dataset(server.url, (spec,), "test data"))
+    server.files["text.de.gz"] = gzip.compress(CONTENT, mtime=0)
+    return server
+
+
+def test_multi30k_from_a_local_mirror(server, shared_data, tmp_path):
+    for spec in dl.DATASETS["multi30k"].files:
+        raw = (shared_data / "multi30k" / spec.local).read_bytes()
+        server.files[spec.remote] = gzip.compress(raw, compresslevel=1, mtime=0)
+    server.drop.add("val.de.gz")
+    folder = dl.download("multi30k", cache_dir=tmp_path, base_url=server.url)
+    assert folder == tmp_path / "multi30k"
+    for spec in dl.DATASETS["multi30k"].files:
+        assert (folder / spec.local).read_bytes() == (
+            shared_data / "multi30k" / spec.local
+        ).read_bytes()
+    resumed = [r for name, r in server.requests if name == "val.de.gz" and r]
+    assert len(resumed) == 1 and int(resumed[0][len("bytes=") : -1]) > 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        s.local for s in dl.DATASETS["multi30k"].files
+    )
+
+
+def test_dropped_connection_resumes_with_range(fake, tmp_path):
+    fake.drop.add("text.de.gz")
+    folder = dl.download("fake", cache_dir=tmp_path)
+    assert (folder / "text.de").read_bytes() == CONTENT
+    half = len(fake.files["text.de.gz"]) // 2
+    assert fake.requests == [("text.de.gz", None), ("text.de.gz", f"bytes={half}-")]
+
+
+def test_existing_part_file_is_continued(fake, tmp_path):
+    body = fake.files["text.de.gz"]
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "text.de.gz.part").write_bytes(body[:1000])
+    dl.download("fake", cache_dir=tmp_path)
+    assert fake.requests == [("text.de.gz", "bytes=1000-")]
+    assert (tmp_path / "fake" / "text.de").read_bytes() == CONTENT
+    assert not list((tmp_path / "fake").glob("*.part"))
+
+
+def test_server_without_range_support_restarts(fake, tmp_path):
+    fake.ranges = False
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "text.de.gz.part").write_bytes(b"stale bytes from another file")
+    dl.download("fake", cache_dir=tmp_path)
+    assert (tmp_path / "fake" / "text.de").read_bytes() == CONTENT
+
+
+def test_checksum_mismatch_leaves_nothing(fake, tmp_path):
+    fake.files["text.de.gz"] = gzip.compress(CONTENT.replace(b"Hunde", b"Katzen"))
+    with pytest.raises(dl.DownloadError, match="checksum mismatch for text.de"):
+        dl.download("fake", cache_dir=tmp_path)
+    assert list((tmp_path / "fake").iterdir()) == []
+
+
+def test_cached_file_is_not_fetched_again(fake, tmp_path):
+    dl.download("fake", cache_dir=tmp_path)
+    dl.download("fake", cache_dir=tmp_path)
+    assert len(fake.requests) == 1
+
+
+def test_zip_member(monkeypatch, server, tmp_path):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("_about.txt", "about")
+        archive.writestr("kor.txt", CONTENT)
+    server.files["kor-eng.zip"] = buffer.getvalue()
+    spec = dl.RemoteFile("kor-eng.zip", "kor.txt", hashlib.sha256(CONTENT).hexdigest(), "kor.txt")
+    monkeypatch.setitem(dl.DATASETS, "zipped", dl.Dataset(server.url, (spec,), "test"))
+    folder = dl.download("zipped", cache_dir=tmp_path)
+    assert (folder / "kor.txt").read_bytes() == CONTENT
+
+
+def test_http_errors_and_unknown_names(fake, tmp_path):
+    del fake.files["text.de.gz"]
+    with pytest.raises(dl.DownloadError, match="HTTP 404"):
+        dl.download("fake", cache_dir=tmp_path)
+    with pytest.raises(KeyError, match="multi30k"):
+        dl.download("wmt14", cache_dir=tmp_path)
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert dl.default_cache_dir() == tmp_path / "qkv"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert dl.default_cache_dir() == tmp_path / ".cache" / "qkv"
+
+
+def test_run_cli(fake, tmp_path, capsys):
+    from qkv.cli import UserError
+
+    assert dl.run_cli(Namespace(name="fake", cache=str(tmp_path), base_url=None)) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "fake")
+    with pytest.raises(UserError, match="unknown corpus 'nope'; choose one of"):
+        dl.run_cli(Namespace(name="nope", cache=str(tmp_path), base_url=None))
+    fake.files["text.de.gz"] = gzip.compress(b"other")
+    with pytest.raises(UserError, match="checksum mismatch"):
+        dl.run_cli(Namespace(name="fake", cache=str(tmp_path / "2"), base_url=None))

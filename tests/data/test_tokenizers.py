@@ -1,0 +1,140 @@
+"""BPE, character and word tokenizers: exact round trips, special ids, JSON storage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkv.data.corpus import read_lines
+from qkv.data.tokenizers import (
+    SPECIAL_TOKENS,
+    BPETokenizer,
+    CharTokenizer,
+    WordTokenizer,
+    tokenizer_from_json,
+    train_tokenizers,
+)
+from qkv.data.toy import make_splits
+
+pytest.importorskip("tokenizers", reason="BPE needs the hf extra (pip install 'qkv[hf]')")
+
+TOY = make_splits(400, 0, 0, seed=5, min_len=2, max_len=12)["train"]
+TOY_TEXT = [p.ko for p in TOY] + [p.en for p in TOY]
+
+
+@pytest.fixture(scope="module")
+def corpus_lines(shared_data):
+    """German, English and Korean training sentences from the shared corpora."""
+    m30k, tatoeba = shared_data / "multi30k", shared_data / "ko-en" / "tatoeba"
+    return {
+        "de": read_lines(m30k / "train.de")[:3000],
+        "en": read_lines(m30k / "train.en")[:3000],
+        "ko": read_lines(tatoeba / "kor-eng.ko"),
+    }
+
+
+@pytest.fixture(scope="module")
+def bpe(corpus_lines):
+    texts = corpus_lines["de"] + corpus_lines["en"] + corpus_lines["ko"]
+    return BPETokenizer.train(texts, vocab_size=4000)
+
+
+@pytest.fixture(scope="module")
+def toy_bpe():
+    return BPETokenizer.train(TOY_TEXT, vocab_size=500)
+
+
+def test_special_ids_are_shared(toy_bpe):
+    for tok in (toy_bpe, CharTokenizer.train(TOY_TEXT), WordTokenizer.train(TOY_TEXT)):
+        assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+        assert [tok.id_to_token(i) for i in range(4)] == list(SPECIAL_TOKENS)
+        ids = tok.encode(TOY[0].en)
+        assert all(i >= 4 for i in ids)  # no <s>/</s> added, nothing unknown
+        assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id, tok.pad_id]) == TOY[0].en
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char", "word"])
+def test_toy_round_trip_and_json(kind):
+    src, tgt = train_tokenizers(
+        kind, [p.ko for p in TOY], [p.en for p in TOY], vocab_size=600, joint=False
+    )
+    for tok, texts in ((src, [p.ko for p in TOY]), (tgt, [p.en for p in TOY])):
+        restored = tokenizer_from_json(tok.to_json())
+        assert type(restored) is type(tok) and restored.vocab_size == tok.vocab_size
+        for text in texts[:100]:
+            ids = tok.encode(text)
+            assert tok.decode(ids) == text
+            assert restored.encode(text) == ids
+    assert src.vocab_size != tgt.vocab_size or src.to_json() != tgt.to_json()
+
+
+def test_joint_vocabulary_is_one_tokenizer():
+    src, tgt = train_tokenizers("bpe", [p.ko for p in TOY], [p.en for p in TOY], vocab_size=500)
+    assert src is tgt
+    assert src.encode(TOY[0].ko) and all(i != src.unk_id for i in src.encode(TOY[0].en))
+
+
+def test_bpe_merges_shorten_text(toy_bpe):
+    tokens = sum(len(ids) for ids in toy_bpe.encode_batch(TOY_TEXT))
+    assert tokens < 0.7 * sum(len(text) for text in TOY_TEXT)
+
+
+def test_unknown_characters_and_literal_special_tokens(toy_bpe):
+    char = CharTokenizer.train(["ab"])
+    assert char.encode("aXb") == [char.encode("a")[0], char.unk_id, char.encode("b")[0]]
+    word = WordTokenizer.train(["the cat"], min_freq=1)
+    assert word.encode("the dog") == [word.encode("the")[0], word.unk_id]
+    # "<s>" typed in text is text, not the start-of-sequence id
+    assert toy_bpe.bos_id not in toy_bpe.encode("the <s> cat")
+
+
+def test_vocabulary_limits():
+    word = WordTokenizer.train(["a a a b b c"], max_size=6)
+    assert word.vocab_size == 6 and word.id_to_token(4) == "a" and word.id_to_token(5) == "b"
+    assert WordTokenizer.train(["a a b"], min_freq=2).vocab_size == 5
+
+
+def test_json_is_plain_and_checked(toy_bpe):
+    data = json.loads(toy_bpe.to_json())
+    assert data["type"] == "bpe" and data["version"] == 1
+    assert isinstance(BPETokenizer.from_json(toy_bpe.to_json()), BPETokenizer)
+    with pytest.raises(ValueError, match="not 'char'"):
+        CharTokenizer.from_json(toy_bpe.to_json())
+    with pytest.raises(ValueError, match="unknown tokenizer type"):
+        tokenizer_from_json('{"type": "sentencepiece", "version": 1}')
+    with pytest.raises(ValueError, match="not a qkv tokenizer"):
+        tokenizer_from_json("[1, 2]")
+
+
+@pytest.mark.parametrize("lang", ["de", "en", "ko"])
+def test_corpus_sentences_round_trip(bpe, corpus_lines, lang):
+    lines = corpus_lines[lang][:1000]
+    for line, ids in zip(lines, bpe.encode_batch(lines)):
+        assert bpe.decode(ids) == line
+    restored = tokenizer_from_json(bpe.to_json())
+    assert restored.encode_batch(lines[:50]) == bpe.encode_batch(lines[:50])
+
+
+@pytest.fixture(scope="module")
+def alphabet(corpus_lines):
+    chars = set()
+    for lines in corpus_lines.values():
+        for line in lines:
+            chars.update(line)
+    return sorted(chars - {" ", "\t"})
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_bpe_round_trips_text_from_the_corpus_alphabet(bpe, alphabet, data):
+    word = st.text(st.sampled_from(alphabet), min_size=1, max_size=12)
+    words = data.draw(st.lists(word, min_size=1, max_size=8))
+    separators = data.draw(st.lists(st.sampled_from([" ", "  "]), min_size=len(words) - 1,
+                                    max_size=len(words) - 1))  # fmt: skip
+    text = words[0] + "".join(sep + w for sep, w in zip(separators, words[1:]))
+    assert bpe.decode(bpe.encode(text)) == text
+    char = CharTokenizer.train([text])
+    assert char.decode(char.encode(text)) == text
