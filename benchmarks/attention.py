@@ -41,15 +41,36 @@ def functional_rows(ts: list[int]) -> list[dict]:
         for causal in (False, True):
             for backward in (False, True):
                 q, k, v = (torch.randn(B, H, t, D, requires_grad=backward) for _ in range(3))
-                sdpa = _time(lambda: torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=causal), backward, (q, k, v))  # fmt: skip
-                auto = _time(lambda: qkv.scaled_dot_product_attention(q, k, v, causal=causal),
-                             backward, (q, k, v))  # fmt: skip
-                ref = _time(lambda: qkv.scaled_dot_product_attention(
-                    q, k, v, causal=causal, backend="reference"), backward, (q, k, v))  # fmt: skip
+                sdpa = _time(
+                    lambda: torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, is_causal=causal
+                    ),
+                    backward,
+                    (q, k, v),
+                )
+                auto = _time(
+                    lambda: qkv.scaled_dot_product_attention(q, k, v, causal=causal),
+                    backward,
+                    (q, k, v),
+                )
+                ref = _time(
+                    lambda: qkv.scaled_dot_product_attention(
+                        q, k, v, causal=causal, backend="reference"
+                    ),
+                    backward,
+                    (q, k, v),
+                )
                 case = f"T={t} {'causal' if causal else 'full'} {'fwd+bwd' if backward else 'fwd'}"
-                rows.append(result(f"sdpa auto, {case}", auto, "torch SDPA", sdpa,
-                                   target="≤ 1.05×", met=auto <= 1.05 * sdpa))  # fmt: skip
+                rows.append(
+                    result(
+                        f"sdpa auto, {case}",
+                        auto,
+                        "torch SDPA",
+                        sdpa,
+                        target="≤ 1.05×",
+                        met=auto <= 1.05 * sdpa,
+                    )
+                )
                 rows.append(result(f"sdpa reference, {case}", ref, "torch SDPA", sdpa))
     return rows
 
@@ -68,10 +89,20 @@ def module_rows(ts: list[int]) -> list[dict]:
 
                 theirs_t = _time(theirs, backward, (x,))
                 ours_t = _time(lambda: ours(x, need_weights=need_weights), backward, (x,))
-                case = (f"mha T={t} {'weights' if need_weights else 'no weights'} "
-                        f"{'fwd+bwd' if backward else 'fwd'}")  # fmt: skip
-                rows.append(result(case, ours_t, "nn.MultiheadAttention", theirs_t,
-                                   target="≤ 1.10×", met=ours_t <= 1.10 * theirs_t))  # fmt: skip
+                case = (
+                    f"mha T={t} {'weights' if need_weights else 'no weights'} "
+                    f"{'fwd+bwd' if backward else 'fwd'}"
+                )
+                rows.append(
+                    result(
+                        case,
+                        ours_t,
+                        "nn.MultiheadAttention",
+                        theirs_t,
+                        target="≤ 1.10×",
+                        met=ours_t <= 1.10 * theirs_t,
+                    )
+                )
     return rows
 
 

@@ -96,10 +96,12 @@ def peak_rss_mib(code: str) -> float:
     """
     setup, body = code.split("# --- measure ---")
     script = (
-        _SAMPLER + setup
-        + "\nbase = _rss()\nthreading.Thread(target=_watch, daemon=True).start()\n" + body
+        _SAMPLER
+        + setup
+        + "\nbase = _rss()\nthreading.Thread(target=_watch, daemon=True).start()\n"
+        + body
         + "\n_stop.set(); time.sleep(0.01)\nprint((max(_peak[0], _rss()) - base) / 2**20)\n"
-    )  # fmt: skip
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -107,11 +109,26 @@ def peak_rss_mib(code: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def result(case: str, qkv_value: float, peer: str, peer_value: float, *, unit: str = "s",
-           target: str | None = None, met: bool | None = None, **extra) -> dict:  # fmt: skip
+def result(
+    case: str,
+    qkv_value: float,
+    peer: str,
+    peer_value: float,
+    *,
+    unit: str = "s",
+    target: str | None = None,
+    met: bool | None = None,
+    **extra,
+) -> dict:
     """One row: qkv's figure, the peer's figure, and qkv / peer."""
-    row = {"case": case, "unit": unit, "qkv": qkv_value, "peer": peer, "peer_value": peer_value,
-           "ratio": qkv_value / peer_value if peer_value else None}  # fmt: skip
+    row = {
+        "case": case,
+        "unit": unit,
+        "qkv": qkv_value,
+        "peer": peer,
+        "peer_value": peer_value,
+        "ratio": qkv_value / peer_value if peer_value else None,
+    }
     if target is not None:
         row["target"], row["met"] = target, met
     row.update(extra)
@@ -150,8 +167,10 @@ def format_table(rows: list[dict]) -> str:
         if target:
             target += " ✓" if r.get("met") else " ✗"
         ratio = f"{r['ratio']:.2f}×" if r.get("ratio") is not None else "–"
-        lines.append(f"| {r['case']} | {_fmt(r['qkv'], unit)} | {r['peer']} | "
-                     f"{_fmt(r['peer_value'], unit)} | {ratio} | {target} |")  # fmt: skip
+        lines.append(
+            f"| {r['case']} | {_fmt(r['qkv'], unit)} | {r['peer']} | "
+            f"{_fmt(r['peer_value'], unit)} | {ratio} | {target} |"
+        )
     return "\n".join(lines)
 
 
@@ -168,9 +187,12 @@ def render_markdown(results_dir: Path) -> str:
         doc = json.loads(path.read_text())
         m, v = doc["machine"], doc["versions"]
         parts.append(f"### {doc['name']}\n")
-        parts.append(f"`{doc['command']}` on {doc['date']}: {m.get('processor')}, {m.get('cpus')} "
-                     f"CPUs, {m.get('torch_threads')} torch threads, torch {v.get('torch')}"
-                     + (f", {m['cuda']}" if m.get("cuda") else "") + ".\n")  # fmt: skip
+        parts.append(
+            f"`{doc['command']}` on {doc['date']}: {m.get('processor')}, {m.get('cpus')} "
+            f"CPUs, {m.get('torch_threads')} torch threads, torch {v.get('torch')}"
+            + (f", {m['cuda']}" if m.get("cuda") else "")
+            + ".\n"
+        )
         if doc.get("notes"):
             parts.append(doc["notes"] + "\n")
         parts.append(format_table(doc["results"]) + "\n")

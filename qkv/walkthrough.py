@@ -157,8 +157,13 @@ def run_cli(args) -> int:
     from qkv.cli import UserError
 
     try:
-        result = walkthrough(args.sentence, heads=args.heads, dim=args.dim,
-                             positions=not args.no_positions, seed=args.seed)  # fmt: skip
+        result = walkthrough(
+            args.sentence,
+            heads=args.heads,
+            dim=args.dim,
+            positions=not args.no_positions,
+            seed=args.seed,
+        )
     except ValueError as err:
         raise UserError(str(err)) from None
     print_walkthrough(result, positions=not args.no_positions)
@@ -176,8 +181,14 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
     for step in result.steps:
         shape = "x".join(str(n) for n in step.value.shape)
         title = f"[bold]{step.title}[/bold]  shape ({shape})"
-        table = Table(title=title, caption=step.note or None, title_justify="left",
-                      caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+        table = Table(
+            title=title,
+            caption=step.note or None,
+            title_justify="left",
+            caption_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
         cols = step.cols[:max_cols]
         table.add_column("", style="cyan", no_wrap=True)
         for c in cols:

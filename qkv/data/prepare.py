@@ -33,8 +33,14 @@ class Prepared:
 def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
     """Read or generate the (source, target) text pairs of train, valid and test."""
     if data.kind == "toy":
-        splits = make_splits(data.n_train, data.n_valid, data.n_test, seed=data.seed,
-                             min_len=data.min_len, max_len=data.max_len)  # fmt: skip
+        splits = make_splits(
+            data.n_train,
+            data.n_valid,
+            data.n_test,
+            seed=data.seed,
+            min_len=data.min_len,
+            max_len=data.max_len,
+        )
         return tuple([(p.ko, p.en) for p in splits[name]] for name in ("train", "valid", "test"))
     if data.kind == "files":
         read = {}
@@ -46,8 +52,13 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
                 read_parallel(*files, max_len=limit, max_ratio=ratio).pairs() if files else []
             )
         return read["train"], read["valid"], read["test"]
-    corpus = read_tsv(data.path, src_column=data.src_column, tgt_column=data.tgt_column,
-                      max_len=data.max_tokens, max_ratio=data.max_ratio)  # fmt: skip
+    corpus = read_tsv(
+        data.path,
+        src_column=data.src_column,
+        tgt_column=data.tgt_column,
+        max_len=data.max_tokens,
+        max_ratio=data.max_ratio,
+    )
     return split_held_out(corpus.pairs(), data.n_valid, data.n_test, data.seed)
 
 
@@ -73,8 +84,13 @@ def prepare(recipe) -> Prepared:
     """Read the data, train the tokenizers on the training side, and tokenise."""
     train, valid, test = load_pairs(recipe.data)
     tok = recipe.tokenizer
-    src_tok, tgt_tok = train_tokenizers(tok.kind, [s for s, _ in train], [t for _, t in train],
-                                        vocab_size=tok.vocab_size, joint=tok.joint)  # fmt: skip
+    src_tok, tgt_tok = train_tokenizers(
+        tok.kind,
+        [s for s, _ in train],
+        [t for _, t in train],
+        vocab_size=tok.vocab_size,
+        joint=tok.joint,
+    )
 
     def encode(pairs: Pairs):
         srcs = src_tok.encode_batch([s for s, _ in pairs])

@@ -117,9 +117,15 @@ class MultiHeadAttention(nn.Module):
         # 3) attend in every head at once
         dropout_p = self.dropout if self.training else 0.0
         result = scaled_dot_product_attention(
-            q, k, v, full, causal=causal, dropout_p=dropout_p,
-            need_weights=need_weights, backend=self.backend,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            full,
+            causal=causal,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            backend=self.backend,
+        )
         out, weights = result if need_weights else (result, None)
 
         # 4) concatenate heads and project: (B, H, Tq, D) -> (B, Tq, E)
@@ -159,9 +165,13 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
         w = m.out_proj.weight
         new = cls(
-            m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim,
-            bias=m.in_proj_bias is not None, dropout=m.dropout,
-        ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+            m.embed_dim,
+            m.num_heads,
+            kdim=m.kdim,
+            vdim=m.vdim,
+            bias=m.in_proj_bias is not None,
+            dropout=m.dropout,
+        ).to(device=w.device, dtype=w.dtype)
         if m._qkv_same_embed_dim:
             wq, wk, wv = m.in_proj_weight.detach().chunk(3)
         else:
@@ -194,8 +204,10 @@ def _as_4d(mask: Tensor | None, tq: int, tk: int) -> Tensor | None:
     if mask.ndim == 3:
         return mask.unsqueeze(1)  # (B, 1, Tq, Tk): the same mask for every head
     if mask.ndim not in (2, 4):
-        raise ValueError(f"mask must be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with "
-                         f"Tq={tq}, Tk={tk}; got {tuple(mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"mask must be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with "
+            f"Tq={tq}, Tk={tk}; got {tuple(mask.shape)}"
+        )
     return mask
 
 

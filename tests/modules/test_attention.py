@@ -52,11 +52,23 @@ def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv
     def t(y):
         return y if batch_first else y.transpose(0, 1)
 
-    out_ref, w_ref = ref(t(x), t(key), t(value), key_padding_mask=kpm, attn_mask=attn,
-                         need_weights=True, average_attn_weights=False)  # fmt: skip
+    out_ref, w_ref = ref(
+        t(x),
+        t(key),
+        t(value),
+        key_padding_mask=kpm,
+        attn_mask=attn,
+        need_weights=True,
+        average_attn_weights=False,
+    )
     mask = from_torch_masks(attn, kpm, num_heads=H, dtype=torch.float64)
-    out, w = ours(x, None if kv == "self" else key, None if kv == "self" else value,
-                  mask=mask, need_weights=True)  # fmt: skip
+    out, w = ours(
+        x,
+        None if kv == "self" else key,
+        None if kv == "self" else value,
+        mask=mask,
+        need_weights=True,
+    )
     torch.testing.assert_close(out, t(out_ref), atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(w, w_ref, atol=1e-12, rtol=1e-10)
     _, w_avg = ref(t(x), t(key), t(value), key_padding_mask=kpm, attn_mask=attn)
