@@ -1,0 +1,298 @@
+"""BERT: a post-LN Transformer encoder over word, position and segment embeddings.
+
+Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+Understanding" (https://arxiv.org/abs/1810.04805). Every token attends to every real
+token in both directions:
+
+.. math::
+    h_0 = \\mathrm{LN}(E_{word}[x] + E_{pos}[t] + E_{type}[s]),\\quad
+    h_l = \\mathrm{EncoderLayer}(h_{l-1}),\\quad
+    \\mathrm{pooler} = \\tanh(W h_L[\\mathrm{CLS}] + b)
+
+:meth:`BertModel.from_pretrained` reads any Hugging Face BERT-family folder (BERT,
+MiniLM, sentence-transformers encoders); :func:`encode` turns texts into sentence
+embeddings by pooling the last hidden state.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.models.hf import load_into, load_state_dict, read_config
+from qkv.modules.transformer import Encoder, EncoderLayer
+
+__all__ = ["BertConfig", "BertModel", "BertOutput", "encode"]
+
+log = logging.getLogger(__name__)
+
+_HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Sizes and options of a BERT encoder (the Hugging Face ``config.json`` names).
+
+    Args:
+        vocab_size: V. hidden_size: E. num_hidden_layers: layers. num_attention_heads: H.
+        intermediate_size: feed-forward inner width.
+        hidden_act: ``"gelu"`` (exact), ``"gelu_new"`` (tanh) or ``"relu"``.
+        max_position_embeddings: longest input. type_vocab_size: segment types.
+        layer_norm_eps: epsilon of every layer norm (1e-12 in BERT).
+        hidden_dropout_prob, attention_probs_dropout_prob: dropout while training.
+        pad_token_id: the padding id. add_pooler: build the ``[CLS]`` pooler.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+    add_pooler: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hidden_act not in _HF_ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act {self.hidden_act!r} not supported: {list(_HF_ACTIVATIONS)}"
+            )
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any], **overrides: Any) -> BertConfig:
+        """Build from a Hugging Face ``config.json`` dict (other keys are ignored).
+
+        Only absolute position embeddings are supported.
+        """
+        kind = config.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise ValueError(f"position_embedding_type {kind!r} is not supported (absolute is)")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in config.items() if k in known}
+        return cls(**{**values, **overrides})
+
+
+@dataclass
+class BertOutput:
+    """What :class:`BertModel` returns.
+
+    Attributes:
+        last_hidden_state: ``(B, T, E)``.
+        pooler_output: ``(B, E)`` or ``None`` without a pooler.
+        attentions: one ``(B, H, T, T)`` per layer when ``need_weights``, else empty.
+    """
+
+    last_hidden_state: Tensor
+    pooler_output: Tensor | None = None
+    attentions: list[Tensor] = field(default_factory=list)
+
+
+class BertEmbeddings(nn.Module):
+    """Word + position + token-type embeddings, then layer norm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        e = config.hidden_size
+        self.word = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, e)
+        self.token_type = nn.Embedding(config.type_vocab_size, e)
+        self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        t = input_ids.shape[1]
+        if t > self.position.num_embeddings:
+            raise ValueError(f"input length {t} exceeds {self.position.num_embeddings} positions")
+        positions = torch.arange(t, device=input_ids.device)  # (T,)
+        # (word + type) + position: Hugging Face's order, so that fp32 results agree bitwise
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(positions)
+        return self.dropout(self.norm(x))  # (B, T, E)
+
+
+class BertModel(nn.Module):
+    """A BERT encoder (Devlin et al. 2019): embeddings, post-LN layers, optional pooler.
+
+    Args:
+        config: a :class:`BertConfig`.
+
+    Shape:
+        input_ids, attention_mask, token_type_ids ``(B, T)``; see :class:`BertOutput`.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+        def layer() -> EncoderLayer:
+            new = EncoderLayer(
+                config.hidden_size, config.num_attention_heads, config.intermediate_size,
+                dropout=config.hidden_dropout_prob, activation=_HF_ACTIVATIONS[config.hidden_act],
+                norm_first=False, layer_norm_eps=config.layer_norm_eps,
+            )  # fmt: skip
+            new.self_attn.dropout = config.attention_probs_dropout_prob
+            new.ff.dropout.p = 0.0  # BERT has no dropout inside the feed-forward block
+            return new
+
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = Encoder(layer, config.num_hidden_layers)
+        self.pooler = None
+        if config.add_pooler:
+            self.pooler = nn.Sequential()
+            self.pooler.add_module("dense", nn.Linear(config.hidden_size, config.hidden_size))
+            self.pooler.add_module("activation", nn.Tanh())
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> BertOutput:
+        """Encode a batch of token ids.
+
+        Args:
+            input_ids: token ids ``(B, T)``.
+            attention_mask: ``(B, T)``, 1/True for real tokens, 0/False for padding.
+            token_type_ids: segment ids ``(B, T)`` (default all 0).
+            need_weights: also return every layer's attention probabilities.
+        """
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        key_mask = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        x = self.embeddings(input_ids, token_type_ids)
+        out = self.encoder(x, key_mask=key_mask, need_weights=need_weights)
+        hidden = out.hidden  # (B, T, E)
+        pooled = self.pooler(hidden[:, 0]) if self.pooler is not None else None  # (B, E)
+        return BertOutput(last_hidden_state=hidden, pooler_output=pooled, attentions=out.attentions)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **overrides: Any) -> BertModel:
+        """Load a Hugging Face BERT-family folder (``config.json`` and the weights).
+
+        Weight names may carry the ``bert.`` prefix (``BertFor*`` checkpoints), and the old
+        ``gamma``/``beta`` layer-norm names are accepted. ``embeddings.position_ids`` and the
+        pre-training heads (``cls.*``) are ignored; any other unknown or missing name is an
+        error that lists them. A checkpoint without pooler weights gives a model without
+        pooler. ``overrides`` replace config values. Returns the model in eval mode.
+        """
+        state = load_state_dict(path)
+        renamed = {}
+        for name, tensor in state.items():
+            new = _rename(name)
+            if new is not None:
+                renamed[new] = tensor
+        has_pooler = any(n.startswith("pooler.") for n in renamed)
+        overrides.setdefault("add_pooler", has_pooler)
+        model = cls(BertConfig.from_hf(read_config(path), **overrides))
+        load_into(model, renamed, what=str(path))
+        return model.eval()
+
+
+_IGNORED = re.compile(r"^(embeddings\.position_ids|cls\..*)$")
+_RENAMES = [  # Hugging Face name -> qkv name (after the `bert.` prefix is removed)
+    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
+    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
+    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
+    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.query\.", r"encoder.layers.\1.self_attn.q_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.key\.", r"encoder.layers.\1.self_attn.k_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.value\.", r"encoder.layers.\1.self_attn.v_proj."),
+    (
+        r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
+        r"encoder.layers.\1.self_attn.out_proj.",
+    ),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"encoder.layers.\1.norm1."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"encoder.layers.\1.ff.linear1."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"encoder.layers.\1.ff.linear2."),
+    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"encoder.layers.\1.norm2."),
+]
+
+
+def _rename(name: str) -> str | None:
+    """The qkv name of a Hugging Face BERT weight; ``None`` for a harmless extra."""
+    name = name.removeprefix("bert.")
+    if _IGNORED.match(name):
+        return None
+    name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
+    for pattern, replacement in _RENAMES:
+        new, count = re.subn(pattern, replacement, name)
+        if count:
+            return new
+    return name  # pooler.dense.* keeps its name; anything else is reported as unexpected
+
+
+@torch.no_grad()
+def encode(
+    texts: Sequence[str],
+    model: BertModel,
+    tokenizer: Any,
+    pooling: str = "mean",
+    normalize: bool = True,
+    batch_size: int = 32,
+) -> Tensor:
+    """Sentence embeddings: pool each text's last hidden state over its real tokens.
+
+    ``pooling="mean"`` averages the token vectors (sentence-transformers, Reimers &
+    Gurevych 2019), ``"cls"`` takes the first token, ``"max"`` the element-wise maximum.
+
+    Args:
+        texts: the sentences.
+        model: a :class:`BertModel`.
+        tokenizer: from :func:`qkv.models.load_tokenizer` (pads each batch).
+        pooling: ``"mean"``, ``"cls"`` or ``"max"``.
+        normalize: scale each embedding to unit L2 norm (cosine similarity = dot product).
+        batch_size: texts per forward pass (sorted by length to waste little padding).
+
+    Returns:
+        ``(N, E)`` float tensor, in the order of ``texts``.
+    """
+    if pooling not in ("mean", "cls", "max"):
+        raise ValueError(f"pooling must be 'mean', 'cls' or 'max', got {pooling!r}")
+    texts = list(texts)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    device = next(model.parameters()).device
+    result = torch.empty(len(texts), model.config.hidden_size, device=device)
+    for start in range(0, len(texts), batch_size):
+        index = order[start : start + batch_size]
+        ids, mask, types = _tokenize([texts[i] for i in index], tokenizer, device)
+        hidden = model(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        result[index] = _pool(hidden, mask, pooling).to(result.dtype)
+    return F.normalize(result, dim=-1) if normalize else result
+
+
+def _tokenize(texts: list[str], tokenizer: Any, device: torch.device) -> tuple[Tensor, ...]:
+    encodings = tokenizer.encode_batch(texts)
+    ids = torch.tensor([e.ids for e in encodings], device=device)  # (B, T)
+    mask = torch.tensor([e.attention_mask for e in encodings], device=device)  # (B, T)
+    types = torch.tensor([e.type_ids for e in encodings], device=device)  # (B, T)
+    return ids, mask, types
+
+
+def _pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
+    """Pool ``(B, T, E)`` over the real tokens of ``mask`` ``(B, T)`` -> ``(B, E)``."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    real = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    if pooling == "max":
+        return hidden.masked_fill(real == 0, float("-inf")).amax(1)
+    return (hidden * real).sum(1) / real.sum(1).clamp(min=1e-9)

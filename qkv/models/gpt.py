@@ -1,0 +1,334 @@
+"""GPT: a decoder-only Transformer language model (GPT-2 layout).
+
+Radford et al. 2019, "Language Models are Unsupervised Multitask Learners". Token and
+learned position embeddings feed pre-LN causal decoder layers (GELU-tanh feed-forward); a
+final layer norm and the transposed token embedding (tied weights) give the logits:
+
+.. math::
+    h_0 = E_{tok}[x] + E_{pos}[p],\\quad h_l = \\mathrm{DecoderLayer}(h_{l-1}),\\quad
+    \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
+
+:meth:`GPT.generate` decodes greedily or by sampling, with a key/value cache (each step
+feeds only the new token) or by recomputing the whole prefix. :meth:`GPT.from_pretrained`
+reads a Hugging Face GPT-2 folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.models.hf import load_into, load_state_dict, read_config
+from qkv.modules.positional import LearnedPositionalEncoding
+from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
+
+__all__ = ["GPT", "GPTConfig", "GPTOutput", "sample_next"]
+
+log = logging.getLogger(__name__)
+
+_HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                   "relu": "relu"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and options of a :class:`GPT`.
+
+    Args:
+        vocab_size: V. max_len: longest sequence (learned positions).
+        num_layers: decoder layers. num_heads: H. dim: model width E.
+        ff_dim: feed-forward inner width (default 4E).
+        activation: ``"gelu_tanh"`` (GPT-2), ``"gelu"`` or ``"relu"``.
+        dropout: on embeddings, attention weights and residual branches while training.
+        layer_norm_eps: epsilon of every layer norm.
+        tie_embeddings: the output projection is the token embedding (transposed).
+    """
+
+    vocab_size: int = 50257
+    max_len: int = 1024
+    num_layers: int = 12
+    num_heads: int = 12
+    dim: int = 768
+    ff_dim: int | None = None
+    activation: str = "gelu_tanh"
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_len", "num_layers", "num_heads", "dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> GPTConfig:
+        """Build from a Hugging Face GPT-2 ``config.json`` dict.
+
+        Raises ``ValueError`` for GPT-2 options that change the computation and that qkv
+        does not implement (attention scaling variants, cross-attention).
+        """
+        for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+                    "add_cross_attention"):  # fmt: skip
+            if config.get(key):
+                raise ValueError(f"GPT-2 option {key}=true is not supported")
+        if not config.get("scale_attn_weights", True):
+            raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
+        act = config.get("activation_function", "gelu_new")
+        if act not in _HF_ACTIVATIONS:
+            raise ValueError(f"activation_function {act!r} not supported: {list(_HF_ACTIVATIONS)}")
+        return cls(
+            vocab_size=config["vocab_size"], max_len=config["n_positions"],
+            num_layers=config["n_layer"], num_heads=config["n_head"], dim=config["n_embd"],
+            ff_dim=config.get("n_inner"), activation=_HF_ACTIVATIONS[act],
+            layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+            tie_embeddings=config.get("tie_word_embeddings", True),
+        )  # fmt: skip
+
+
+@dataclass
+class GPTOutput:
+    """What :class:`GPT` returns.
+
+    Attributes:
+        logits: ``(B, T, V)``.
+        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
+        cache: the updated cache that was passed in, or ``None``.
+    """
+
+    logits: Tensor
+    attentions: list[Tensor] = field(default_factory=list)
+    cache: DecoderCache | None = None
+
+
+class GPT(nn.Module):
+    """Decoder-only language model (GPT-2): learned positions, pre-LN, tied embeddings.
+
+    Args:
+        config: a :class:`GPTConfig`.
+
+    Shape:
+        input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
+        1/True for real tokens. Returns :class:`GPTOutput`.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        c = config
+
+        def layer() -> DecoderLayer:
+            return DecoderLayer(
+                c.dim, c.num_heads, c.ff_dim or 4 * c.dim, dropout=c.dropout,
+                activation=c.activation, norm_first=True, layer_norm_eps=c.layer_norm_eps,
+                cross=False,
+            )  # fmt: skip
+
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        self.pos_emb = LearnedPositionalEncoding(c.max_len, c.dim)
+        self.drop = nn.Dropout(c.dropout)
+        self.decoder = Decoder(
+            layer, c.num_layers, final_norm=nn.LayerNorm(c.dim, c.layer_norm_eps)
+        )
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2 initialisation: N(0, 0.02) weights, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty key/value cache for incremental decoding."""
+        return self.decoder.new_cache()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> GPTOutput:
+        """Next-token logits for every position.
+
+        Positions count real tokens only: with ``attention_mask``, token ``t`` of a row is at
+        position ``(number of real tokens up to t) - 1``, so a left-padded prompt starts at
+        position 0 (as Hugging Face ``generate`` does); without it, positions are
+        ``cache.length + arange(T)``.
+
+        Args:
+            input_ids: token ids ``(B, T)`` (only the new ones when ``cache`` is given).
+            attention_mask: ``(B, cache.length + T)``, 1/True for real tokens.
+            cache: from :meth:`new_cache`; updated in place and returned.
+            need_weights: also return every layer's attention weights.
+        """
+        b, t = input_ids.shape
+        past = cache.length if cache is not None else 0
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (b, past + t):
+                raise ValueError(
+                    f"attention_mask must be (B, cache length + T) = {(b, past + t)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            key_mask = attention_mask.bool()  # (B, Tk)
+            positions = (key_mask.long().cumsum(-1) - 1).masked_fill(~key_mask, 0)[:, past:]
+        else:
+            positions = torch.arange(past, past + t, device=input_ids.device).expand(b, t)
+        if past + t > self.config.max_len:
+            raise ValueError(f"sequence length {past + t} exceeds max_len {self.config.max_len}")
+
+        x = self.tok_emb(input_ids) + F.embedding(positions, self.pos_emb.weight)  # (B, T, E)
+        out = self.decoder(self.drop(x), key_mask=key_mask, need_weights=need_weights, cache=cache)
+        logits = self.lm_head(out.hidden)  # (B, T, V)
+        return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Continue each prompt by ``max_new_tokens`` tokens.
+
+        Args:
+            input_ids: prompts ``(B, T)``; pad batches on the left.
+            max_new_tokens: tokens to add.
+            temperature: 0 picks the most likely token (greedy); otherwise logits are
+                divided by it before sampling.
+            top_k, top_p: sample only among the k most likely tokens / the smallest set
+                whose probability reaches p (Holtzman et al. 2020).
+            seed: seed of a private random generator (reproducible sampling).
+            use_cache: feed only the new token each step, reusing cached keys/values;
+                ``False`` recomputes the whole prefix every step (same tokens, slower).
+            attention_mask: ``(B, T)``, 0 on the prompts' padding.
+
+        Returns:
+            ``(B, T + max_new_tokens)``: the prompts followed by the new tokens.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+        ids = input_ids
+        mask = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask
+        mask = mask.bool()
+        cache = self.new_cache() if use_cache else None
+        step_ids = ids
+        for _ in range(max_new_tokens):
+            logits = self(step_ids if use_cache else ids, mask, cache=cache).logits[:, -1]
+            token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            step_ids = token[:, None]  # (B, 1)
+        return ids
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> GPT:
+        """Load a Hugging Face GPT-2 folder (``config.json`` and the weights).
+
+        GPT-2 stores its linear layers transposed (``Conv1D``: ``(in, out)``) and packs the
+        query, key and value projections in one ``c_attn``; both are converted. Names may
+        carry the ``transformer.`` prefix; the causal-mask buffers of old checkpoints
+        (``attn.bias``, ``attn.masked_bias``) are ignored, and so is a tied ``lm_head``.
+        Missing or unknown names are an error that lists them. Returns the model in eval mode.
+        """
+        config = GPTConfig.from_hf(read_config(path))
+        model = cls(config)
+        state = _convert_gpt2(load_state_dict(path), config)
+        load_into(model, state, what=str(path))
+        return model.eval()
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Pick one token per row of ``logits`` ``(B, V)``: argmax, or a filtered sample.
+
+    Returns:
+        ``(B,)`` token ids.
+    """
+    if temperature <= 0.0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
+        drop_sorted = before >= top_p  # the most likely token is always kept
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _convert_gpt2(hf: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    """Rename (and transpose, split) Hugging Face GPT-2 weights into qkv names."""
+    state: dict[str, Tensor] = {}
+    top = {
+        "wte.weight": "tok_emb.weight",
+        "wpe.weight": "pos_emb.weight",
+        "ln_f.weight": "decoder.final_norm.weight",
+        "ln_f.bias": "decoder.final_norm.bias",
+    }
+    for name, tensor in hf.items():
+        name = name.removeprefix("transformer.")
+        if name == "lm_head.weight":
+            if not config.tie_embeddings:
+                state["lm_head.weight"] = tensor
+            continue  # tied: the same tensor as wte
+        if name in top:
+            state[top[name]] = tensor
+            continue
+        parts = name.split(".", 2)  # h, i, rest
+        if len(parts) != 3 or parts[0] != "h":
+            state[name] = tensor  # unknown: reported by the name check
+            continue
+        prefix, rest = f"decoder.layers.{parts[1]}.", parts[2]
+        if rest in ("attn.bias", "attn.masked_bias"):
+            continue  # causal-mask buffers of old checkpoints
+        for new_name, value in _convert_block_weight(rest, tensor).items():
+            state[prefix + new_name] = value
+    return state
+
+
+def _convert_block_weight(rest: str, tensor: Tensor) -> dict[str, Tensor]:
+    """One weight of a GPT-2 block: ``Conv1D`` ``(in, out)`` -> ``nn.Linear`` ``(out, in)``."""
+    simple = {"ln_1": "norm1", "ln_2": "norm3", "attn.c_proj": "self_attn.out_proj",
+              "mlp.c_fc": "ff.linear1", "mlp.c_proj": "ff.linear2"}  # fmt: skip
+    module, _, kind = rest.rpartition(".")
+    if module == "attn.c_attn":
+        value = tensor.t() if kind == "weight" else tensor  # (3E, E) or (3E,)
+        q, k, v = value.chunk(3, dim=0)
+        return {f"self_attn.{p}_proj.{kind}": x.contiguous() for p, x in zip("qkv", (q, k, v))}
+    if module in simple:
+        is_conv = kind == "weight" and not module.startswith("ln_")
+        return {f"{simple[module]}.{kind}": tensor.t().contiguous() if is_conv else tensor}
+    return {rest: tensor}  # unknown: reported by the name check

