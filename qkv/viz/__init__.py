@@ -5,6 +5,8 @@
 - :func:`show`, :func:`save_html`: one HTML file with head, model and matrix views; no
   network, no extra dependency.
 - :func:`summary`: one line per layer naming its most focused head and where it looks.
+- :func:`save_alignments`: the cross-attention of translated sentences, one page with a
+  sentence selector (or one image per sentence).
 
 Maps are ``(L, H, Tq, Tk)`` tensors or arrays (layers x heads x queries x keys) or a list
 of ``L`` arrays ``(H, Tq, Tk)``; give ``tokens`` for self-attention, or ``src_tokens``
@@ -12,6 +14,7 @@ of ``L`` arrays ``(H, Tq, Tk)``; give ``tokens`` for self-attention, or ``src_to
 """
 
 from qkv.viz._maps import as_maps, head_entropy, summary
+from qkv.viz.alignments import save_alignments
 from qkv.viz.heatmap import plot_alignment, plot_heads
 from qkv.viz.html import AttentionView, render_html, save_html, show
 
@@ -22,6 +25,7 @@ __all__ = [
     "plot_alignment",
     "plot_heads",
     "render_html",
+    "save_alignments",
     "save_html",
     "show",
     "summary",

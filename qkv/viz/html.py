@@ -11,6 +11,9 @@ Views (all for self-attention and for cross-attention, source <-> target):
 - **model view**: a thumbnail for every layer x head; click one to open it;
 - **matrix view**: the heatmap of one head with the exact weight on hover.
 
+:func:`render_pages` puts several inputs (e.g. translated sentences) on one page, with a
+selector between them; ``initial`` chooses the view, layer and head a page opens on.
+
 Quantisation: weights are stored as unsigned integers over ``[lo, hi]`` (``lo = min(0,
 min w)``, ``hi = max w``): ``w' = lo + q * step`` with ``step = (hi - lo) / (2**bits - 1)``,
 so ``|w' - w| <= step / 2``. The page states the bound. Elements the script draws carry
@@ -25,7 +28,7 @@ import html
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -41,6 +44,7 @@ __all__ = [
     "encode_payload",
     "extract_payload",
     "render_html",
+    "render_pages",
     "save_html",
     "show",
 ]
@@ -165,6 +169,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <div id="qkv-app" data-kind="{kind}">
 <header>
 <h1 id="qkv-title">{title}</h1>
+<div id="qkv-items" hidden><label>Sentence <select id="qkv-item"></select></label></div>
 <nav id="qkv-tabs" role="tablist">
 <button type="button" id="qkv-tab-head" data-view="head">Head view</button>
 <button type="button" id="qkv-tab-model" data-view="model">Model view</button>
@@ -205,6 +210,7 @@ def render_html(
     tgt_tokens: Sequence[Any] | None = None,
     title: str | None = None,
     quantization: str = "uint16",
+    initial: Mapping[str, Any] | None = None,
 ) -> str:
     """Build the viewer page as one HTML string.
 
@@ -215,6 +221,8 @@ def render_html(
         tgt_tokens: cross-attention queries (target sentence).
         title: page title; a default names the shape.
         quantization: ``"uint16"`` or ``"uint8"`` (see :func:`encode_payload`).
+        initial: what the page opens on: ``{"view": "head" | "model" | "matrix",
+            "layer": int, "head": int}`` (each key optional; a head alone is shown).
 
     Returns:
         the complete HTML document.
@@ -223,19 +231,94 @@ def render_html(
     layers, heads, tq, tk = am.weights.shape
     title = title or f"{am.kind}-attention: {layers} layers × {heads} heads, {tq} × {tk} tokens"
     payload = encode_payload(am, title=title, quantization=quantization)
-    enc = payload["encoding"]
-    quant_text = (
-        f"Weights are stored as {enc['dtype']} over [{enc['lo']:.6g}, {enc['hi']:.6g}]; "
-        f"values shown differ from the model's by at most {enc['maxError']:.3g}."
+    if initial:
+        payload["initial"] = _check_initial(initial, layers, heads)
+    return _page(payload, [payload["encoding"]], am.kind, summarize(am))
+
+
+def render_pages(
+    items: Sequence[AttentionMaps],
+    labels: Sequence[str],
+    *,
+    title: str,
+    quantization: str = "uint16",
+    initial: Mapping[str, Any] | None = None,
+) -> str:
+    """One viewer page for several inputs (e.g. sentences), with a selector between them.
+
+    Each item is quantised on its own; the page states the largest error bound.
+
+    Args:
+        items: validated maps (:func:`qkv.viz._maps.prepare`), one per sentence.
+        labels: one line per item for the selector (plain text, never markup).
+        title: page title.
+        quantization: ``"uint16"`` or ``"uint8"``.
+        initial: as in :func:`render_html`; layer and head apply to the first item.
+
+    Returns:
+        the complete HTML document; its payload holds ``items``, each a payload as
+        :func:`encode_payload` makes it (:func:`decode_payload` reads each one).
+    """
+    if not items or len(items) != len(labels):
+        raise ValueError(f"render_pages: {len(items)} items and {len(labels)} labels")
+    payloads = [
+        encode_payload(am, title=str(label), quantization=quantization)
+        for am, label in zip(items, labels)
+    ]
+    kinds = {am.kind for am in items}
+    payload: dict[str, Any] = {"version": 1, "kind": kinds.pop() if len(kinds) == 1 else "mixed"}
+    payload.update(title=title, items=payloads)
+    if initial:
+        payload["initial"] = _check_initial(initial, *items[0].weights.shape[:2])
+    lines = [
+        f"{k + 1}. {label} — {line}"
+        for k, (am, label) in enumerate(zip(items, labels))
+        for line in summarize(am)
+    ]
+    return _page(payload, [p["encoding"] for p in payloads], payload["kind"], lines)
+
+
+def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[str, Any]:
+    """Validate the view, layer and head a page opens on."""
+    unknown = set(initial) - {"view", "layer", "head"}
+    if unknown:
+        raise ValueError(f"initial: unknown keys {sorted(unknown)} (view, layer, head)")
+    view = initial.get("view", "head")
+    if view not in ("head", "model", "matrix"):
+        raise ValueError(f"initial view {view!r}: choose head, model or matrix")
+    out: dict[str, Any] = {"view": view}
+    for key, n in (("layer", layers), ("head", heads)):
+        if initial.get(key) is not None:
+            if not 0 <= int(initial[key]) < n:
+                raise ValueError(f"initial {key} {initial[key]} out of range 0..{n - 1}")
+            out[key] = int(initial[key])
+    return out
+
+
+def _page(
+    payload: dict[str, Any], encodings: list[dict[str, Any]], kind: str, summary: list[str]
+) -> str:
+    """Fill the page template with a payload, its error bound and the summary lines."""
+    max_error = max(enc["maxError"] for enc in encodings)
+    ranges = {(enc["lo"], enc["hi"]) for enc in encodings}
+    over = (
+        f"[{encodings[0]['lo']:.6g}, {encodings[0]['hi']:.6g}]"
+        if len(ranges) == 1
+        else "the range of each item"
     )
+    quant_text = (
+        f"Weights are stored as {encodings[0]['dtype']} over {over}; "
+        f"values shown differ from the model's by at most {max_error:.3g}."
+    )
+    title = payload["title"]
     page = _TEMPLATE.format(
         csp=_CSP,
         title=html.escape(title),
-        kind=am.kind,
+        kind=html.escape(kind),
         css=_asset("viewer.css"),
-        summary="".join(f"<li>{html.escape(line)}</li>" for line in summarize(am)),
-        dtype=enc["dtype"],
-        max_error=enc["maxError"],
+        summary="".join(f"<li>{html.escape(line)}</li>" for line in summary),
+        dtype=encodings[0]["dtype"],
+        max_error=max_error,
         quant_text=html.escape(quant_text),
         payload_id=_PAYLOAD_ID,
         payload=_json_for_script(payload),

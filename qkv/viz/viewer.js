@@ -1,5 +1,6 @@
 // qkv attention viewer: head view, model view, matrix view.
 // Reads the JSON payload from the script element #qkv-data, draws with DOM/SVG/canvas.
+// A payload with "items" holds several inputs (e.g. sentences); a selector switches them.
 // Tokens are always inserted with textContent, never parsed as HTML.
 (function () {
   "use strict";
@@ -12,12 +13,28 @@
   // viridis, sampled at 0, 0.25, 0.5, 0.75, 1
   const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
-  const data = JSON.parse(document.getElementById("qkv-data").textContent);
-  const [L, H, TQ, TK] = data.shape;
-  const W = decode(data);
-  const cross = data.kind === "cross";
-  const state = { view: "head", layer: 0, heads: new Set(range(H)), matrixHead: 0,
-    focus: null, pinned: false };
+  const PAGE = JSON.parse(document.getElementById("qkv-data").textContent);
+  const ITEMS = PAGE.items || [PAGE];
+  let data, L, H, TQ, TK, W, cross; // the item on show, set by load()
+  const state = { view: "head", layer: 0, heads: new Set(), matrixHead: 0,
+    focus: null, pinned: false, item: 0 };
+
+  function load(k) {
+    data = ITEMS[k];
+    [L, H, TQ, TK] = data.shape;
+    W = decode(data);
+    cross = data.kind === "cross";
+    state.item = k;
+  }
+
+  // Layer and head to show; a given head is shown alone. Out-of-range values are clamped.
+  function resetState(init) {
+    const clamp = (x, n) => Math.min(n - 1, Math.max(0, x));
+    const head = init.head == null ? null : clamp(init.head, H);
+    Object.assign(state, { view: init.view || "head", layer: clamp(init.layer || 0, L),
+      heads: new Set(head == null ? range(H) : [head]), matrixHead: head == null ? 0 : head,
+      focus: null, pinned: false });
+  }
 
   function range(n) { return Array.from({ length: n }, (_, i) => i); }
 
@@ -67,7 +84,7 @@
   const hint = document.getElementById("qkv-hint");
 
   function buildControls() {
-    for (const l of range(L)) layerSelect.appendChild(el("option", { value: l }, `layer ${l}`));
+    buildItemSelector();
     layerSelect.addEventListener("change", () => { state.layer = +layerSelect.value; render(); });
     for (const [id, label, pick] of [["qkv-heads-all", "all", () => range(H)],
       ["qkv-heads-none", "none", () => []]]) {
@@ -75,6 +92,16 @@
       b.addEventListener("click", () => { state.heads = new Set(pick()); render(); });
       headBar.appendChild(b);
     }
+    for (const b of document.querySelectorAll("#qkv-tabs button")) {
+      b.addEventListener("click", () => { state.view = b.dataset.view; render(); });
+    }
+  }
+
+  // Options that depend on the item's shape: layers and head toggles.
+  function buildShapeControls() {
+    layerSelect.replaceChildren();
+    for (const l of range(L)) layerSelect.appendChild(el("option", { value: l }, `layer ${l}`));
+    headBar.querySelectorAll(".qkv-head-toggle").forEach((b) => b.remove());
     for (const h of range(H)) {
       const b = el("button", { type: "button", class: "qkv-head-toggle", "data-head": h },
         `${h}`);
@@ -84,9 +111,23 @@
       b.addEventListener("dblclick", () => { state.heads = new Set([h]); render(); });
       headBar.appendChild(b);
     }
-    for (const b of document.querySelectorAll("#qkv-tabs button")) {
-      b.addEventListener("click", () => { state.view = b.dataset.view; render(); });
-    }
+  }
+
+  function buildItemSelector() {
+    if (!PAGE.items) return;
+    const select = document.getElementById("qkv-item");
+    ITEMS.forEach((item, k) => select.appendChild(
+      el("option", { value: k }, `${k + 1}. ${item.title}`)));
+    select.addEventListener("change", () => showItem(+select.value));
+    document.getElementById("qkv-items").hidden = false;
+  }
+
+  function showItem(k) {
+    const keep = { view: state.view, layer: state.layer };
+    load(k);
+    resetState(keep);
+    buildShapeControls();
+    render();
   }
 
   function toggleHead(h) {
@@ -98,6 +139,7 @@
 
   function syncControls() {
     layerSelect.value = String(state.layer);
+    if (PAGE.items) document.getElementById("qkv-item").value = String(state.item);
     for (const b of headBar.querySelectorAll(".qkv-head-toggle")) {
       const h = +b.dataset.head;
       const on = state.view === "matrix" ? h === state.matrixHead : state.heads.has(h);
@@ -340,9 +382,13 @@
     tooltip.hidden = true;
     const root = document.getElementById(`qkv-${state.view}-view`);
     ({ head: renderHeadView, model: renderModelView, matrix: renderMatrixView })[state.view](root);
+    document.getElementById("qkv-app").dataset.item = String(state.item);
     document.getElementById("qkv-app").dataset.ready = "true";
   }
 
+  load(0);
+  resetState(PAGE.initial || {});
   buildControls();
+  buildShapeControls();
   render();
 })();

@@ -1,8 +1,11 @@
-"""Fixtures for the viewer tests: attention maps with structure, hostile tokens."""
+"""Fixtures for the viewer tests: attention maps, hostile tokens, a headless browser."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,3 +36,89 @@ def make_maps() -> Callable[..., np.ndarray]:
 def hostile_tokens() -> list[str]:
     """Tokens that would run script or break markup if inserted as HTML."""
     return list(HOSTILE)
+
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [  # no network, no first-run work
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _missing() -> str | None:
+    """Why the browser test cannot run here, or None."""
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install 'qkv[dev]')"
+    return None
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the whole test session."""
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser test cannot run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+class Page:
+    """A loaded viewer page with everything it requested, logged and alerted."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.url = path.resolve().as_uri()
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", self._dialog)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(self.url)
+        self.page.wait_for_selector("#qkv-app[data-ready='true']")
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def active_lines(self) -> list[dict[str, float]]:
+        """Attributes of the lines drawn for the focused token."""
+        return self.page.eval_on_selector_all(
+            "#qkv-lines .qkv-line.qkv-active",
+            "ls => ls.map(l => Object.fromEntries(['layer', 'head', 'query', 'key', 'weight']"
+            ".map(k => [k, Number(l.dataset[k])])))",
+        )
+
+    def only_head(self, head: int) -> None:
+        self.page.click("#qkv-heads-none")
+        self.page.click(f".qkv-head-toggle[data-head='{head}']")
+
+
+@pytest.fixture
+def open_page(browser: Any) -> Iterator[Callable[[Path], Page]]:
+    """Factory: open a viewer file in the browser as a :class:`Page`; closed afterwards."""
+    pages: list[Page] = []
+
+    def _open(path: Path) -> Page:
+        pages.append(Page(browser, path))
+        return pages[-1]
+
+    yield _open
+    for p in pages:
+        if not p.page.is_closed():
+            p.page.close()

