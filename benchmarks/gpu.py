@@ -1,0 +1,227 @@
+"""GPU benchmark: qkv's Triton FlashAttention-2 kernel against PyTorch SDPA, in one run.
+
+Compares :func:`qkv.backends.triton_flash.flash_attention` with
+``torch.nn.functional.scaled_dot_product_attention`` restricted (``sdpa_kernel``) to each
+of its fused kernels: flash, cuDNN and memory-efficient. bfloat16; head size 64 (32 heads)
+and 128 (16 heads); sequence lengths 1k-16k with ``B = 16384 // T`` (about 16k tokens per
+batch); causal and not; forward and forward+backward.
+
+Throughput follows flash-attn's benchmark convention: the forward pass does
+``4 * B * H * T * T * D`` FLOPs (two matmuls), the backward 2.5 times that, so
+forward+backward counts 3.5 times; causal attention counts half. Ratios are qkv's
+throughput over each SDPA kernel's, measured in the same process, on the same inputs.
+Correctness is checked in the same run: the largest absolute difference of the output and
+of dq, dk, dv from the first SDPA kernel that runs (flash, normally), next to the
+difference between the SDPA kernels themselves for scale.
+
+Usage::
+
+    python benchmarks/gpu.py [OUT_DIR] [--quick] [--budget-s 240]
+
+Results go to ``OUT_DIR/gpu_<time>.json`` (default ``benchmarks/results/``) and a table is
+printed. Autotuning (Hopper configs in :mod:`qkv.backends.triton_flash` and
+:mod:`qkv.backends.triton_bwd`) happens on each kernel's first call and is not timed. Without
+a CUDA device the script says so and exits with status 0; it exits with 1 if qkv's kernel
+failed on any case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["main"]
+
+LENGTHS = [1024, 2048, 4096, 8192, 16384]
+QUICK_LENGTHS = [1024, 4096]
+HEADS = {64: 32, 128: 16}  # head size -> number of heads (model width 2048)
+TOKENS = 16384
+SDPA_KERNELS = ["flash", "cudnn", "efficient"]
+FWD_BWD_FACTOR = 3.5  # forward (1) + backward (2.5), as flash-attn counts
+
+
+def attention_flops(b: int, h: int, t: int, d: int, causal: bool, mode: str) -> float:
+    """Matmul FLOPs of one attention call (see the module docstring)."""
+    flops = 4.0 * b * h * t * t * d * (0.5 if causal else 1.0)
+    return flops if mode == "fwd" else FWD_BWD_FACTOR * flops
+
+
+def _implementations(causal: bool) -> dict:
+    """name -> (context manager factory, attention function (q, k, v) -> out)."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from qkv.backends.triton_flash import flash_attention
+
+    sdpa_backends = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
+    impls = {"qkv": (nullcontext, lambda q, k, v: flash_attention(q, k, v, causal=causal)[0])}
+    for name in SDPA_KERNELS:
+        backend = sdpa_backends[name]
+        impls[name] = (
+            lambda backend=backend: sdpa_kernel(backend),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        )
+    return impls
+
+
+def _outputs_and_grads(fn, q, k, v, dout) -> list[torch.Tensor]:
+    for x in (q, k, v):
+        x.grad = None
+    out = fn(q, k, v)
+    out.backward(dout)
+    return [out.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()]
+
+
+def _max_diffs(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
+    names = ["out", "dq", "dk", "dv"]
+    return {n: (x.float() - y.float()).abs().max().item() for n, x, y in zip(names, a, b)}
+
+
+def run_case(d: int, t: int, causal: bool) -> list[dict]:
+    """Time every implementation on one shape; one row per (implementation, mode)."""
+    from triton.testing import do_bench
+
+    h, b = HEADS[d], max(1, TOKENS // t)
+    shape = (b, h, t, d)
+    q, k, v = (
+        torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    dout = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    rows, results = [], {}
+    for name, (context, fn) in _implementations(causal).items():
+        base = dict(impl=name, D=d, H=h, B=b, T=t, causal=causal)
+        try:
+            with context():
+                results[name] = _outputs_and_grads(fn, q, k, v, dout)  # also autotunes
+                fwd_ms = do_bench(lambda: fn(q, k, v), return_mode="median")
+                both_ms = do_bench(
+                    lambda: fn(q, k, v).backward(dout), grad_to_none=[q, k, v], return_mode="median"
+                )
+        except Exception as err:  # e.g. an SDPA kernel without support for this case
+            reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else repr(err)
+            rows.append(dict(base, mode="fwd", ms=None, tflops=None, error=reason))
+            rows.append(dict(base, mode="fwd+bwd", ms=None, tflops=None, error=reason))
+            continue
+        for mode, ms in (("fwd", fwd_ms), ("fwd+bwd", both_ms)):
+            tflops = attention_flops(b, h, t, d, causal, mode) / (ms * 1e-3) / 1e12
+            rows.append(dict(base, mode=mode, ms=ms, tflops=tflops))
+    reference = next((n for n in SDPA_KERNELS if n in results), None)
+    for row in rows:
+        if reference and row["impl"] in results and row["impl"] != reference:
+            row["max_abs_diff_vs"] = reference
+            row["max_abs_diff"] = _max_diffs(results[row["impl"]], results[reference])
+    _add_ratios(rows)
+    return rows
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """qkv throughput / each SDPA kernel's, per mode (None where either did not run)."""
+    for mode in ("fwd", "fwd+bwd"):
+        by_impl = {r["impl"]: r for r in rows if r["mode"] == mode}
+        ours = by_impl.get("qkv", {}).get("tflops")
+        ratios = {}
+        for name in SDPA_KERNELS:
+            theirs = by_impl.get(name, {}).get("tflops")
+            ratios[name] = ours / theirs if ours and theirs else None
+        if "qkv" in by_impl:
+            by_impl["qkv"]["ratio_to_sdpa"] = ratios
+
+
+def _fmt(x: float | None, spec: str = "6.1f") -> str:
+    return format(x, spec) if x is not None else "   -  "
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per (shape, mode): TFLOP/s of each implementation and qkv's ratios."""
+    head = f"{'D':>4} {'T':>6} {'causal':>6} {'mode':>8} | {'qkv':>6} "
+    head += " ".join(f"{n:>9}" for n in SDPA_KERNELS)
+    head += " | " + " ".join(f"{'/' + n:>9}" for n in SDPA_KERNELS) + " | max|diff| out/dq/dk/dv"
+    print(head)
+    print("-" * len(head))
+    keys = sorted({(r["D"], r["T"], r["causal"], r["mode"]) for r in rows})
+    for d, t, causal, mode in keys:
+        same = [r for r in rows if (r["D"], r["T"], r["causal"], r["mode"]) == (d, t, causal, mode)]
+        group = {r["impl"]: r for r in same}
+        ours = group.get("qkv", {})
+        line = f"{d:>4} {t:>6} {causal!s:>6} {mode:>8} | {_fmt(ours.get('tflops'))} "
+        line += " ".join(f"{_fmt(group.get(n, {}).get('tflops')):>9}" for n in SDPA_KERNELS)
+        ratios = ours.get("ratio_to_sdpa", {})
+        line += " | " + " ".join(f"{_fmt(ratios.get(n), '9.2f'):>9}" for n in SDPA_KERNELS)
+        diff = ours.get("max_abs_diff")
+        if diff:
+            line += " | " + "/".join(f"{diff[k]:.1e}" for k in ("out", "dq", "dk", "dv"))
+        print(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns the process exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", default="benchmarks/results", type=Path)
+    parser.add_argument("--quick", action="store_true", help="T = 1k and 4k only")
+    parser.add_argument(
+        "--budget-s", type=float, default=240.0, help="start no new case after this many seconds"
+    )
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py: no CUDA device found; nothing to measure.")
+        return 0
+    try:
+        import triton
+    except ImportError:
+        print("benchmarks/gpu.py: triton is not installed (pip install 'qkv[kernels]').")
+        return 1
+
+    torch.manual_seed(0)
+    start, rows, skipped = time.monotonic(), [], []
+    lengths = QUICK_LENGTHS if args.quick else LENGTHS
+    cases = [(d, t, c) for d in HEADS for t in lengths for c in (False, True)]
+    for i, (d, t, causal) in enumerate(cases, 1):
+        if time.monotonic() - start > args.budget_s:
+            skipped.append(dict(D=d, T=t, causal=causal))
+            continue
+        elapsed = time.monotonic() - start
+        print(f"[{i}/{len(cases)} {elapsed:5.0f} s] D={d} T={t} causal={causal}", flush=True)
+        rows += run_case(d, t, causal)
+        torch.cuda.empty_cache()
+
+    result = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        dtype="bfloat16",
+        tokens_per_batch=TOKENS,
+        flops="fwd 4*B*H*T*T*D, fwd+bwd 3.5x, causal halved",
+        seconds=round(time.monotonic() - start, 1),
+        skipped_over_budget=skipped,
+        rows=rows,
+    )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"gpu_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print()
+    print_table(rows)
+    print(f"\n{len(rows)} rows in {result['seconds']} s -> {path}")
+    if skipped:
+        print(f"{len(skipped)} cases skipped: over the {args.budget_s:.0f} s budget")
+    failed = [r for r in rows if r["impl"] == "qkv" and r.get("error")]
+    for row in failed:
+        print(f"qkv failed at D={row['D']} T={row['T']} causal={row['causal']}: {row['error']}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""Backward pass of the Triton FlashAttention-2 kernel, and the tile helpers both passes share.
+
+FlashAttention-2 (Dao 2023, https://arxiv.org/abs/2307.08691, Algorithm 2) recomputes the
+probabilities from the saved log-sum-exp instead of storing them:
+
+.. math::
+    P = \\exp(s\\,QK^\\top - L),\\quad dV = P^\\top dO,\\quad dP = dO\\,V^\\top,\\quad
+    dS = P \\circ (dP - \\Delta),\\quad dQ = s\\,dS\\,K,\\quad dK = s\\,dS^\\top Q
+
+with :math:`\\Delta_i = \\sum_d dO_{id} O_{id} - dL_i` (the second term carries the gradient
+of the returned log-sum-exp, since :math:`\\partial L_i / \\partial S_{ij} = P_{ij}`).
+
+Two kernels, no atomics, deterministic: one program per key block accumulates ``dK, dV``
+over every query block and every query head of its GQA group (so grouped heads are summed in
+registers, never materialised); one program per query block accumulates ``dQ``. Each key or
+query range is split into blocks that need no mask (visited without any mask arithmetic) and
+boundary blocks (causal diagonal, key padding, sequence ends) that do.
+
+This module is imported by :mod:`qkv.backends.triton_flash`; it is not a backend itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["BWD_DKDV_CONFIGS", "BWD_DQ_CONFIGS", "autotuned", "flash_backward", "hopper_configs"]
+
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the fast hardware path
+_LOG2E = tl.constexpr(LOG2E)  # kernels may read only constexpr globals
+
+
+# --- tile helpers (used by the forward kernel too) -----------------------------------------
+
+
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, PAD_COLS: tl.constexpr):
+    """Load a 2-d tile; out-of-range rows/columns read as zero (masks only where needed)."""
+    if CHECK_ROWS:
+        if PAD_COLS:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if PAD_COLS:
+            x = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+# PRECISION, a constexpr string, says how tiles are multiplied and rounded:
+#   "ieee"   float32 inputs, exact float32 products (as PyTorch's default matmul);
+#   "tf32"   16-bit inputs (the setting is ignored for them: tensor cores multiply exactly);
+#   "interpret-bf16"  bfloat16 under Triton 3.9's CPU interpreter, whose tl.dot multiplies the
+#            raw bit patterns of bfloat16 operands and whose float32 -> bfloat16 cast truncates;
+#            _dot and _cast below emulate what the GPU does instead.
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` accumulated in float32 (see PRECISION above)."""
+    if PRECISION == "interpret-bf16":
+        # bfloat16 products are exact in float32, so this matches the tensor cores.
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
+def _cast(x, dtype, PRECISION: tl.constexpr):
+    """``x.to(dtype)`` with round-to-nearest-even, also under the interpreter."""
+    if PRECISION == "interpret-bf16":
+        # Round the float32 bits to the nearest even bfloat16 first; truncation is then exact.
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _store_tile(ptrs, x, rows, n_rows, cols, n_cols, PAD_COLS: tl.constexpr):
+    """Store a 2-d tile, skipping rows past ``n_rows`` and padded head columns."""
+    if PAD_COLS:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    else:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+
+
+# --- kernels --------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_delta_kernel(
+    Out, DOut, DLse, Delta, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, H, Tq,
+    HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAD_DV: tl.constexpr, HAS_DLSE: tl.constexpr,
+):  # fmt: skip
+    """Delta_i = rowsum(dO * O) - dLse_i, in float32, one program per query block."""
+    bh = tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_DV)
+    o_ptrs = Out + b * s_ob + h * s_oh + rows[:, None] * s_ot + cols[None, :]
+    do_ptrs = DOut + b * s_dob + h * s_doh + rows[:, None] * s_dot + cols[None, :]
+    o = _load_tile(o_ptrs, rows, Tq, cols, HEAD_DV, True, PAD_DV)
+    do = _load_tile(do_ptrs, rows, Tq, cols, HEAD_DV, True, PAD_DV)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + bh * Tq + rows, mask=rows < Tq, other=0.0)
+    tl.store(Delta + bh * Tq + rows, delta, mask=rows < Tq)
+
+
+@triton.jit
+def _dkdv_step(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, lo, hi,
+    offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
+    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Add the contribution of query rows [lo, hi) to one key block's dK and dV."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_ptrs = q_base + offs_m[:, None] * s_qt + offs_d[None, :]
+        do_ptrs = do_base + offs_m[:, None] * s_dot + offs_dv[None, :]
+        q = _load_tile(q_ptrs, offs_m, Tq, offs_d, HEAD_D, MASKED, PAD_D)
+        do = _load_tile(do_ptrs, offs_m, Tq, offs_dv, HEAD_DV, MASKED, PAD_DV)
+        if MASKED:
+            lse = tl.load(lse_base + offs_m, mask=offs_m < Tq, other=0.0)
+            delta = tl.load(delta_base + offs_m, mask=offs_m < Tq, other=0.0)
+        else:
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        # Work on the transposed tile (keys x queries) so that no result needs a transpose.
+        s_t = _dot(k, tl.trans(q), PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse[None, :] * _LOG2E)
+        if MASKED:
+            # where() rather than arithmetic: rows with lse = -inf give exp2(+inf) here.
+            seen = (offs_n[:, None] < key_len) & (offs_m[None, :] < Tq)
+            if CAUSAL:
+                seen = seen & (offs_n[:, None] <= offs_m[None, :] + shift)
+            p_t = tl.where(seen, p_t, 0.0)
+        dv += _dot(_cast(p_t, do.dtype, PRECISION), do, PRECISION)
+        dp_t = _dot(v, tl.trans(do), PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _dot(_cast(ds_t, q.dtype, PRECISION), q, PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV, KeyLen,
+    s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_dob, s_doh, s_dot,
+    s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
+    H, Tq, Tk, qk_scale, sm_scale, tune_tq, tune_tk,
+    GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dK and dV of one key block of one key/value head, summed over its query heads."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bhkv = tl.program_id(1)
+    hkv_count = H // GROUPS
+    b, hkv = (bhkv // hkv_count).to(tl.int64), (bhkv % hkv_count).to(tl.int64)
+    key_len = Tk
+    if HAS_LENGTHS:
+        key_len = tl.load(KeyLen + b)
+    shift = Tk - Tq  # bottom-right causal alignment: query i sees keys j <= i + shift
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k_ptrs = K + b * s_kb + hkv * s_kh + offs_n[:, None] * s_kt + offs_d[None, :]
+    v_ptrs = V + b * s_vb + hkv * s_vh + offs_n[:, None] * s_vt + offs_dv[None, :]
+    k = _load_tile(k_ptrs, offs_n, key_len, offs_d, HEAD_D, True, PAD_D)
+    v = _load_tile(v_ptrs, offs_n, key_len, offs_dv, HEAD_DV, True, PAD_DV)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+
+    # Query blocks: [lo, full_lo) and [full_hi, q_end) need masks, [full_lo, full_hi) do not.
+    # Every bound is clamped at 0 before dividing: integer division of negatives differs
+    # between the compiled kernel (truncation) and the interpreter (floor).
+    q_end = tl.cdiv(Tq, BLOCK_M) * BLOCK_M
+    lo = 0
+    full_lo = 0
+    if CAUSAL:
+        lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M
+    lo = tl.where(start_n < key_len, tl.minimum(lo, q_end), q_end)  # no visible key: skip
+    key_full = start_n + BLOCK_N <= key_len
+    full_lo = tl.where(key_full, tl.minimum(tl.maximum(full_lo, lo), q_end), q_end)
+    full_hi = tl.where(key_full, tl.maximum(full_lo, Tq // BLOCK_M * BLOCK_M), q_end)
+
+    for g in range(GROUPS):  # the query heads that share this key/value head
+        h = hkv * GROUPS + g
+        q_base = Q + b * s_qb + h * s_qh
+        do_base = DO + b * s_dob + h * s_doh
+        lse_base = Lse + (b * H + h) * Tq
+        delta_base = Delta + (b * H + h) * Tq
+        dk, dv = _dkdv_step(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, lo, full_lo,
+            offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
+            HEAD_D, HEAD_DV, BLOCK_M, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_step(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, full_lo, full_hi,
+            offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
+            HEAD_D, HEAD_DV, BLOCK_M, False, CAUSAL, PAD_D, PAD_DV, PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_step(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, full_hi, q_end,
+            offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
+            HEAD_D, HEAD_DV, BLOCK_M, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
+        )  # fmt: skip
+
+    dk_ptrs = DK + b * s_dkb + hkv * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :]
+    dv_ptrs = DV + b * s_dvb + hkv * s_dvh + offs_n[:, None] * s_dvt + offs_dv[None, :]
+    _store_tile(
+        dk_ptrs,
+        _cast(dk * sm_scale, DK.dtype.element_ty, PRECISION),
+        offs_n,
+        Tk,
+        offs_d,
+        HEAD_D,
+        PAD_D,
+    )
+    _store_tile(
+        dv_ptrs, _cast(dv, DV.dtype.element_ty, PRECISION), offs_n, Tk, offs_dv, HEAD_DV, PAD_DV
+    )
+
+
+@triton.jit
+def _dq_step(
+    dq, q, do, lse, delta, k_base, v_base, s_kt, s_vt, lo, hi,
+    offs_m, offs_d, offs_dv, key_len, shift, qk_scale,
+    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Add the contribution of keys [lo, hi) to one query block's dQ."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base + offs_n[:, None] * s_kt + offs_d[None, :],
+                       offs_n, key_len, offs_d, HEAD_D, MASKED, PAD_D)  # fmt: skip
+        v = _load_tile(v_base + offs_n[:, None] * s_vt + offs_dv[None, :],
+                       offs_n, key_len, offs_dv, HEAD_DV, MASKED, PAD_DV)  # fmt: skip
+        s = _dot(q, tl.trans(k), PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse[:, None] * _LOG2E)
+        if MASKED:
+            seen = offs_n[None, :] < key_len
+            if CAUSAL:
+                seen = seen & (offs_n[None, :] <= offs_m[:, None] + shift)
+            p = tl.where(seen, p, 0.0)
+        dp = _dot(do, tl.trans(v), PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(_cast(ds, k.dtype, PRECISION), k, PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ, KeyLen,
+    s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_dob, s_doh, s_dot,
+    s_dqb, s_dqh, s_dqt,
+    H, Tq, Tk, qk_scale, sm_scale, tune_tq, tune_tk,
+    GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dQ of one query block of one query head."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    hkv = h // GROUPS
+    key_len = Tk
+    if HAS_LENGTHS:
+        key_len = tl.load(KeyLen + b)
+    shift = Tk - Tq
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = _load_tile(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :],
+                   offs_m, Tq, offs_d, HEAD_D, True, PAD_D)  # fmt: skip
+    do = _load_tile(DO + b * s_dob + h * s_doh + offs_m[:, None] * s_dot + offs_dv[None, :],
+                    offs_m, Tq, offs_dv, HEAD_DV, True, PAD_DV)  # fmt: skip
+    lse = tl.load(Lse + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
+    delta = tl.load(Delta + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Keys [0, full) are seen by every row of the block (no mask); [full, hi) need one.
+    hi = key_len
+    full = key_len
+    if CAUSAL:
+        hi = tl.minimum(key_len, start_m + BLOCK_M + shift)
+        full = tl.minimum(key_len, start_m + 1 + shift)
+    hi = tl.maximum(hi, 0)
+    full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    k_base = K + b * s_kb + hkv * s_kh
+    v_base = V + b * s_vb + hkv * s_vh
+    dq = _dq_step(
+        dq, q, do, lse, delta, k_base, v_base, s_kt, s_vt, 0, full,
+        offs_m, offs_d, offs_dv, key_len, shift, qk_scale,
+        HEAD_D, HEAD_DV, BLOCK_N, False, CAUSAL, PAD_D, PAD_DV, PRECISION,
+    )  # fmt: skip
+    dq = _dq_step(
+        dq, q, do, lse, delta, k_base, v_base, s_kt, s_vt, full, hi,
+        offs_m, offs_d, offs_dv, key_len, shift, qk_scale,
+        HEAD_D, HEAD_DV, BLOCK_N, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
+    )  # fmt: skip
+    dq_ptrs = DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :]
+    _store_tile(
+        dq_ptrs,
+        _cast(dq * sm_scale, DQ.dtype.element_ty, PRECISION),
+        offs_m,
+        Tq,
+        offs_d,
+        HEAD_D,
+        PAD_D,
+    )
+
+
+# --- launcher ---------------------------------------------------------------------------------
+
+
+def hopper_configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    """Autotuning candidates from ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` tuples."""
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in shapes
+    ]
+
+
+def autotuned(kernel, configs: list[triton.Config], length_arg: str, block: str):
+    """``kernel`` autotuned over ``configs``, keyed on bucketed lengths and the constexprs.
+
+    The ``tune_tq``/``tune_tk`` arguments (read by nothing but this key) are lengths rounded
+    up to powers of two, so a new sequence length rarely re-runs the tuner. Short lengths
+    (decoding: a handful of queries against a cache) only try tiles of at most 64 along
+    ``block``, long ones only the wider tiles: half the configs to compile per case.
+    """
+
+    def prune(configs, named_args, **kwargs):
+        short = named_args[length_arg] <= 64
+        kept = [c for c in configs if (c.kwargs[block] <= 64) == short]
+        return kept or configs
+
+    key = ["tune_tq", "tune_tk", "GROUPS", "HEAD_D", "HEAD_DV", "CAUSAL", "HAS_LENGTHS"]
+    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+
+
+# Hopper (H100/H200) candidates. dK/dV programs own a wide key block and stream narrow query
+# blocks (so BLOCK_N is the wide one); dQ programs the other way round. The last of each is
+# the small tile for short sequences. All compile for sm_90 without register spills.
+BWD_DKDV_CONFIGS = hopper_configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 3)])
+BWD_DQ_CONFIGS = hopper_configs([(128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 3)])
+_dkdv_tuned = autotuned(_bwd_dkdv_kernel, BWD_DKDV_CONFIGS, "tune_tk", "BLOCK_N")
+_dq_tuned = autotuned(_bwd_dq_kernel, BWD_DQ_CONFIGS, "tune_tq", "BLOCK_M")
+
+
+def _strides(x: Tensor) -> tuple[int, int, int]:
+    """(batch, head, time) strides; the head dimension is contiguous (checked by the caller)."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def flash_backward(
+    grads: tuple[Tensor | None, Tensor | None],
+    saved: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None],
+    meta: dict,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch the three backward kernels.
+
+    Args:
+        grads: ``(dout, dlse)``, either may be ``None`` (that output was not used).
+        saved: ``(q, k, v, out, lse, key_lengths)`` from the forward pass.
+        meta: launch settings from the forward launcher: ``causal``, ``scale``, ``blocks``
+            (``None`` = autotune), the constexprs ``consts`` and the tuning keys ``tune``.
+
+    Shape:
+        as the forward pass: q ``(B, H, Tq, D)``, k ``(B, Hkv, Tk, D)``, v ``(B, Hkv, Tk, Dv)``.
+
+    Returns:
+        ``(dq, dk, dv)`` in the dtypes of ``q, k, v``.
+    """
+    dout, dlse = grads
+    q, k, v, out, lse, lengths = saved
+    b, h, tq, _ = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    dout = torch.zeros_like(out) if dout is None else dout
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dlse = None if dlse is None else dlse.float().contiguous()
+    delta = torch.empty_like(lse)
+    consts = meta["consts"]
+    delta_grid = (triton.cdiv(tq, 64), b * h)
+    _bwd_delta_kernel[delta_grid](
+        out, dout, dlse, delta, *_strides(out), *_strides(dout), h, tq,
+        HEAD_DV=consts["HEAD_DV"], BLOCK_M=64, BLOCK_DV=consts["BLOCK_DV"],
+        PAD_DV=consts["PAD_DV"], HAS_DLSE=dlse is not None,
+    )  # fmt: skip
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    scalars = (h, tq, tk, meta["scale"] * LOG2E, meta["scale"], *meta["tune"])
+    common = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+    dkdv_args = (q, k, v, dout, lse, delta, dk, dv, lengths, *common,
+                 *_strides(dk), *_strides(dv), *scalars)  # fmt: skip
+    dq_args = (q, k, v, dout, lse, delta, dq, lengths, *common, *_strides(dq), *scalars)
+    if meta["blocks"] is None:
+        _dkdv_tuned[lambda m: (triton.cdiv(tk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **consts)
+        _dq_tuned[lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h)](*dq_args, **consts)
+    else:
+        bm, bn = meta["blocks"]
+        fixed = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
+        _bwd_dkdv_kernel[(triton.cdiv(tk, bn), b * hkv)](*dkdv_args, **consts, **fixed)
+        _bwd_dq_kernel[(triton.cdiv(tq, bm), b * h)](*dq_args, **consts, **fixed)
+    return dq, dk, dv
