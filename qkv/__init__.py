@@ -18,10 +18,12 @@ from qkv.functional import (
 from qkv.modules import (
     AdditiveScore,
     ALiBi,
+    BahdanauAttention,
     DotScore,
     GeneralScore,
     KVCache,
     LearnedPositionalEncoding,
+    LuongAttention,
     MultiHeadAttention,
     RotaryPositionalEncoding,
     ScaledDotScore,
@@ -33,6 +35,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ALiBi",
     "AdditiveScore",
+    "BahdanauAttention",
+    "LuongAttention",
     "DotScore",
     "GeneralScore",
     "KVCache",

@@ -1,10 +1,28 @@
 """Models built on the qkv blocks, and loading of pretrained Hugging Face checkpoints."""
 
 from qkv.models.bert import BertConfig, BertModel, BertOutput, encode
+from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.gpt import GPT, GPTConfig, GPTOutput, sample_next
 from qkv.models.hf import load_tokenizer, minilm_path
+from qkv.models.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention
+from qkv.models.seq2seq_rnn import RNNSeq2Seq, RNNState
+from qkv.models.seq2seq_transformer import TransformerSeq2Seq, TransformerState
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "DecoderState",
+    "RNNSeq2Seq",
+    "RNNSeq2SeqConfig",
+    "RNNState",
+    "Seq2Seq",
+    "Seq2SeqAttention",
+    "TransformerSeq2Seq",
+    "TransformerSeq2SeqConfig",
+    "TransformerState",
+    "load_checkpoint",
+    "save_checkpoint",
     "BertConfig",
     "BertModel",
     "BertOutput",

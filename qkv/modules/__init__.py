@@ -1,7 +1,7 @@
 """Attention building blocks as ``torch.nn.Module`` s."""
 
 from qkv.modules.attention import MultiHeadAttention
-from qkv.modules.cache import KVCache, LayerKV
+from qkv.modules.cache import DecoderCache, KVCache, LayerCache, LayerKV
 from qkv.modules.positional import (
     ALiBi,
     AttentionPositional,
@@ -10,12 +10,29 @@ from qkv.modules.positional import (
     SinusoidalPositionalEncoding,
     alibi_slopes,
 )
+from qkv.modules.rnn_attention import BahdanauAttention, LuongAttention
 from qkv.modules.scores import AdditiveScore, DotScore, GeneralScore, ScaledDotScore, Score
+from qkv.modules.transformer import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+)
 
 __all__ = [
     "ALiBi",
     "AdditiveScore",
     "AttentionPositional",
+    "BahdanauAttention",
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "LayerCache",
+    "LuongAttention",
     "DotScore",
     "GeneralScore",
     "KVCache",

@@ -8,10 +8,12 @@ once and reuses them (a *static* layer cache).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "LayerKV"]
+__all__ = ["DecoderCache", "KVCache", "LayerCache", "LayerKV"]
 
 
 class LayerKV:
@@ -86,3 +88,41 @@ class KVCache:
         """Keep batch rows ``index`` in every layer."""
         for layer in self.layers:
             layer.reorder(index)
+
+
+class LayerCache(NamedTuple):
+    """The caches of one decoder layer: self-attention (grows) and cross-attention (static)."""
+
+    self_kv: LayerKV
+    cross_kv: LayerKV | None = None
+
+
+class DecoderCache:
+    """Per-layer key/value caches for incremental decoding with a :class:`Decoder`.
+
+    Self-attention caches grow by the new tokens at every step; cross-attention caches hold
+    the projected source keys/values, computed at the first step and reused afterwards.
+
+    Args:
+        num_layers: decoder layers.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.self_kv = KVCache(num_layers)
+        self.cross_kv = KVCache(num_layers)
+
+    def __getitem__(self, i: int) -> LayerCache:
+        return LayerCache(self.self_kv[i], self.cross_kv[i])
+
+    def __len__(self) -> int:
+        return len(self.self_kv)
+
+    @property
+    def length(self) -> int:
+        """Positions decoded so far (cached self-attention keys)."""
+        return self.self_kv.length
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search), in self- and cross-attention caches."""
+        self.self_kv.reorder(index)
+        self.cross_kv.reorder(index)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.modules.attention import MultiHeadAttention
-from qkv.modules.cache import KVCache, LayerKV
+from qkv.modules.cache import DecoderCache, LayerCache
 from qkv.modules.positional import AttentionPositional
 
 __all__ = [
@@ -81,44 +80,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
-
-
-class LayerCache(NamedTuple):
-    """The caches of one decoder layer: self-attention (grows) and cross-attention (static)."""
-
-    self_kv: LayerKV
-    cross_kv: LayerKV | None = None
-
-
-class DecoderCache:
-    """Per-layer key/value caches for incremental decoding with a :class:`Decoder`.
-
-    Self-attention caches grow by the new tokens at every step; cross-attention caches hold
-    the projected source keys/values, computed at the first step and reused afterwards.
-
-    Args:
-        num_layers: decoder layers.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        self.self_kv = KVCache(num_layers)
-        self.cross_kv = KVCache(num_layers)
-
-    def __getitem__(self, i: int) -> LayerCache:
-        return LayerCache(self.self_kv[i], self.cross_kv[i])
-
-    def __len__(self) -> int:
-        return len(self.self_kv)
-
-    @property
-    def length(self) -> int:
-        """Positions decoded so far (cached self-attention keys)."""
-        return self.self_kv.length
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search), in self- and cross-attention caches."""
-        self.self_kv.reorder(index)
-        self.cross_kv.reorder(index)
 
 
 def _norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:

@@ -1,0 +1,85 @@
+"""Data-parallel training under ``torchrun``: one small object instead of scattered ifs.
+
+Started by ``torchrun --nproc_per_node N``, each process reads ``RANK`` and ``WORLD_SIZE``
+from the environment, joins a process group (gloo on CPU, NCCL on GPU) and wraps the
+model in ``DistributedDataParallel``, which averages gradients over processes. Without
+torchrun everything here is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as td
+from torch import nn
+
+__all__ = ["Dist"]
+
+
+@dataclass
+class Dist:
+    """This process's place in a (possibly one-process) data-parallel run."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @classmethod
+    def from_env(cls, device: str = "auto") -> Dist:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        cuda = torch.cuda.is_available() and device in ("auto", "cuda")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("train.device: 'cuda' was asked for but no CUDA device is available")
+        if cuda:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            dev = torch.device("cuda", local)
+        else:
+            dev = torch.device("cpu")
+        if world > 1 and not td.is_initialized():
+            td.init_process_group("nccl" if cuda else "gloo")
+        return cls(rank, world, dev)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def no_sync(self, wrapped: nn.Module, last_micro_batch: bool):
+        """Skip the gradient all-reduce on all but the last accumulated micro-batch."""
+        if self.world_size > 1 and not last_micro_batch:
+            return wrapped.no_sync()
+        return contextlib.nullcontext()
+
+    def mean(self, value: torch.Tensor) -> float:
+        if self.world_size > 1:
+            value = value.to(self.device, torch.float64)
+            td.all_reduce(value)
+            value = value / self.world_size
+        return float(value)
+
+    def sum_int(self, value: int) -> int:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor(value, dtype=torch.long, device=self.device)
+        td.all_reduce(t)
+        return int(t)
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's decision, seen by every rank (also a barrier)."""
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor(int(flag), device=self.device)
+        td.broadcast(t, 0)
+        return bool(t)

@@ -1,0 +1,214 @@
+"""Checkpoints: one safetensors file, tensors plus a JSON header; never pickle.
+
+A checkpoint holds the model's weights, and optionally the optimiser's tensors, under
+prefixed names (``model.*``, ``optim.<param>.<key>``, ``rng.torch``); everything else
+(model type and config, tokenizers, optimiser hyper-parameters, step, data position,
+Python RNG state, anything the caller adds) is JSON in the safetensors metadata under
+the key ``qkv``. The file is written to a temporary name in the same folder, flushed to
+disk and renamed, so a crash leaves either the old checkpoint or the new one, never half
+of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "build_model",
+    "load_checkpoint",
+    "restore_rng",
+    "rng_state",
+    "save_checkpoint",
+]
+
+FORMAT = "qkv-checkpoint-1"
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable qkv checkpoint (the message names the file)."""
+
+
+def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
+    """Build a seq2seq model from its type name and config dict."""
+    from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+    from qkv.models.seq2seq_rnn import RNNSeq2Seq
+    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+
+    if kind == "transformer":
+        return TransformerSeq2Seq(TransformerSeq2SeqConfig.from_dict(config))
+    if kind == "rnn":
+        return RNNSeq2Seq(RNNSeq2SeqConfig.from_dict(config))
+    raise ValueError(f"unknown model type {kind!r}; expected 'transformer' or 'rnn'")
+
+
+def model_kind(model: nn.Module) -> str:
+    """The type name :func:`build_model` understands for ``model``."""
+    name = type(model).__name__
+    kinds = {"TransformerSeq2Seq": "transformer", "RNNSeq2Seq": "rnn"}
+    if name not in kinds:
+        raise ValueError(f"cannot checkpoint a {name}; supported: {', '.join(kinds)}")
+    return kinds[name]
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch and Python RNG states (torch's as a tensor, Python's as JSON)."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    *,
+    tokenizers: dict[str, str] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    rng: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` (and training state) to ``path`` atomically.
+
+    Args:
+        path: the file to write (``.safetensors``).
+        model: a seq2seq model with a ``config`` dataclass (``to_dict``).
+        tokenizers: ``{"src": json, "tgt": json}`` from the tokenizers' ``to_json``.
+        optimizer: saved with its state tensors and hyper-parameters.
+        rng: from :func:`rng_state`.
+        extra: any JSON-serialisable training state (step, epoch, metrics...).
+
+    Returns:
+        The path written.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "model_type": model_kind(model),
+        "model_config": model.config.to_dict(),
+        "tokenizers": tokenizers or {},
+        "extra": extra or {},
+    }
+    if optimizer is not None:
+        state = optimizer.state_dict()
+        for pid, pstate in state["state"].items():
+            for key, value in pstate.items():
+                tensors[f"optim.{pid}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+        header["optimizer"] = {"param_groups": state["param_groups"]}
+    if rng is not None:
+        tensors["rng.torch"] = rng["torch"]
+        header["rng_python"] = rng["python"]
+    _write_atomic(path, tensors, {"qkv": json.dumps(header, ensure_ascii=False)}, save_file)
+    return path
+
+
+def _write_atomic(path: Path, tensors, metadata, save_file) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(_dedupe_shared(tensors), tmp, metadata=metadata)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _dedupe_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied embeddings): store copies."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` returns."""
+
+    model: nn.Module
+    model_type: str
+    model_config: dict[str, Any]
+    tokenizers: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    optimizer_state: dict[str, Any] | None = None
+    rng: dict[str, Any] | None = None
+    path: Path | None = None
+
+
+def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint` (no pickle involved).
+
+    Raises:
+        CheckpointError: missing file, not safetensors, not a qkv checkpoint, or weights
+            that do not fit the model its config describes (one line naming the file).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        with safe_open(str(path), framework="pt", device=map_location) as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a safetensors checkpoint ({err})") from None
+    try:
+        header = json.loads(meta["qkv"])
+        if header.get("format") != FORMAT:
+            raise KeyError("format")
+    except (KeyError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not a qkv checkpoint (no '{FORMAT}' header)") from None
+    try:
+        model = build_model(header["model_type"], header["model_config"])
+        weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+        model.load_state_dict(weights, strict=True)
+    except (ValueError, RuntimeError, KeyError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+    return Checkpoint(
+        model=model,
+        model_type=header["model_type"],
+        model_config=header["model_config"],
+        tokenizers=header.get("tokenizers", {}),
+        extra=header.get("extra", {}),
+        optimizer_state=_optimizer_state(header, tensors),
+        rng={"torch": tensors["rng.torch"], "python": header["rng_python"]}
+        if "rng.torch" in tensors
+        else None,
+        path=path,
+    )
+
+
+def _optimizer_state(header: dict, tensors: dict) -> dict | None:
+    if "optimizer" not in header:
+        return None
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, pid, key = name.split(".", 2)
+            state.setdefault(int(pid), {})[key] = value
+    return {"state": state, "param_groups": header["optimizer"]["param_groups"]}

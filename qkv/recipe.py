@@ -1,0 +1,276 @@
+"""A training recipe: data, tokenizers, model and optimisation in one validated config.
+
+YAML is read only by the command line (:func:`load_yaml`); everything below it takes the
+frozen :class:`Recipe`. Unknown keys and impossible values are :class:`ConfigError` s that
+name the key, e.g. ``train.lr: must be > 0``.
+
+.. code-block:: yaml
+
+    name: toy-transformer
+    data: {kind: toy, n_train: 6000}
+    tokenizer: {kind: word}
+    model: {type: transformer, d_model: 128, num_heads: 4}
+    train: {steps: 1500, max_tokens: 2048, lr: 0.001}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "OptimConfig",
+    "Recipe",
+    "TokenizerConfig",
+    "apply_overrides",
+    "load_yaml",
+    "recipe_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the sentence pairs come from.
+
+    ``kind: toy`` generates the built-in Korean→English corpus; ``kind: files`` reads
+    aligned files (``train: [SRC, TGT]``, same for ``valid`` and ``test``); ``kind: tsv``
+    reads one tab-separated file (Tatoeba's format) and splits off valid/test sets.
+    """
+
+    kind: str = "toy"
+    n_train: int = 8000
+    n_valid: int = 300
+    n_test: int = 300
+    min_len: int = 2
+    max_len: int = 12
+    seed: int = 0
+    train: tuple[str, ...] = ()
+    valid: tuple[str, ...] = ()
+    test: tuple[str, ...] = ()
+    path: str = ""
+    src_column: int = 1
+    tgt_column: int = 0
+    max_tokens: int = 100
+    max_ratio: float = 3.0
+
+    def __post_init__(self) -> None:
+        _choice(self, "kind", ("toy", "files", "tsv"))
+        for name in ("n_train", "n_valid", "n_test", "min_len", "max_len", "max_tokens"):
+            _positive(self, name, allow_zero=name in ("n_valid", "n_test"))
+        if self.kind == "files":
+            for name in ("train", "valid"):
+                if len(getattr(self, name)) != 2:
+                    raise ConfigError(f"data.{name}: give two files [SOURCE, TARGET]")
+        if self.kind == "tsv" and not self.path:
+            raise ConfigError("data.path: a TSV file is needed for kind 'tsv'")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """``kind``: ``word``, ``char`` or ``bpe``; ``joint``: one vocabulary for both sides."""
+
+    kind: str = "word"
+    vocab_size: int = 8000
+    joint: bool = False
+
+    def __post_init__(self) -> None:
+        _choice(self, "kind", ("word", "char", "bpe"))
+        _positive(self, "vocab_size")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimisation: AdamW, warmup then ``inverse_sqrt`` / ``cosine`` / ``constant``."""
+
+    steps: int = 2000
+    max_tokens: int = 2048
+    accumulate: int = 1
+    lr: float = 1e-3
+    warmup: int = 200
+    schedule: str = "inverse_sqrt"
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    bf16: bool = False
+    eval_every: int = 250
+    save_every: int = 250
+    patience: int = 0
+    valid_bleu_sentences: int = 300
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 0
+    max_seconds: float = 0.0  # stop (and checkpoint) after this much training time; 0 = none
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "max_tokens", "accumulate", "eval_every", "save_every"):
+            _positive(self, name)
+        for name in ("warmup", "patience", "valid_bleu_sentences", "threads", "max_seconds"):
+            _positive(self, name, allow_zero=True)
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(
+                f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}"
+            )
+        _choice(self, "schedule", ("inverse_sqrt", "cosine", "constant"), section="train")
+        _choice(self, "device", ("auto", "cpu", "cuda"), section="train")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a training run needs. ``model`` holds ``type`` plus the model config."""
+
+    name: str = "run"
+    out: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: dict = field(default_factory=lambda: {"type": "transformer"})
+    train: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        check_model_section(self.model)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out or f"runs/{self.name}")
+
+
+def check_model_section(model: dict) -> None:
+    """Validate the model section now (with placeholder vocabulary sizes)."""
+    from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+
+    kinds = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
+    if not isinstance(model, dict) or model.get("type") not in kinds:
+        raise ConfigError("model.type: must be 'transformer' or 'rnn'")
+    fields = {k: v for k, v in model.items() if k != "type"}
+    for reserved in ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
+        if reserved in fields:
+            raise ConfigError(f"model.{reserved}: set from the tokenizer, do not give it")
+    try:
+        kinds[model["type"]].from_dict(
+            {
+                **fields,
+                "src_vocab_size": 8,
+                "tgt_vocab_size": 8,
+                "pad_id": 0,
+                "bos_id": 2,
+                "eos_id": 3,
+            }
+        )
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from None
+
+
+def recipe_from_dict(d: dict) -> Recipe:
+    """Build a :class:`Recipe` from nested dicts (as read from YAML)."""
+    return _build(Recipe, d, "")
+
+
+def _build(cls, d: Any, where: str):
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(d).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in d:
+        if key not in known:
+            raise ConfigError(f"{where}{key}: unknown key; known: {', '.join(sorted(known))}")
+    kwargs = {}
+    for key, value in d.items():
+        kwargs[key] = _convert(hints[key], value, f"{where}{key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: {err}") from None
+
+
+def _convert(hint, value, where: str):
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where + ".")
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(value)
+    if origin in (typing.Union, types.UnionType) or hint is Any or origin is dict or hint is dict:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and (
+        not isinstance(value, hint) or (hint is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def _choice(obj, name: str, choices, section: str | None = None) -> None:
+    if getattr(obj, name) not in choices:
+        where = f"{section or _section(obj)}.{name}"
+        raise ConfigError(
+            f"{where}: must be one of {', '.join(map(repr, choices))}, got {getattr(obj, name)!r}"
+        )
+
+
+def _positive(obj, name: str, allow_zero: bool = False) -> None:
+    value = getattr(obj, name)
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(
+            f"{_section(obj)}.{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value}"
+        )
+
+
+def _section(obj) -> str:
+    return {"DataConfig": "data", "TokenizerConfig": "tokenizer", "OptimConfig": "train"}.get(
+        type(obj).__name__, type(obj).__name__
+    )
+
+
+def apply_overrides(d: dict, overrides: list[str]) -> dict:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a nested dict copy."""
+    import copy
+
+    import yaml
+
+    d = copy.deepcopy(d)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        key, raw = item.split("=", 1)
+        node = d
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return d
+
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read a YAML recipe, apply ``--set`` overrides and validate it."""
+    import yaml
+
+    path = Path(path)
+    try:
+        d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    try:
+        return recipe_from_dict(apply_overrides(d, overrides or []))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None

@@ -1,0 +1,364 @@
+"""One readable training loop for every seq2seq model.
+
+AdamW with warmup then an inverse-square-root or cosine schedule (Vaswani et al. 2017),
+label-smoothed cross-entropy (Szegedy et al. 2016), gradient clipping and accumulation,
+optional bf16 autocast, validation loss and sacreBLEU every ``eval_every`` steps, the
+best checkpoint kept, early stopping, a progress bar and a JSON-lines log. Training
+resumes exactly: the checkpoint holds the optimiser, the RNG states and the position in
+the epoch's batch order, so an interrupted run continues with the same losses. Under
+``torchrun`` it trains data-parallel with ``DistributedDataParallel`` (gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.data.batching import TokenBatcher, collate
+from qkv.data.prepare import Prepared, prepare
+from qkv.distributed import Dist
+from qkv.evaluate import bleu, translate_texts
+from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from qkv.recipe import ConfigError, Recipe, load_yaml
+
+__all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """Where the run ended and how good its best checkpoint is."""
+
+    out_dir: Path
+    steps: int
+    best_bleu: float
+    best_step: int
+    last_valid_loss: float
+    seconds: float
+    target_tokens_per_s: float
+
+
+@dataclass
+class _State:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_bleu: float = -1.0
+    best_step: int = 0
+    bad_evals: int = 0
+    valid_loss: float = float("nan")
+
+
+def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
+    """The recipe's model, with vocabulary sizes and special ids from the tokenizers."""
+    from qkv.models.checkpoint import build_model
+
+    fields = {k: v for k, v in recipe.model.items() if k != "type"}
+    src, tgt = data.src_tok, data.tgt_tok
+    fields.update(
+        src_vocab_size=src.vocab_size,
+        tgt_vocab_size=tgt.vocab_size,
+        pad_id=tgt.pad_id,
+        bos_id=tgt.bos_id,
+        eos_id=tgt.eos_id,
+    )
+    if recipe.model["type"] == "transformer" and src is tgt:
+        fields.setdefault("share_vocab", True)
+    return build_model(recipe.model["type"], fields)
+
+
+def make_schedule(
+    optimizer: torch.optim.Optimizer, cfg, start_step: int = 0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then ``inverse_sqrt`` (``lr * sqrt(warmup / step)``), ``cosine``
+    (to ``min_lr`` at ``steps``) or ``constant``; positioned at ``start_step``."""
+    warmup, total, floor = max(cfg.warmup, 1), cfg.steps, cfg.min_lr / cfg.lr
+
+    def factor(step: int) -> float:
+        step = step + 1  # the factor for the update about to be made
+        if step <= warmup:
+            return step / warmup
+        if cfg.schedule == "inverse_sqrt":
+            return math.sqrt(warmup / step)
+        if cfg.schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(total - warmup, 1))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if start_step:  # resuming: the learning rate of the next update, as the schedule gives it
+        schedule.last_epoch = start_step
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * factor(start_step)
+    return schedule
+
+
+def _loss(model: nn.Module, batch, smoothing: float, pad_id: int) -> tuple[torch.Tensor, int]:
+    """Summed label-smoothed cross-entropy over real target tokens, and their count."""
+    logits, _ = model(batch.src, batch.tgt_in, need_weights=False)  # (B, T, V)
+    loss = F.cross_entropy(
+        logits.float().flatten(0, 1),
+        batch.tgt_out.flatten(),
+        ignore_index=pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+    return loss, batch.num_target_tokens
+
+
+@torch.no_grad()
+def validate(model: nn.Module, data: Prepared, recipe: Recipe, device) -> tuple[float, float]:
+    """Per-token validation loss (no smoothing) and greedy sacreBLEU on valid sentences."""
+    model.eval()
+    total, tokens = 0.0, 0
+    batcher = _batcher(data, data.valid_examples, recipe, shuffle=False)
+    for batch in batcher.epoch(0):
+        loss, n = _loss(model, batch.to(device), 0.0, data.tgt_tok.pad_id)
+        total, tokens = total + loss.item(), tokens + n
+    pairs = data.valid[: recipe.train.valid_bleu_sentences]
+    hyps = translate_texts(model, data.src_tok, data.tgt_tok, [s for s, _ in pairs])
+    score = bleu([h[0].text for h in hyps], [t for _, t in pairs]).score if pairs else 0.0
+    model.train()
+    return total / max(tokens, 1), score
+
+
+def _batcher(data: Prepared, examples, recipe: Recipe, shuffle: bool, dist: Dist | None = None):
+    tok = data.tgt_tok
+    return TokenBatcher(
+        examples,
+        recipe.train.max_tokens,
+        shuffle=shuffle,
+        seed=recipe.train.seed,
+        pad_id=tok.pad_id,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+        rank=dist.rank if dist else 0,
+        world_size=dist.world_size if dist else 1,
+    )
+
+
+def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> TrainResult:
+    """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``."""
+    cfg = recipe.train
+    dist = Dist.from_env(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = recipe.out_dir
+    data = prepare(recipe)
+    torch.manual_seed(cfg.seed)
+    model = build_model_for(recipe, data).to(dist.device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=1e-9,
+        weight_decay=cfg.weight_decay,
+    )
+    state = _State()
+    if resume and (out / "last.safetensors").exists():
+        state = _restore(out / "last.safetensors", model, optimizer)
+    schedule = make_schedule(optimizer, cfg, state.step)
+    wrapped = dist.wrap(model)
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        _trim_log(out / "log.jsonl", state.step)
+    loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
+    return loop.run(progress and dist.is_main)
+
+
+class _Loop:
+    """The training loop proper, split in small steps."""
+
+    def __init__(self, recipe, data, model, wrapped, optimizer, schedule, state, dist):
+        self.recipe, self.cfg, self.data = recipe, recipe.train, data
+        self.model, self.wrapped, self.optimizer, self.schedule = (
+            model,
+            wrapped,
+            optimizer,
+            schedule,
+        )
+        self.state, self.dist, self.out = state, dist, recipe.out_dir
+        self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
+        self.tokens_seen, self.started = 0, time.perf_counter()
+
+    def batches(self):
+        """Batches from the saved position on, epoch after epoch (order fixed by the seed)."""
+        while True:
+            order = self.batcher.batch_indices(self.state.epoch)
+            if not order:
+                raise ConfigError("the training set is empty after filtering")
+            while self.state.batch_in_epoch < len(order):
+                idx = order[self.state.batch_in_epoch]
+                self.state.batch_in_epoch += 1
+                yield collate(self.batcher.examples, idx, **self.batcher.special).to(
+                    self.dist.device
+                )
+            self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+
+    def run(self, show: bool) -> TrainResult:
+        from qkv.progress import TrainingProgress
+
+        self.model.train()
+        stream = self.batches()
+        with TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar:
+            while self.state.step < self.cfg.steps:
+                loss, tokens = self.update(stream)
+                self.state.step += 1
+                self.tokens_seen += tokens
+                rate = self.tokens_seen / (time.perf_counter() - self.started)
+                bar.update(self.state.step, loss=loss, tokens_per_s=rate)
+                self.log(
+                    {
+                        "step": self.state.step,
+                        "loss": loss,
+                        "target_tokens": tokens,
+                        "lr": self.schedule.get_last_lr()[0],
+                        "tokens_per_s": rate,
+                    }
+                )
+                if self.after_step() == "stop":
+                    break
+        return self.result()
+
+    def update(self, stream) -> tuple[float, int]:
+        """One optimiser step over ``accumulate`` batches; returns per-token loss and tokens."""
+        cfg, pad = self.cfg, self.data.tgt_tok.pad_id
+        total, tokens = torch.zeros((), dtype=torch.float64), 0
+        for micro in range(cfg.accumulate):
+            batch = next(stream)
+            last = micro == cfg.accumulate - 1
+            with (
+                self.dist.no_sync(self.wrapped, last),
+                torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=cfg.bf16),
+            ):
+                loss, n = _loss(self.wrapped, batch, cfg.label_smoothing, pad)
+            (loss / n / cfg.accumulate).backward()
+            total, tokens = total + loss.detach().double() / n, tokens + n
+        if cfg.clip_norm > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        mean_loss = self.dist.mean(total / cfg.accumulate)
+        return mean_loss, self.dist.sum_int(tokens)
+
+    def after_step(self) -> str | None:
+        cfg, st = self.cfg, self.state
+        out_of_time = self.dist.broadcast_flag(
+            cfg.max_seconds > 0 and time.perf_counter() - self.started > cfg.max_seconds
+        )
+        last = st.step == cfg.steps or out_of_time
+        verdict = "stop" if out_of_time else None
+        if st.step % cfg.eval_every == 0 or last:
+            verdict = self.evaluate() or verdict
+        if st.step % cfg.save_every == 0 or last or verdict == "stop":
+            self.save("last.safetensors")
+        return verdict
+
+    def evaluate(self) -> str | None:
+        st = self.state
+        if self.dist.is_main:
+            st.valid_loss, score = validate(self.model, self.data, self.recipe, self.dist.device)
+            improved = score > st.best_bleu
+            if improved:
+                st.best_bleu, st.best_step, st.bad_evals = score, st.step, 0
+                self.save("best.safetensors")
+            else:
+                st.bad_evals += 1
+            self.log(
+                {
+                    "step": st.step,
+                    "valid_loss": st.valid_loss,
+                    "valid_bleu": score,
+                    "best_bleu": st.best_bleu,
+                }
+            )
+        stop = self.cfg.patience > 0 and st.bad_evals >= self.cfg.patience
+        return "stop" if self.dist.broadcast_flag(stop) else None
+
+    def save(self, name: str) -> None:
+        if not self.dist.is_main:
+            return
+        st = self.state
+        extra = {"train": {k: getattr(st, k) for k in vars(st)}, "recipe": self.recipe_dict()}
+        tokenizers = {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
+        save_checkpoint(
+            self.out / name,
+            self.model,
+            tokenizers=tokenizers,
+            optimizer=self.optimizer,
+            rng=rng_state(),
+            extra=extra,
+        )
+
+    def recipe_dict(self) -> dict:
+        import dataclasses
+
+        return json.loads(json.dumps(dataclasses.asdict(self.recipe), default=list))
+
+    def log(self, row: dict) -> None:
+        if self.dist.is_main:
+            with open(self.out / "log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def result(self) -> TrainResult:
+        seconds = time.perf_counter() - self.started
+        st = self.state
+        return TrainResult(
+            self.out,
+            st.step,
+            st.best_bleu,
+            st.best_step,
+            st.valid_loss,
+            seconds,
+            self.tokens_seen / max(seconds, 1e-9),
+        )
+
+
+def _restore(path: Path, model: nn.Module, optimizer) -> _State:
+    ckpt = load_checkpoint(path)
+    model.load_state_dict(ckpt.model.state_dict())
+    if ckpt.optimizer_state is not None:
+        optimizer.load_state_dict(ckpt.optimizer_state)
+    if ckpt.rng is not None:
+        restore_rng(ckpt.rng)
+    saved = ckpt.extra.get("train", {})
+    return _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """On resume, drop log rows written after the checkpoint's step."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if json.loads(r).get("step", 0) <= step] if step else []
+    path.write_text("".join(r + "\n" for r in kept))
+
+
+def run_cli(args) -> int:
+    """``qkv train CONFIG.yaml [--set key=value ...] [--resume]``."""
+    from qkv.cli import UserError
+    from qkv.data.corpus import CorpusError
+    from qkv.models.checkpoint import CheckpointError
+
+    try:
+        overrides = list(args.set) + ([f"out={args.out}"] if args.out else [])
+        recipe = load_yaml(args.config, overrides)
+        result = train(recipe, resume=args.resume)
+    except (ConfigError, CorpusError, CheckpointError) as err:
+        raise UserError(str(err)) from None
+    print(
+        f"trained {result.steps} steps in {result.seconds:.0f} s "
+        f"({result.target_tokens_per_s:.0f} target tokens/s); best valid BLEU "
+        f"{result.best_bleu:.2f} at step {result.best_step}; checkpoints in {result.out_dir}"
+    )
+    return 0

@@ -1,0 +1,237 @@
+"""Training: configs, checkpoints, exact resume (also after SIGKILL), data parallel, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from qkv.models.checkpoint import CheckpointError, load_checkpoint
+from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
+from qkv.train import train
+
+TINY = {
+    "name": "tiny",
+    "data": {"kind": "toy", "n_train": 400, "n_valid": 20, "n_test": 20, "max_len": 6},
+    "tokenizer": {"kind": "word"},
+    "model": {
+        "type": "transformer",
+        "d_model": 32,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "ff_dim": 64,
+        "dropout": 0.1,
+    },
+    "train": {
+        "steps": 12,
+        "max_tokens": 300,
+        "lr": 0.003,
+        "warmup": 4,
+        "eval_every": 100,
+        "save_every": 4,
+        "valid_bleu_sentences": 10,
+        "threads": 1,
+    },
+}
+
+
+def _recipe(tmp_path: Path, **train_overrides):
+    d = json.loads(json.dumps(TINY))
+    d["out"] = str(tmp_path)
+    d["train"].update(train_overrides)
+    return recipe_from_dict(d)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_unknown_keys_and_bad_values_name_the_key():
+    with pytest.raises(ConfigError, match="train.lrr: unknown key"):
+        recipe_from_dict({"train": {"lrr": 1}})
+    with pytest.raises(ConfigError, match="train.lr: must be > 0"):
+        recipe_from_dict({"train": {"lr": -1.0}})
+    with pytest.raises(ConfigError, match="model: .*num_heads"):
+        recipe_from_dict({"model": {"type": "transformer", "d_model": 30, "num_heads": 4}})
+    with pytest.raises(ConfigError, match="model.type"):
+        recipe_from_dict({"model": {"type": "lstm"}})
+    with pytest.raises(ConfigError, match="data.kind"):
+        recipe_from_dict({"data": {"kind": "web"}})
+    with pytest.raises(ConfigError, match="train.steps: expected int"):
+        recipe_from_dict({"train": {"steps": "many"}})
+
+
+def test_yaml_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    r = load_yaml(path, ["train.lr=0.5", "model.d_model=64", "name=other"])
+    assert r.train.lr == 0.5 and r.model["d_model"] == 64 and r.name == "other"
+    with pytest.raises(ConfigError, match="c.yaml: train.nope: unknown key"):
+        load_yaml(path, ["train.nope=1"])
+
+
+def test_training_reduces_loss_and_checkpoint_round_trips(tmp_path):
+    result = train(_recipe(tmp_path, steps=30, eval_every=30), progress=False)
+    losses = _losses(tmp_path)
+    assert losses[30] < 0.8 * losses[1]
+    assert result.best_step == 30
+    ckpt = load_checkpoint(tmp_path / "last.safetensors")
+    assert ckpt.extra["train"]["step"] == 30 and set(ckpt.tokenizers) == {"src", "tgt"}
+    assert ckpt.optimizer_state is not None and ckpt.rng is not None
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
+    with open(tmp_path / "last.safetensors", "rb") as f:  # safetensors, not a pickle/zip
+        n = int.from_bytes(f.read(8), "little")
+        assert json.loads(f.read(n))["__metadata__"]["qkv"]
+
+
+def test_resume_continues_with_identical_losses(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(_recipe(full), progress=False)
+    train(_recipe(part, steps=8), progress=False)  # stops (and saves) at step 8
+    train(_recipe(part), resume=True, progress=False)
+    assert _losses(part) == _losses(full)
+
+
+def test_resume_after_sigkill_between_checkpoints(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    train(_recipe(full, steps=16), progress=False)
+    config = tmp_path / "tiny.yaml"
+    d = json.loads(json.dumps(TINY))
+    d["train"]["steps"] = 16
+    config.write_text(yaml.safe_dump(d))
+    cmd = [sys.executable, "-m", "qkv", "train", str(config), "--out", str(killed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until step 6 is logged: past checkpoint 4, before 8
+        log = killed / "log.jsonl"
+        if log.exists() and any(
+            json.loads(x).get("step", 0) >= 6 for x in log.read_text().split("\n") if x.strip()
+        ):
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step = load_checkpoint(killed / "last.safetensors").extra["train"]["step"]
+    assert step % 4 == 0 and step < 16
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert _losses(killed) == _losses(full)
+
+
+@pytest.mark.slow
+def test_two_process_data_parallel_matches_one_process_with_double_batch(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    d = json.loads(json.dumps(TINY))
+    d["train"].update(steps=6, save_every=100)
+    d["model"]["dropout"] = 0.0  # dropout masks cannot match across a different process layout
+    config.write_text(yaml.safe_dump(d))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = [
+        sys.executable,
+        "-m",
+        "qkv",
+        "train",
+        str(config),
+        "--out",
+        str(tmp_path / "one"),
+        "--set",
+        "train.accumulate=2",
+    ]
+    two = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "qkv",
+        "train",
+        str(config),
+        "--out",
+        str(tmp_path / "two"),
+    ]
+    for cmd in (one, two):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4)
+
+
+def _run_cli(*args, stdin: str = ""):
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *args], input=stdin, capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("train: [1, 2", "not valid YAML"),
+        ("train: {lrr: 1}", "train.lrr: unknown key"),
+        ("data: {kind: files, train: [a.de, a.en], valid: [b.de, b.en]}", "a.de"),
+    ],
+    ids=["yaml", "unknown-key", "missing-corpus"],
+)
+def test_train_cli_bad_input_exits_2(tmp_path, content, match):
+    config = tmp_path / "bad.yaml"
+    config.write_text(content)
+    proc = _run_cli("train", str(config), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and match in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_translate_and_evaluate_cli(tmp_path):
+    train(_recipe(tmp_path, steps=4), progress=False)
+    ckpt = tmp_path / "last.safetensors"
+    proc = _run_cli(
+        "translate",
+        str(ckpt),
+        "--beam",
+        "3",
+        "--n-best",
+        "2",
+        stdin="고양이가 쥐를 잡았다\n개가 잤다\n",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("0\t") and lines[1].startswith("1\t")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    proc = _run_cli("translate", str(bad), stdin="x\n")
+    assert proc.returncode == 2 and "not a safetensors checkpoint" in proc.stderr
+    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
+    src.write_text("고양이가 쥐를 잡았다\n")
+    ref.write_text("the cat caught the mouse\n")
+    proc = _run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "BLEU = " in proc.stdout and "nrefs:1" in proc.stdout and "chrF = " in proc.stdout
+
+
+def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    train(_recipe(tmp_path, steps=2), progress=False)
+    path = tmp_path / "last.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    tensors.pop(next(k for k in tensors if k.startswith("model.")))
+    save_file(tensors, tmp_path / "broken.safetensors", metadata=meta)
+    with pytest.raises(CheckpointError, match="broken.safetensors: weights do not fit"):
+        load_checkpoint(tmp_path / "broken.safetensors")
+    assert torch.load is not None  # the loader never calls torch.load (no pickle)
