@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/qkv walkthrough "Sally likes Sam" --heads 2 --dim 8 --no-positions
+	$(VENV)/bin/qkv demo
 
 test: setup
 	$(PY) -m pytest -q

@@ -5,7 +5,6 @@ Run: ``python benchmarks/attention.py [--quick] [--out DIR]`` or ``qkv bench att
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import qkv  # noqa: E402
-from benchmarks.common import format_table, measure, peak_rss_mib, result, write  # noqa: E402
+from benchmarks.common import cli, measure, peak_rss_mib, report, result  # noqa: E402
 
 B, H, D = 4, 8, 64
 
@@ -134,15 +133,8 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     ts = [128, 512] if quick else [128, 512, 2048]
     rows = functional_rows(ts) + module_rows(ts) + memory_rows(2048 if quick else 8192)
     notes = f"CPU fp32, B={B}, H={H}, D={D} (E={H * D} for the modules); median of ≤5 runs."
-    path = write(out_dir, "attention", rows, notes=notes)
-    print(format_table(rows))
-    print(f"written to {path}")
-    return {"rows": rows, "path": str(path)}
+    return report(out_dir, "attention", rows, notes=notes)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results", type=Path)
-    args = ap.parse_args()
-    run(args.out, args.quick)
+    cli(run, __doc__)

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["machine", "measure", "peak_rss_mib", "result", "write", "render_markdown"]
+__all__ = [
+    "cli",
+    "machine",
+    "measure",
+    "peak_rss_mib",
+    "render_markdown",
+    "report",
+    "result",
+    "write",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,3 +206,22 @@ def render_markdown(results_dir: Path) -> str:
             parts.append(doc["notes"] + "\n")
         parts.append(format_table(doc["results"]) + "\n")
     return "\n".join(parts)
+
+
+def report(out_dir: Path, name: str, rows: list[dict], *, notes: str = "") -> dict:
+    """Write ``out_dir/NAME.json``, print the table, and return rows and path."""
+    path = write(out_dir, name, rows, notes=notes)
+    print(format_table(rows))
+    print(f"written to {path}")
+    return {"rows": rows, "path": str(path)}
+
+
+def cli(run: Callable[..., dict], doc: str | None) -> None:
+    """The command line every benchmark script shares: ``[--quick] [--out DIR]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    ap.add_argument("--out", default="benchmarks/results", type=Path)
+    args = ap.parse_args()
+    run(args.out, args.quick)

@@ -13,7 +13,6 @@ Run: ``python benchmarks/models.py [--quick] [--out DIR]`` or ``qkv bench models
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -29,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import format_table, measure, result, write  # noqa: E402
+from benchmarks.common import cli, measure, report, result  # noqa: E402
 from qkv.models import GPT, BertModel, encode, load_tokenizer, minilm_path  # noqa: E402
 
 NEWS = Path(__file__).resolve().parents[2] / "shared/data/ko-en/ntrex128/newstest2019-src.eng.txt"
@@ -157,15 +156,8 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     notes = (f"CPU fp32, {torch.get_num_threads()} torch threads; median wall time of up "
              "to 5 runs, qkv and peer in turns; ratio = qkv time / peer time (below 1 = qkv "
              f"faster). Load average at the end: {load}.")  # fmt: skip
-    path = write(out_dir, "models", rows, notes=notes)
-    print(format_table(rows))
-    print(f"written to {path}")
-    return {"rows": rows, "path": str(path)}
+    return report(out_dir, "models", rows, notes=notes)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results", type=Path)
-    args = ap.parse_args()
-    run(args.out, args.quick)
+    cli(run, __doc__)

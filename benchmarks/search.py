@@ -14,7 +14,6 @@ Run: ``python benchmarks/search.py [--quick] [--out DIR]`` or ``qkv bench search
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import format_table, measure, result, write  # noqa: E402
+from benchmarks.common import cli, measure, report, result  # noqa: E402
 from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig  # noqa: E402
 from qkv.models.seq2seq_rnn import RNNSeq2Seq  # noqa: E402
 from qkv.models.seq2seq_transformer import TransformerSeq2Seq  # noqa: E402
@@ -118,15 +117,9 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
         f"(width {128 if quick else 256}), EOS suppressed until {TARGET_LEN} tokens, "
         f"length penalty 0.6, batches of {batch} sentences. Times are totals for all sentences."
     )
-    path = write(out_dir, "search", rows, notes=notes)
-    print(format_table(rows))
-    print(f"KV cache speed-up: {recomputed / cached:.1f}x; written to {path}")
-    return {"rows": rows, "path": str(path)}
+    print(f"KV cache speed-up: {recomputed / cached:.1f}x")
+    return report(out_dir, "search", rows, notes=notes)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results", type=Path)
-    args = ap.parse_args()
-    run(args.out, args.quick)
+    cli(run, __doc__)

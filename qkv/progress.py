@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TrainingProgress"]
+__all__ = ["LogProgress", "TrainingProgress"]
 
 
 class TrainingProgress:
@@ -46,4 +46,58 @@ class TrainingProgress:
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
+            self._progress.stop()
+
+
+class LogProgress:
+    """Progress of runs in other processes, read from their JSON-lines logs.
+
+    Args:
+        logs: run name -> its ``log.jsonl``.
+        limits: run name -> its time budget in seconds (the bar's total), 0 for none.
+    """
+
+    def __init__(self, logs: dict, limits: dict, *, enabled: bool = True):
+        self.logs, self.limits, self.enabled = logs, limits, enabled
+        self._progress, self._tasks, self._start = None, {}, 0.0
+
+    def __enter__(self) -> LogProgress:
+        import time
+
+        self._start = time.perf_counter()
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description:12s}"),
+                BarColumn(),
+                TextColumn("step {task.fields[step]:>5}  loss {task.fields[loss]:.3f}"),
+                TimeElapsedColumn(),
+            )
+            self._progress.start()
+            for name, limit in self.limits.items():
+                self._tasks[name] = self._progress.add_task(
+                    name, total=limit or None, step=0, loss=float("nan")
+                )
+        return self
+
+    def refresh(self) -> None:
+        import json
+        import time
+
+        if self._progress is None:
+            return
+        elapsed = time.perf_counter() - self._start
+        for name, path in self.logs.items():
+            step, loss = 0, float("nan")
+            if path.exists():
+                rows = [r for r in path.read_text().splitlines()[-5:] if '"loss"' in r]
+                if rows:
+                    last = json.loads(rows[-1])
+                    step, loss = last["step"], last["loss"]
+            self._progress.update(self._tasks[name], completed=elapsed, step=step, loss=loss)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self.refresh()
             self._progress.stop()
