@@ -26,8 +26,9 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
         k = k.repeat_interleave(req.groups, dim=1)  # (B, H, Tk, D)
         v = v.repeat_interleave(req.groups, dim=1)  # (B, H, Tk, Dv)
 
-    # 1) compare every query with every key: (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk)
-    scores = torch.matmul(q, k.transpose(-2, -1)) * req.scale
+    # 1) compare every query with every key: (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk).
+    #    Scaling q first touches Tq*D numbers instead of Tq*Tk.
+    scores = torch.matmul(q * req.scale, k.transpose(-2, -1))
 
     # 2) hide what may not be seen: boolean masks remove keys, float masks are added.
     mask = req.full_mask()
