@@ -1,0 +1,83 @@
+"""The lab: experiments that measure each claim the attention story makes.
+
+``qkv lab NAME [--quick] [--out DIR]`` runs one experiment, writes ``result.json`` (every
+number, the config, the seeds, the versions) and its figures into ``DIR`` (default
+``runs/lab/NAME``) and prints a short table. ``--quick`` is a small setting that finishes in
+well under a minute and is what the tests run; the claims themselves (``docs/claims.md``)
+come from full runs.
+
+=============  ==============================================================
+name           claim
+=============  ==============================================================
+bottleneck     one context vector fails on long sentences; attention does not
+gradients      gradients vanish/explode through a recurrence, not through attention
+parallelism    recurrence is sequential in the length; self-attention is not
+word-order     without positions self-attention ignores word order
+heads          different heads look at different things
+alignment      a decoder query finds the related source words
+=============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from pathlib import Path
+
+from qkv.lab.common import LabRun, Table, print_table, write_result
+
+__all__ = ["EXPERIMENTS", "run_experiment", "run_cli"]
+
+log = logging.getLogger(__name__)
+
+# name on the command line -> module with ``run(out, quick) -> LabRun`` and ``table(run)``
+EXPERIMENTS: dict[str, str] = {
+    "bottleneck": "qkv.lab.bottleneck",
+    "gradients": "qkv.lab.gradients",
+    "parallelism": "qkv.lab.parallelism",
+    "word-order": "qkv.lab.word_order",
+    "heads": "qkv.lab.heads",
+    "alignment": "qkv.lab.alignment",
+}
+
+
+def run_experiment(name: str, out: Path | None = None, *, quick: bool = False) -> LabRun:
+    """Run experiment ``name``, write ``result.json`` and its figures into ``out``.
+
+    Raises:
+        KeyError: for an unknown name.
+    """
+    if name not in EXPERIMENTS:
+        raise KeyError(name)
+    out = Path(out) if out is not None else Path("runs/lab") / name
+    out.mkdir(parents=True, exist_ok=True)
+    module = importlib.import_module(EXPERIMENTS[name])
+    started = time.perf_counter()
+    run = module.run(out, quick=quick)
+    write_result(out, run, time.perf_counter() - started)
+    return run
+
+
+def table(run: LabRun) -> Table:
+    """The short table of a finished run."""
+    return importlib.import_module(EXPERIMENTS[run.name]).table(run)
+
+
+def run_cli(args) -> int:
+    """``qkv lab NAME [--quick] [--out DIR]``."""
+    from qkv.cli import UserError
+
+    name = args.name.replace("_", "-")
+    if name not in EXPERIMENTS:
+        raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(EXPERIMENTS)}")
+    out = Path(args.out) if args.out else Path("runs/lab") / name
+    try:
+        run = run_experiment(name, out, quick=args.quick)
+    except FileNotFoundError as err:
+        raise UserError(str(err)) from None
+    print_table(table(run))
+    if run.verdict:
+        print(run.verdict)
+    print(f"result.json and {len(run.figures)} figure(s) in {out}/")
+    return 0

@@ -1,0 +1,232 @@
+"""Lab ``alignment``: a decoder query is compared with every source key; related words win.
+
+Claim:
+    When a translator emits a target word, its query is compared with the key of every
+    source word, and the softmax puts the weight on the source words that word translates,
+    even when the word order differs (Korean is subject–object–verb, English
+    subject–verb–object), so attention recovers a word alignment nobody taught it.
+
+Method:
+    Train Korean→English translators on the toy corpus (whitespace words, the ``word``
+    tokenizer, so tokens are words): RNNs with Bahdanau, Luong global and Luong local-p
+    attention, and a Transformer. Feed each held-out pair with teacher forcing and, for
+    every English word, take the source word with the largest attention weight. Score
+    these links against the grammar's gold alignment with the alignment error rate (Och &
+    Ney 2003; every gold link is "sure"): :math:`AER = 1 - 2|A \\cap S| / (|A| + |S|)`.
+    For the Transformer, every (layer, head) of the cross-attention, the mean of the last
+    layer and the mean of all maps are scored; the best (layer, head) is chosen on the
+    validation pairs and reported on the test pairs. Baselines: the monotonic diagonal
+    (the :math:`j`-th of ``T`` target words links to source word
+    :math:`\\mathrm{round}(j (S-1)/(T-1))`) and a uniformly random source word (expected AER).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkv.data.toy import ToyPair
+from qkv.lab.common import LabRun, Table, fonts_for, new_figure, save_figure, seed_all
+from qkv.lab.training import MODEL_FAMILIES, train_model, write_toy_corpus
+
+__all__ = ["Setting", "QUICK", "FULL", "aer", "attention_maps", "baselines", "run", "table"]
+
+log = logging.getLogger(__name__)
+
+SHOWN = ["고양이가 쥐를 잡았다"]  # plus the two longest test sentences of at most 10 words
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Corpus, models and training of one run."""
+
+    n_train: int
+    n_valid: int
+    n_test: int
+    min_len: int
+    max_len: int
+    models: tuple[str, ...]
+    embed: int
+    width: int
+    transformer_width: int
+    steps: int
+    max_seconds: float
+    max_tokens: int
+    lr: float
+    seed: int = 0
+
+
+QUICK = Setting(
+    n_train=2500, n_valid=40, n_test=100, min_len=2, max_len=8, models=("transformer",),
+    embed=32, width=64, transformer_width=64, steps=400, max_seconds=0, max_tokens=800, lr=3e-3,
+)  # fmt: skip
+FULL = Setting(n_train=12000, n_valid=200, n_test=500, min_len=2, max_len=12,
+               models=("rnn-bahdanau", "rnn-luong", "rnn-luong-local", "transformer"),
+               embed=64, width=128, transformer_width=128, steps=2000, max_seconds=150,
+               max_tokens=2000, lr=3e-3)  # fmt: skip
+
+
+def aer(predicted: list[set], gold: list[set]) -> float:
+    """Corpus alignment error rate with sure links only: ``1 - 2|A∩S| / (|A| + |S|)``."""
+    hit = sum(len(a & s) for a, s in zip(predicted, gold))
+    total = sum(len(a) + len(s) for a, s in zip(predicted, gold))
+    return 1.0 - 2.0 * hit / total
+
+
+def _argmax_links(weights: np.ndarray) -> set:
+    """Links (source, target) from the argmax source word of each target row ``(T, S)``."""
+    return {(int(i), j) for j, i in enumerate(weights.argmax(-1))}
+
+
+def baselines(pairs: list[ToyPair]) -> dict[str, float]:
+    """AER of the monotonic diagonal and (expected) of a uniformly random source word."""
+    gold = [set(p.alignment) for p in pairs]
+    diagonal, hit, total = [], 0.0, 0
+    for p in pairs:
+        s, t = len(p.ko.split()), len(p.en.split())
+        diagonal.append({(round(j * (s - 1) / max(t - 1, 1)), j) for j in range(t)})
+        links = {}
+        for i, j in p.alignment:
+            links.setdefault(j, set()).add(i)
+        hit += sum(len(v) / s for v in links.values())  # expected hits of a random link
+        total += t + len(p.alignment)
+    return {"diagonal": aer(diagonal, gold), "random (expected)": 1.0 - 2.0 * hit / total}
+
+
+@torch.no_grad()
+def attention_maps(trained, pairs: list[ToyPair], batch: int = 64) -> list[dict[str, np.ndarray]]:
+    """Teacher-forced cross-attention ``(T_en, S_ko)`` per pair, keyed by map name.
+
+    RNNs give one map (``attention``); a Transformer gives ``L{l}H{h}`` for every layer and
+    head, ``last-layer mean`` and ``all mean``. Row ``j`` is the attention while predicting
+    English word ``j``.
+    """
+    model, src_tok, tgt_tok = trained.model, trained.src_tok, trained.tgt_tok
+    out = []
+    for start in range(0, len(pairs), batch):
+        chunk = pairs[start : start + batch]
+        srcs = [src_tok.encode(p.ko) for p in chunk]
+        tgts = [[tgt_tok.bos_id, *tgt_tok.encode(p.en)] for p in chunk]
+        src = _pad(srcs, model.pad_id)
+        tgt = _pad(tgts, model.pad_id)
+        _, attn = model(src, tgt)
+        cross = torch.stack(attn.cross, 1)  # (B, L, H, T, S)
+        for b, (s, t) in enumerate(zip(srcs, tgts)):
+            maps = cross[b, :, :, : len(t) - 1, : len(s)].double().numpy()  # (L, H, T_en, S)
+            out.append(_named(maps))
+    return out
+
+
+def _named(maps: np.ndarray) -> dict[str, np.ndarray]:
+    n_layers, n_heads = maps.shape[:2]
+    if n_layers == 1 and n_heads == 1:
+        return {"attention": maps[0, 0]}
+    named = {f"L{l}H{h}": maps[l, h] for l in range(n_layers) for h in range(n_heads)}
+    named["last-layer mean"] = maps[-1].mean(0)
+    named["all mean"] = maps.mean((0, 1))
+    return named
+
+
+def _pad(rows: list[list[int]], pad: int) -> torch.Tensor:
+    longest = max(len(r) for r in rows)
+    return torch.tensor([r + [pad] * (longest - len(r)) for r in rows])
+
+
+def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, float]:
+    """Test AER of every map, and of the map that is best on the validation pairs."""
+    gold_v, gold_t = [set(p.alignment) for p in valid], [set(p.alignment) for p in test]
+    maps_v, maps_t = attention_maps(trained, valid), attention_maps(trained, test)
+    names = list(maps_t[0])
+    valid_aer = {n: aer([_argmax_links(m[n]) for m in maps_v], gold_v) for n in names}
+    test_aer = {n: aer([_argmax_links(m[n]) for m in maps_t], gold_t) for n in names}
+    best = min(valid_aer, key=valid_aer.get)
+    summary = {"best map (chosen on valid)": best, "aer_best": test_aer[best]}
+    summary["aer_averaged"] = test_aer["all mean" if "all mean" in test_aer else "attention"]
+    return {**summary, "aer_per_map": test_aer}
+
+
+def _heatmaps(trained_models: dict, sentences: list[str], out: Path) -> list[str]:
+    from qkv.evaluate import translate_texts
+    from qkv.viz import plot_alignment
+
+    paths = []
+    for k, text in enumerate(sentences):
+        with fonts_for([text]):
+            fig = new_figure(5.2 * len(trained_models), 5.0)
+            axes = np.atleast_1d(fig.subplots(1, len(trained_models)))
+            for ax, (name, tr) in zip(axes, trained_models.items()):
+                best = translate_texts(tr.model, tr.src_tok, tr.tgt_tok, [text])[0][0]
+                plot_alignment(best.alignment.numpy(), text.split(), best.target_labels,
+                               title=f"{name}\n→ {_wrap(best.text)}", ax=ax)  # fmt: skip
+            paths.append(save_figure(fig, out / f"alignment-{k + 1}.png"))
+    return paths
+
+
+def _wrap(text: str, width: int = 40) -> str:
+    """Break a long translation into lines for a subplot title."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def _shown(test: list[ToyPair]) -> list[str]:
+    longer = sorted((p for p in test if len(p.ko.split()) <= 10), key=lambda p: -len(p.ko.split()))
+    return SHOWN + [p.ko for p in longer[:2]]
+
+
+def run(out: Path, *, quick: bool = False) -> LabRun:
+    """Train the models, score their attention against the gold alignment, draw heatmaps."""
+    setting = QUICK if quick else FULL
+    seed_all(setting.seed)
+    data = out / "data"
+    splits = write_toy_corpus(data, (setting.n_train, setting.n_valid, setting.n_test),
+                              setting.min_len, setting.max_len, setting.seed)  # fmt: skip
+    optim = {"steps": setting.steps, "max_tokens": setting.max_tokens, "lr": setting.lr,
+             "warmup": min(200, setting.steps // 5), "label_smoothing": 0.1,
+             "max_seconds": setting.max_seconds, "seed": setting.seed}  # fmt: skip
+    models, trained, results = {}, {}, {}
+    for name in setting.models:
+        width = setting.transformer_width if name == "transformer" else setting.width
+        models[name] = MODEL_FAMILIES[name](width, setting.embed)
+        trained[name] = train_model(name, models[name], data, out / "models", optim)
+        results[name] = {**score_maps(trained[name], splits["valid"], splits["test"]),
+                         "parameters": trained[name].parameters, "steps": trained[name].steps,
+                         "train_seconds": trained[name].seconds}  # fmt: skip
+        log.info("%s: AER %.3f", name, results[name]["aer_best"])
+    base = baselines(splits["test"])
+    figures = _heatmaps(trained, _shown(splits["test"]), out)
+    verdict = "test AER (lower is better): " + ", ".join(
+        [f"{n} {r['aer_best']:.3f}" for n, r in results.items()]
+        + [f"{n} baseline {v:.3f}" for n, v in base.items()]
+    )
+    return LabRun(
+        name="alignment",
+        quick=quick,
+        config={
+            **asdict(setting),
+            "model_sections": models,
+            "optim": optim,
+            "corpus": "toy Korean→English (qkv.data.toy)",
+            "tatoeba": "not run",
+        },  # fmt: skip
+        seeds=[setting.seed],
+        results={"models": results, "baselines": base},
+        figures=figures,
+        verdict=verdict,
+    )
+
+
+def table(run: LabRun) -> Table:
+    """AER per model (best map and averaged) and of the baselines."""
+    rows = []
+    for name, r in run.results["models"].items():
+        rows.append([name, r["best map (chosen on valid)"], f"{r['aer_best']:.3f}",
+                     f"{r['aer_averaged']:.3f}"])  # fmt: skip
+    for name, value in run.results["baselines"].items():
+        rows.append([f"baseline: {name}", "", f"{value:.3f}", ""])
+    return Table("alignment error rate on the test pairs (lower is better)",
+                 ["model", "best map", "AER best", "AER averaged"], rows)  # fmt: skip

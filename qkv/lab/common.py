@@ -1,0 +1,199 @@
+"""Shared pieces of the lab: seeds, ``result.json``, a short table and figures.
+
+Every experiment returns a :class:`LabRun` (its config, seeds and every measured number);
+:func:`write_result` adds the library versions, the machine and the duration and writes
+``result.json``; :func:`new_figure` / :func:`save_figure` draw on an Agg canvas without
+touching pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import platform
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "LabRun",
+    "Table",
+    "fonts_for",
+    "num_threads",
+    "new_figure",
+    "print_table",
+    "save_figure",
+    "seed_all",
+    "shared_data",
+    "versions",
+    "write_result",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Table:
+    """A short table to print: a title, column names and rows of already formatted cells."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class LabRun:
+    """What an experiment measured.
+
+    Attributes:
+        name: the experiment (``bottleneck``, ``word-order``, ...).
+        quick: whether it ran in the quick (test) setting.
+        config: every setting that produced the numbers.
+        seeds: the random seeds used.
+        results: every measured number (JSON-serialisable).
+        figures: paths of the figures written.
+        verdict: one line: does the measurement support the claim, and how strongly.
+    """
+
+    name: str
+    quick: bool
+    config: dict[str, Any]
+    seeds: list[int]
+    results: dict[str, Any]
+    figures: list[str] = field(default_factory=list)
+    verdict: str = ""
+
+
+def seed_all(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch; return a fresh torch generator with that seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch CPU threads (small ops are fastest on one thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the main libraries and the machine, for ``result.json``."""
+    found = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for module in ("torch", "numpy", "matplotlib", "sacrebleu", "tokenizers", "scipy"):
+        try:
+            found[module] = __import__(module).__version__
+        except ImportError:
+            found[module] = "absent"
+    try:
+        from importlib.metadata import version
+
+        found["qkv"] = version("qkv")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        found["qkv"] = "source"
+    found["cpu_threads"] = str(torch.get_num_threads())
+    found["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return found
+
+
+def _clean(value: Any) -> Any:
+    """Make ``value`` JSON-friendly: tensors and arrays to lists, NaN/inf to strings."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _clean(value.detach().cpu().tolist())
+    if isinstance(value, np.ndarray):
+        return _clean(value.tolist())
+    if isinstance(value, (np.floating, np.integer)):
+        return _clean(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_result(out: Path, run: LabRun, seconds: float) -> Path:
+    """Write ``out/result.json``: config, seeds, versions, duration and every number."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "experiment": run.name,
+        "quick": run.quick,
+        "verdict": run.verdict,
+        "seconds": round(seconds, 2),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": f"qkv lab {run.name}{' --quick' if run.quick else ''} --out {out}",
+        "config": run.config,
+        "seeds": run.seeds,
+        "versions": versions(),
+        "figures": [str(Path(f).name) for f in run.figures],
+        "results": run.results,
+    }
+    path = out / "result.json"
+    path.write_text(json.dumps(_clean(doc), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    log.info("wrote %s", path)
+    return path
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` with rich (the command line's output, never library logging)."""
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    rich_table = RichTable(title=table.title)
+    for i, column in enumerate(table.columns):
+        rich_table.add_column(column, justify="left" if i == 0 else "right")
+    for row in table.rows:
+        rich_table.add_row(*row)
+    Console().print(rich_table)
+
+
+def new_figure(width: float = 6.4, height: float = 4.8, **kwargs: Any):
+    """A matplotlib ``Figure`` on an Agg canvas (no pyplot, no window); kwargs go to Figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained", **kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig, path: Path) -> str:
+    """Save ``fig`` as PNG at ``path``; return the path as a string."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    log.info("wrote %s", path)
+    return str(path)
+
+
+@contextlib.contextmanager
+def fonts_for(texts: list[str]) -> Iterator[None]:
+    """Build and save figures inside this block to get fonts that cover ``texts`` (Hangul)."""
+    import matplotlib
+
+    from qkv.viz.fonts import font_chain
+
+    with matplotlib.rc_context({"font.family": font_chain(texts)}):
+        yield
+
+
+def shared_data() -> Path:
+    """The shared corpora folder (``../shared/data`` next to the repository)."""
+    return Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -1,0 +1,162 @@
+"""Training helpers shared by the translation experiments (``bottleneck``, ``alignment``).
+
+The toy corpus is generated once and written as line-aligned files, so every model of an
+experiment trains on exactly the same pairs (the gold word alignments stay in memory).
+Model widths are chosen so that every model has about the same number of parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from qkv.data.toy import ToyPair, make_splits
+
+__all__ = [
+    "MODEL_FAMILIES",
+    "Trained",
+    "count_parameters",
+    "match_width",
+    "train_model",
+    "vocab_sizes",
+    "write_toy_corpus",
+]
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+
+
+def write_toy_corpus(
+    folder: Path, sizes: tuple[int, int, int], min_len: int, max_len: int, seed: int
+) -> dict[str, list[ToyPair]]:
+    """Generate the toy splits and write ``folder/{train,valid,test}.{ko,en}``."""
+    splits = make_splits(*sizes, seed=seed, min_len=min_len, max_len=max_len)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in SPLITS:
+        for lang in ("ko", "en"):
+            text = "".join(getattr(p, lang) + "\n" for p in splits[name])
+            (folder / f"{name}.{lang}").write_text(text, encoding="utf-8")
+    return splits
+
+
+def _data_section(folder: Path) -> dict[str, Any]:
+    files = {name: [str(folder / f"{name}.ko"), str(folder / f"{name}.en")] for name in SPLITS}
+    return {"kind": "files", **files, "max_tokens": 1000, "max_ratio": 20.0}
+
+
+def vocab_sizes(folder: Path) -> tuple[int, int]:
+    """Source and target vocabulary sizes of the word tokenizers trained on ``folder``."""
+    from qkv.data.tokenizers import train_tokenizers
+
+    src = (folder / "train.ko").read_text(encoding="utf-8").splitlines()
+    tgt = (folder / "train.en").read_text(encoding="utf-8").splitlines()
+    s, t = train_tokenizers("word", src, tgt, joint=False)
+    return s.vocab_size, t.vocab_size
+
+
+def count_parameters(model: dict[str, Any], vocab: tuple[int, int]) -> int:
+    """Trainable parameters of the model that ``model`` (a recipe's model section) builds."""
+    from qkv.models.checkpoint import build_model
+
+    fields = {k: v for k, v in model.items() if k != "type"}
+    fields.update(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], pad_id=0, bos_id=1, eos_id=2)
+    built = build_model(model["type"], fields)
+    return sum(p.numel() for p in built.parameters() if p.requires_grad)
+
+
+def _rnn(attention: str, **extra: Any) -> Callable[[int, int], dict[str, Any]]:
+    def make(width: int, embed: int) -> dict[str, Any]:
+        return {"type": "rnn", "cell": "gru", "embed_dim": embed, "hidden_dim": width,
+                "bidirectional": True, "attention": attention, **extra}  # fmt: skip
+
+    return make
+
+
+def _transformer(width: int, embed: int) -> dict[str, Any]:
+    return {"type": "transformer", "d_model": width, "num_heads": 4, "num_encoder_layers": 2,
+            "num_decoder_layers": 2, "ff_dim": 2 * width, "dropout": 0.1}  # fmt: skip
+
+
+# name -> (width, embed) -> model section; width = RNN hidden_dim or Transformer d_model
+MODEL_FAMILIES: dict[str, Callable[[int, int], dict[str, Any]]] = {
+    "rnn-none": _rnn("none"),
+    "rnn-bahdanau": _rnn("bahdanau"),
+    "rnn-luong": _rnn("luong", score="general", input_feeding=True),
+    "rnn-luong-local": _rnn(
+        "luong", score="general", input_feeding=True, window="predictive", window_size=3
+    ),  # fmt: skip
+    "transformer": _transformer,
+}
+
+
+def match_width(family: str, embed: int, target: int, vocab: tuple[int, int]) -> tuple[int, int]:
+    """The width (multiple of 8) whose parameter count is closest to ``target``; and the count."""
+    make = MODEL_FAMILIES[family]
+    best = (0, 0)
+    lo, hi = 1, 256  # widths 8 .. 2048; the count grows with the width: bisect
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        n = count_parameters(make(8 * mid, embed), vocab)
+        if best == (0, 0) or abs(n - target) < abs(best[1] - target):
+            best = (8 * mid, n)
+        lo, hi = (mid + 1, hi) if n < target else (lo, mid - 1)
+    return best
+
+
+@dataclass
+class Trained:
+    """A trained model, its tokenizers and how the training went."""
+
+    model: nn.Module
+    src_tok: Any
+    tgt_tok: Any
+    steps: int
+    seconds: float
+    parameters: int
+
+
+def train_model(
+    name: str, model: dict[str, Any], data: Path, out: Path, optim: dict[str, Any]
+) -> Trained:
+    """Train ``model`` on the files in ``data`` with :func:`qkv.train.train`; load the result."""
+    from qkv.data.tokenizers import tokenizer_from_json
+    from qkv.models.checkpoint import load_checkpoint
+    from qkv.recipe import recipe_from_dict
+    from qkv.train import train
+
+    recipe = recipe_from_dict(
+        {
+            "name": name,
+            "out": str(out / name),
+            "data": _data_section(data),
+            "tokenizer": {"kind": "word"},
+            "model": model,
+            "train": {
+                "eval_every": 1_000_000,
+                "save_every": 1_000_000,
+                "valid_bleu_sentences": 0,
+                "device": "cpu",
+                "threads": 1,
+                **optim,
+            },
+        }  # fmt: skip
+    )
+    log.info("training %s", name)
+    result = train(recipe, progress=False)
+    ckpt = load_checkpoint(recipe.out_dir / "last.safetensors")
+    ckpt.model.eval()
+    n = sum(p.numel() for p in ckpt.model.parameters())
+    return Trained(
+        ckpt.model,
+        tokenizer_from_json(ckpt.tokenizers["src"]),
+        tokenizer_from_json(ckpt.tokenizers["tgt"]),
+        result.steps,
+        result.seconds,
+        n,
+    )

@@ -1,0 +1,48 @@
+"""The lab's command line, registry and result files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qkv.cli import main
+from qkv.lab import EXPERIMENTS, run_experiment
+from qkv.lab.common import LabRun, write_result
+
+
+def test_unknown_experiment_exits_2_and_lists_the_names(capsys):
+    assert main(["lab", "no-such-claim", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-claim" in err
+    for name in EXPERIMENTS:
+        assert name in err
+
+
+def test_run_experiment_rejects_unknown_names(tmp_path):
+    with pytest.raises(KeyError):
+        run_experiment("nope", tmp_path)
+
+
+def test_every_registered_experiment_has_run_and_table():
+    import importlib
+
+    assert set(EXPERIMENTS) == {"bottleneck", "gradients", "parallelism", "word-order", "heads",
+                                "alignment"}  # fmt: skip
+    for module in EXPERIMENTS.values():
+        loaded = importlib.import_module(module)
+        assert callable(loaded.run) and callable(loaded.table)
+        assert "Claim:" in loaded.__doc__ and "Method:" in loaded.__doc__
+
+
+def test_result_json_holds_config_seeds_versions_and_clean_numbers(tmp_path):
+    import numpy as np
+    import torch
+
+    run = LabRun("gradients", True, {"a": (1, 2)}, [3],
+                 {"t": torch.tensor([1.5]), "n": np.float32(2.0), "inf": float("inf")})  # fmt: skip
+    doc = json.loads(write_result(tmp_path, run, 1.234).read_text())
+    assert doc["config"] == {"a": [1, 2]} and doc["seeds"] == [3]
+    assert doc["results"] == {"t": [1.5], "n": 2.0, "inf": "inf"}
+    assert doc["versions"]["torch"] == torch.__version__
+    assert doc["seconds"] == 1.23 and doc["quick"] is True

@@ -1,0 +1,45 @@
+"""Quick ``gradients``: vanishing through tanh RNNs, none through self-attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import load_result
+
+from qkv.lab import run_experiment
+
+
+@pytest.fixture(scope="module")
+def result(lab_out):
+    run_experiment("gradients", lab_out / "gradients", quick=True)
+    return load_result(lab_out / "gradients")
+
+
+def test_rho_half_loses_three_orders_of_magnitude_in_50_steps(result):
+    # ‖∂h_T/∂h_{T-50}‖ (spectral norm, median over seeds) of the ρ = 0.5 tanh RNN ≤ 1e-3
+    assert result["results"]["summary"]["tanh ρ=0.5"]["k=50"] <= 1e-3
+
+
+def test_rho_one_and_a_half_keeps_far_more_gradient(result):
+    # ρ = 1.5 keeps at least 1000× more gradient after 50 steps than ρ = 0.5 (it grows or
+    # decays much less; tanh saturation stops it from exploding)
+    s = result["results"]["summary"]
+    gap = math.log10(s["tanh ρ=1.5"]["k=50"]) - math.log10(s["tanh ρ=0.5"]["k=50"])
+    assert gap >= 3
+
+
+def test_norm_falls_monotonically_with_rho(result):
+    s = result["results"]["summary"]
+    values = [s[f"tanh ρ={rho}"]["k=50"] for rho in (0.5, 0.9, 1.0, 1.1, 1.5)]
+    assert values == sorted(values)
+
+
+def test_self_attention_does_not_decay_with_distance(result):
+    # median norm over the last 20 distances vs distances 1..10: within 10×
+    ratio = result["results"]["summary"]["self-attention"]["far_over_near"]
+    assert 0.1 <= ratio <= 10
+
+
+def test_figure_written(result, lab_out):
+    assert (lab_out / "gradients" / "gradient-norms.png").stat().st_size > 10_000

