@@ -23,6 +23,7 @@ __all__ = [
     "cli",
     "machine",
     "measure",
+    "measure_pair",
     "peak_rss_mib",
     "render_markdown",
     "report",
@@ -94,6 +95,25 @@ def _watch():
         _peak[0] = max(_peak[0], _rss())
         time.sleep(0.0005)
 """
+
+
+def measure_pair(
+    fn_a: Callable[[], object], fn_b: Callable[[], object], *, repeat: int = 7, budget_s: float = 30
+) -> tuple[float, float]:
+    """Median wall times of ``fn_a`` and ``fn_b``, called in turns (a, b, a, b, ...).
+
+    Alternating cancels slow drifts of a shared machine that would otherwise favour
+    whichever side ran in the quieter moment.
+    """
+    fn_a(), fn_b()
+    times: tuple[list[float], list[float]] = ([], [])
+    start = time.perf_counter()
+    while len(times[1]) < repeat and (not times[1] or time.perf_counter() - start < budget_s):
+        for fn, bucket in ((fn_a, times[0]), (fn_b, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def peak_rss_mib(code: str) -> float:
