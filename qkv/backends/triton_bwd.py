@@ -94,6 +94,25 @@ def _store_tile(ptrs, x, rows, n_rows, cols, n_cols, PAD_COLS: tl.constexpr):
 
 
 @triton.jit
+def _key_range(key_len, start_m, shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """Key bounds ``(full, hi)`` for the query block starting at ``start_m``.
+
+    Keys ``[0, full)`` are seen by every row of the block, so that loop carries no mask;
+    ``[full, hi)`` holds the causal diagonal and the padding boundary. Clamping at 0 before
+    dividing keeps the compiled kernel and the interpreter in agreement.
+    """
+    hi = key_len
+    full = key_len
+    if CAUSAL:
+        hi = tl.minimum(key_len, start_m + BLOCK_M + shift)
+        full = tl.minimum(key_len, start_m + 1 + shift)
+    hi = tl.maximum(hi, 0)
+    full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    return full, hi
+
+
+@triton.jit
 def _bwd_delta_kernel(
     Out, DOut, DLse, Delta, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, H, Tq,
     HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -295,13 +314,7 @@ def _bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # Keys [0, full) are seen by every row of the block (no mask); [full, hi) need one.
-    hi = key_len
-    full = key_len
-    if CAUSAL:
-        hi = tl.minimum(key_len, start_m + BLOCK_M + shift)
-        full = tl.minimum(key_len, start_m + 1 + shift)
-    hi = tl.maximum(hi, 0)
-    full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    full, hi = _key_range(key_len, start_m, shift, CAUSAL, BLOCK_M, BLOCK_N)
     k_base = K + b * s_kb + hkv * s_kh
     v_base = V + b * s_vb + hkv * s_vh
     dq = _dq_step(

@@ -38,6 +38,7 @@ from qkv.backends.triton_bwd import (
     LOG2E,
     _cast,
     _dot,
+    _key_range,
     _load_tile,
     _store_tile,
     autotuned,
@@ -153,16 +154,8 @@ def _fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    # Keys [0, full) are seen by every row of the block, so that loop carries no mask;
-    # [full, hi) holds the causal diagonal and the padding boundary. Clamping at 0 before
-    # dividing keeps the compiled kernel and the interpreter in agreement.
-    hi = key_len
-    full = key_len
-    if CAUSAL:
-        hi = tl.minimum(key_len, start_m + BLOCK_M + shift)
-        full = tl.minimum(key_len, start_m + 1 + shift)
-    hi = tl.maximum(hi, 0)
-    full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    # Keys [0, full) are seen by every row of the block (no mask); [full, hi) need one.
+    full, hi = _key_range(key_len, start_m, shift, CAUSAL, BLOCK_M, BLOCK_N)
     k_base = K + b * s_kb + hkv * s_kh
     v_base = V + b * s_vb + hkv * s_vh
     acc, m_i, l_i = _fwd_step(
