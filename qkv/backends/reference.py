@@ -27,8 +27,9 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
         v = v.repeat_interleave(req.groups, dim=1)  # (B, H, Tk, Dv)
 
     # 1) compare every query with every key: (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk).
-    #    Scaling q first touches Tq*D numbers instead of Tq*Tk.
-    scores = torch.matmul(q * req.scale, k.transpose(-2, -1))
+    #    Scaling after the product (not q before it) is the order Hugging Face uses, which
+    #    keeps pretrained models bit-exact; the in-place multiply adds no allocation.
+    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(req.scale)
 
     # 2) hide what may not be seen: boolean masks remove keys, float masks are added.
     mask = req.full_mask()

@@ -28,7 +28,9 @@ from qkv.backends import AttentionRequest  # noqa: E402
 
 INTERPRET = not torch.cuda.is_available()
 DEVICE = "cpu" if INTERPRET else "cuda"
-ATOL = {torch.float32: 1e-6, torch.float16: 2e-4, torch.bfloat16: 4e-3}
+# fp32 gradients of a one-key row are exactly 0 in PyTorch; the kernel gets P*(dP - delta)
+# with a cancellation residual of a few ulps of |dO.V| (seen: 1.1e-6), hence 5e-6.
+ATOL = {torch.float32: 5e-6, torch.float16: 2e-4, torch.bfloat16: 4e-3}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # conftest.py imports triton and the kernels with TRITON_INTERPRET=1 when there is no GPU;
