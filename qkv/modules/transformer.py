@@ -86,6 +86,18 @@ def _norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:
     return nn.LayerNorm(dim, eps=eps, bias=bias)
 
 
+def _residual(x: Tensor, block, norm: nn.Module, norm_first: bool):
+    """One residual sub-layer: ``x + f(LN(x))`` (pre-LN) or ``LN(x + f(x))`` (post-LN).
+
+    ``block`` returns ``(output, extra)``; ``extra`` (attention weights or None) is passed on.
+    """
+    if norm_first:
+        h, extra = block(norm(x))
+        return x + h, extra
+    h, extra = block(x)
+    return norm(x + h), extra
+
+
 class EncoderLayer(nn.Module):
     """Self-attention and feed-forward, each in a residual branch with layer norm.
 
@@ -149,14 +161,10 @@ class EncoderLayer(nn.Module):
             out, w = self.self_attn(h, mask=mask, key_mask=key_mask, need_weights=need_weights)
             return self.dropout1(out), w
 
-        if self.norm_first:
-            h, weights = attend(self.norm1(x))
-            x = x + h
-            x = x + self.dropout2(self.ff(self.norm2(x)))
-        else:
-            h, weights = attend(x)
-            x = self.norm1(x + h)
-            x = self.norm2(x + self.dropout2(self.ff(x)))
+        x, weights = _residual(x, attend, self.norm1, self.norm_first)
+        x, _ = _residual(
+            x, lambda h: (self.dropout2(self.ff(h)), None), self.norm2, self.norm_first
+        )
         return x, weights
 
     @classmethod
@@ -263,24 +271,14 @@ class DecoderLayer(nn.Module):
             )
             return self.dropout2(out), w
 
-        def ff_block(h: Tensor) -> Tensor:
-            return self.dropout3(self.ff(h))
+        def ff_block(h: Tensor) -> tuple[Tensor, None]:
+            return self.dropout3(self.ff(h)), None
 
         cross_w = None
-        if self.norm_first:
-            h, self_w = self_block(self.norm1(x))
-            x = x + h
-            if self.cross_attn is not None:
-                h, cross_w = cross_block(self.norm2(x))
-                x = x + h
-            x = x + ff_block(self.norm3(x))
-        else:
-            h, self_w = self_block(x)
-            x = self.norm1(x + h)
-            if self.cross_attn is not None:
-                h, cross_w = cross_block(x)
-                x = self.norm2(x + h)
-            x = self.norm3(x + ff_block(x))
+        x, self_w = _residual(x, self_block, self.norm1, self.norm_first)
+        if self.cross_attn is not None:
+            x, cross_w = _residual(x, cross_block, self.norm2, self.norm_first)
+        x, _ = _residual(x, ff_block, self.norm3, self.norm_first)
         return x, self_w, cross_w
 
     @classmethod
