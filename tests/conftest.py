@@ -40,6 +40,15 @@ def naive_attention(q, k, v, mask=None, causal=False, scale=None):
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny tensors: more intra-op threads only add overhead, and contention on busy CPUs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared corpora not found at {SHARED_DATA}")

@@ -16,13 +16,7 @@ PAD, BOS, EOS = 0, 1, 2
 SRC_V = 11
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: more intra-op threads only add overhead, and contention on busy CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rnn(tgt_vocab: int, **options) -> RNNSeq2Seq:

@@ -21,13 +21,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: more intra-op threads only add overhead, and contention on busy CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(name: str, dtype=torch.float64, **extra) -> TransformerSeq2Seq:

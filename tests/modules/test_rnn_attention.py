@@ -11,13 +11,7 @@ B, TQ, TK, D = 3, 5, 7, 8
 LENGTHS = torch.tensor([7, 4, 2])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: more intra-op threads only add overhead, and contention on busy CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _inputs(dtype=torch.float64):
