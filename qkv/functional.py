@@ -8,6 +8,7 @@ query may attend to a key; a float mask is added to the scores.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -37,7 +38,8 @@ def scaled_dot_product_attention(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    need_weights: bool = False,
+    need_weights: bool | Sequence[int] = False,
+    weight_rows: slice | None = None,
     backend: str = "auto",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1).
@@ -54,7 +56,10 @@ def scaled_dot_product_attention(
         causal: hide future keys, aligned bottom-right when ``Tq != Tk``.
         scale: score scale, default ``1 / sqrt(D)``.
         dropout_p: dropout on the weights (pass 0 at evaluation time).
-        need_weights: also return the attention weights.
+        need_weights: also return the attention weights: ``True`` for every head, or a
+            sequence of query-head indices for just those. Fused backends compute the
+            output as usual and recompute only the weights asked for.
+        weight_rows: with ``need_weights``, only these query rows (a ``slice`` with step 1).
         backend: ``"auto"`` or one of :func:`available_backends`.
 
     Shape:
@@ -62,11 +67,13 @@ def scaled_dot_product_attention(
 
     Returns:
         ``out`` ``(B, H, Tq, Dv)``, or ``(out, weights)`` with weights ``(B, H, Tq, Tk)``
-        when ``need_weights``. A query row that sees no key gets zeros in both.
+        when ``need_weights`` (``(B, len(heads), rows, Tk)`` for a selection). A query row
+        that sees no key gets zeros in both.
     """
     req = _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse=False)
+    req.weight_rows = _rows(weight_rows, q.shape[2]) if req.need_weights else None
     result = _run(req, backend)
-    return (result.out, result.weights) if need_weights else result.out
+    return (result.out, result.weights) if req.need_weights else result.out
 
 
 def attention_lse(
@@ -221,7 +228,31 @@ def _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse) ->
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     mask = _check_mask(mask, target)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return AttentionRequest(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse)
+    heads = _heads(need_weights, q.shape[1])
+    wanted = need_weights if isinstance(need_weights, bool) else need_weights is not None
+    return AttentionRequest(q, k, v, mask, causal, scale, dropout_p, wanted, need_lse, heads)
+
+
+def _heads(need_weights, h: int) -> tuple[int, ...] | None:
+    """``need_weights`` as a head selection: ``None`` for all heads (or none wanted)."""
+    if isinstance(need_weights, bool) or need_weights is None:
+        return None
+    heads = tuple(int(i) for i in need_weights)
+    if not heads or any(not 0 <= i < h for i in heads):
+        raise ValueError(f"need_weights heads must be indices in [0, {h}), got {list(heads)}")
+    return heads
+
+
+def _rows(rows: slice | None, tq: int) -> tuple[int, int] | None:
+    """A query-row slice as ``(start, stop)`` within ``[0, Tq)``."""
+    if rows is None:
+        return None
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+        raise ValueError(f"weight_rows must be a slice with step 1, got {rows!r}")
+    start, stop, _ = rows.indices(tq)
+    if stop <= start:
+        raise ValueError(f"weight_rows {rows!r} selects no query row of {tq}")
+    return start, stop
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:

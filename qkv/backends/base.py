@@ -12,7 +12,7 @@ the reasons it cannot serve a request (an empty list means it can). Dispatch and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ class AttentionRequest:
     Shape:
         q: ``(B, H, Tq, D)``; k: ``(B, Hkv, Tk, D)``; v: ``(B, Hkv, Tk, Dv)``;
         mask: broadcastable to ``(B, H, Tq, Tk)`` or ``None``.
+        weights (when ``need_weights``): ``(B, len(weight_heads), rows, Tk)``.
     """
 
     q: Tensor
@@ -38,6 +39,15 @@ class AttentionRequest:
     dropout_p: float
     need_weights: bool
     need_lse: bool
+    weight_heads: tuple[int, ...] | None = None  # with need_weights: these heads (None: all)
+    weight_rows: tuple[int, int] | None = None  # with need_weights: query rows [start, stop)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # facts derived once
+
+    def remember(self, key: str, compute):
+        """``compute()`` once per request (dispatch and the backend both ask), then cached."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     @property
     def groups(self) -> int:

@@ -58,7 +58,18 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
 
     # 5) the output is the weighted sum of the values: (B, H, Tq, Tk) @ (B, H, Tk, Dv)
     out = torch.matmul(dropped, v)
-    return AttentionResult(out=out, weights=weights if req.need_weights else None, lse=lse)
+    return AttentionResult(out=out, weights=_selected(req, weights), lse=lse)
+
+
+def _selected(req: AttentionRequest, weights):
+    """The weights the request asked for: all, or some heads and query rows."""
+    if not req.need_weights:
+        return None
+    if req.weight_heads is not None:
+        weights = weights[:, list(req.weight_heads)]
+    if req.weight_rows is not None:
+        weights = weights[:, :, req.weight_rows[0] : req.weight_rows[1]]
+    return weights
 
 
 class ReferenceBackend(Backend):

@@ -2,7 +2,8 @@
 
 PyTorch picks its own fused kernel (flash, memory-efficient, cuDNN or a C++ CPU kernel).
 qkv adds what SDPA does not do by itself: bottom-right causal alignment when ``Tq != Tk``,
-and zeros (not NaN) for query rows that see no key.
+zeros (not NaN) for query rows that see no key, and attention weights, recomputed beside
+the fused output for only the heads and rows asked for (:mod:`qkv.backends.weights`).
 """
 
 from __future__ import annotations
@@ -11,24 +12,28 @@ import torch
 import torch.nn.functional as F
 
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
+from qkv.backends.weights import attention_weights
 
 __all__ = ["SDPABackend"]
 
 
 class SDPABackend(Backend):
-    """PyTorch's fused attention; no weights, no log-sum-exp."""
+    """PyTorch's fused attention; weights recomputed beside it; no log-sum-exp."""
 
     name = "sdpa"
 
     def why_not(self, req: AttentionRequest) -> list[str]:
         reasons = []
-        if req.need_weights:
-            reasons.append("does not return attention weights")
+        if req.need_weights and req.dropout_p > 0:
+            reasons.append("cannot return weights that match its own dropout mask")
         if req.need_lse:
             reasons.append("does not return the log-sum-exp")
         return reasons
 
     def __call__(self, req: AttentionRequest) -> AttentionResult:
+        if req.need_weights and req.weight_heads is None and req.weight_rows is None:
+            weights, out = attention_weights(req, with_output=True)  # out follows from them
+            return AttentionResult(out=out, weights=weights)
         q, k, v = req.q, req.k, req.v
         tq, tk = q.shape[-2], k.shape[-2]
         # SDPA's own causal flag is top-left aligned; it agrees with ours only when Tq == Tk.
@@ -58,4 +63,7 @@ class SDPABackend(Backend):
         )
         if visible is not None:
             out = torch.where(visible, out, torch.zeros((), dtype=out.dtype))
-        return AttentionResult(out=out)
+        weights = None
+        if req.need_weights:
+            weights = attention_weights(req, None, req.weight_heads, req.weight_rows)
+        return AttentionResult(out=out, weights=weights)

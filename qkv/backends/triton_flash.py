@@ -45,6 +45,7 @@ from qkv.backends.triton_bwd import (
     flash_backward,
     hopper_configs,
 )
+from qkv.backends.weights import attention_weights
 
 __all__ = ["FWD_CONFIGS", "TritonBackend", "flash_attention", "flash_attention_reference"]
 
@@ -373,7 +374,7 @@ def _key_lengths_from_mask(mask: Tensor, batch: int, tk: int) -> Tensor | None:
 
 
 class TritonBackend(Backend):
-    """FlashAttention-2 in Triton: causal or not, key padding, GQA; returns the lse."""
+    """FlashAttention-2 in Triton: causal or not, key padding, GQA; the lse; weights beside."""
 
     name = "triton"
 
@@ -381,11 +382,8 @@ class TritonBackend(Backend):
         reasons = _input_problems(req.q, req.k, req.v)
         if req.dropout_p > 0:
             reasons.append("does not implement attention dropout")
-        if req.need_weights:
-            reasons.append("does not return attention weights")
         if req.mask is not None:
-            b, tk = req.q.shape[0], req.k.shape[2]
-            if _key_lengths_from_mask(req.mask, b, tk) is None:
+            if _lengths(req) is None:
                 reasons.append(
                     "only key-padding masks given as lengths (a boolean (B, 1, 1, Tk) "
                     "mask that is True on a prefix of the keys)"
@@ -393,10 +391,17 @@ class TritonBackend(Backend):
         return reasons
 
     def __call__(self, req: AttentionRequest) -> AttentionResult:
-        lengths = None
-        if req.mask is not None:
-            lengths = _key_lengths_from_mask(req.mask, req.q.shape[0], req.k.shape[2])
+        lengths = None if req.mask is None else _lengths(req)
         out, lse = flash_attention(
             req.q, req.k, req.v, causal=req.causal, scale=req.scale, key_lengths=lengths
         )
-        return AttentionResult(out=out, lse=lse if req.need_lse else None)
+        weights = None
+        if req.need_weights:  # from the kernel's lse: exp(s - lse), only what was asked for
+            weights = attention_weights(req, lse.detach(), req.weight_heads, req.weight_rows)
+        return AttentionResult(out=out, weights=weights, lse=lse if req.need_lse else None)
+
+
+def _lengths(req: AttentionRequest) -> Tensor | None:
+    """The request's key lengths, worked out (one device sync) once per request."""
+    b, tk = req.q.shape[0], req.k.shape[2]
+    return req.remember("key_lengths", lambda: _key_lengths_from_mask(req.mask, b, tk))

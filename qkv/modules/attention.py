@@ -10,6 +10,8 @@ shared by ``H / Hkv`` query heads; ``Hkv = 1`` is multi-query attention (Shazeer
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -38,7 +40,9 @@ class MultiHeadAttention(nn.Module):
         query ``(B, Tq, E)``, key ``(B, Tk, kdim)``, value ``(B, Tk, vdim)``;
         mask ``(Tq, Tk)``, ``(B, Tq, Tk)`` or ``(B, H, Tq, Tk)``, boolean (``True`` = may attend)
         or float (added); key_mask ``(B, Tk)``, ``True`` for real tokens.
-        Returns ``out`` ``(B, Tq, E)`` and ``weights`` ``(B, H, Tq, Tk)`` or ``None``.
+        Returns ``out`` ``(B, Tq, E)`` and ``weights`` ``(B, H, Tq, Tk)`` or ``None``;
+        ``need_weights=[h, ...]`` returns the weights of those heads only, computed beside
+        a fused kernel at the cost of the heads asked for.
     """
 
     def __init__(
@@ -81,7 +85,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         key_mask: Tensor | None = None,
         causal: bool = False,
-        need_weights: bool = False,
+        need_weights: bool | Sequence[int] = False,
         cache: KVCache | LayerKV | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when ``key`` is None).
@@ -126,7 +130,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights,
             backend=self.backend,
         )
-        out, weights = result if need_weights else (result, None)
+        out, weights = result if isinstance(result, tuple) else (result, None)
 
         # 4) concatenate heads and project: (B, H, Tq, D) -> (B, Tq, E)
         out = out.transpose(1, 2).reshape(query.shape[0], tq, self.embed_dim)

@@ -241,6 +241,21 @@ def test_functional_api_runs_the_kernel(gen):
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_weights_come_from_the_kernels_lse(gen):
+    q, k, v = _qkv(gen, 2, 4, 2, 20, 24, 32, torch.float32)
+    key_mask = qkv.padding_mask(torch.tensor([24, 9]), 24).to(DEVICE)[:, None, None, :]
+    some = dict(need_weights=[3, 1], weight_rows=slice(4, 20))
+    out, w = qkv.scaled_dot_product_attention(
+        q, k, v, key_mask, causal=True, backend="triton", **some
+    )
+    ref, ref_w = qkv.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), key_mask, causal=True, need_weights=True
+    )
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w.double(), ref_w[:, [3, 1], 4:20], atol=1e-5, rtol=1e-5)
+    assert (w[1, :, :, 9:] == 0).all()
+
+
 def _request(q, k, v, mask=None, **kw) -> AttentionRequest:
     args = dict(causal=False, scale=0.1, dropout_p=0.0, need_weights=False, need_lse=False)
     return AttentionRequest(q, k, v, mask, **{**args, **kw})
@@ -256,7 +271,6 @@ def test_why_not_explains_each_limit():
         "dtype": _request(q.double(), k.double(), v.double()),
         "head size": _request(*(torch.randn(1, 1, 4, 256, device=DEVICE) for _ in range(3))),
         "dropout": _request(q, k, v, dropout_p=0.1),
-        "weights": _request(q, k, v, need_weights=True),
         "key-padding": _request(q, k, v, ~prefix),  # True on a suffix, not a prefix
     }
     general = [qkv.causal_mask(8, 8, device=DEVICE)[None, None], torch.zeros(2, 1, 1, 8)]

@@ -106,9 +106,10 @@ def test_weights_sum_to_one_over_visible_keys(seed, t):
 
 def test_explain_dispatch_names_every_backend():
     q = k = v = torch.randn(1, 2, 4, 8)
-    d = qkv.explain_dispatch(q, k, v, need_weights=True)
+    d = qkv.explain_dispatch(q, k, v, need_weights=True, dropout_p=0.1)
     assert d.chosen == "reference"
-    assert "weights" in " ".join(d.reasons["sdpa"])
+    assert "dropout" in " ".join(d.reasons["sdpa"])
+    assert qkv.explain_dispatch(q, k, v, need_weights=True).chosen in ("sdpa", "triton")
     text = str(d)
     for name in qkv.available_backends():
         assert name in text
@@ -117,8 +118,8 @@ def test_explain_dispatch_names_every_backend():
 
 def test_forcing_an_unsupported_backend_lists_reasons():
     q = k = v = torch.randn(1, 2, 4, 8)
-    with pytest.raises(ValueError, match="sdpa.*does not return attention weights"):
-        qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="sdpa")
+    with pytest.raises(ValueError, match="sdpa.*does not return the log-sum-exp"):
+        qkv.attention_lse(q, k, v, backend="sdpa")
     with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
         qkv.scaled_dot_product_attention(q, k, v, backend="nope")
 

@@ -1,0 +1,100 @@
+"""Score tiles shared by the blocked backends (``chunked``) and the weights beside fused ones.
+
+A tile is the block of scaled scores of query rows ``[qs, qe)`` against keys ``[ks, ke)``
+with the user's mask and the causal mask already applied. Tensors here are 5-d,
+``(B, Hkv, G, T, D)``: the ``G`` query heads that share one key/value head sit in their
+own dimension, so grouped-query attention never copies a key or value head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkv.backends.base import AttentionRequest
+
+__all__ = ["grouped", "grouped_mask", "mask_tile", "masked_scores", "scores", "weighted_values"]
+
+
+def grouped(x: Tensor, hkv: int) -> Tensor:
+    """(B, H, T, D) -> (B, Hkv, G, T, D): the query heads that share one key/value head."""
+    b, h, t, d = x.shape
+    return x.view(b, hkv, h // hkv, t, d)
+
+
+def grouped_mask(mask: Tensor | None, hkv: int) -> Tensor | None:
+    """A 4-d broadcastable mask (B?, H?, Tq?, Tk?) -> 5-d (B?, Hkv?, G?, Tq?, Tk?)."""
+    if mask is None:
+        return None
+    b, h, tq, tk = mask.shape
+    if h == 1:
+        return mask.unsqueeze(2)
+    return mask.view(b, hkv, h // hkv, tq, tk)
+
+
+def mask_tile(mask: Tensor | None, qs: int, qe: int, ks: int, ke: int) -> Tensor | None:
+    """The part of a broadcastable mask for queries [qs, qe) and keys [ks, ke)."""
+    if mask is None:
+        return None
+    if mask.shape[-2] != 1:
+        mask = mask[..., qs:qe, :]
+    if mask.shape[-1] != 1:
+        mask = mask[..., ks:ke]
+    return mask
+
+
+def scores(q: Tensor, k: Tensor, out: Tensor | None = None) -> Tensor:
+    """``q @ k^T`` for 5-d ``q (B, Hkv, G, rows, D)`` and ``k (B, Hkv, 1, keys, D)``.
+
+    The ``G`` heads that share a key head become extra rows of one product; a single
+    matrix goes through ``mm``, which MKL serves much faster than a batch of one. ``out``
+    (contiguous, the result's shape) receives the product without a temporary.
+    """
+    b, hkv, g, rows, d = q.shape
+    keys = k.shape[-2]
+    if b * hkv == 1:
+        dest = None if out is None else out.view(g * rows, keys)
+        s = torch.mm(q.reshape(g * rows, d), k.reshape(keys, d).t(), out=dest)
+    else:
+        dest = None if out is None else out.view(b * hkv, g * rows, keys)
+        q3, k3 = q.reshape(b * hkv, g * rows, d), k.reshape(b * hkv, keys, d)
+        s = torch.bmm(q3, k3.transpose(1, 2), out=dest)
+    return s.view(b, hkv, g, rows, keys)
+
+
+def weighted_values(p: Tensor, v: Tensor) -> Tensor:
+    """``p @ v`` for 5-d ``p (B, Hkv, G, rows, keys)`` and ``v (B, Hkv, 1, keys, Dv)``."""
+    b, hkv, g, rows, keys = p.shape
+    if b * hkv == 1:
+        return torch.mm(p.reshape(g * rows, keys), v.reshape(keys, -1)).view(b, hkv, g, rows, -1)
+    out = torch.bmm(p.reshape(b * hkv, g * rows, keys), v.reshape(b * hkv, keys, -1))
+    return out.view(b, hkv, g, rows, -1)
+
+
+def masked_scores(
+    req: AttentionRequest, qb, kb, user, qs, qe, ks, ke, shift, compute, dense=False, out=None
+) -> Tensor:
+    """Scaled scores of one tile (B, Hkv, G, rows, keys) with the user and causal masks.
+
+    Args:
+        qb: queries ``[qs, qe)`` ``(B, Hkv, G, rows, D)``; kb: keys ``[ks, ke)``
+            ``(B, Hkv, 1, keys, D)``; user: the 5-d user mask or ``None``; shift: ``Tk - Tq``
+            (causal alignment); compute: float dtype of the arithmetic; dense: the user
+            mask hides nothing in this tile (skip it); out: where to write the tile.
+
+    The fills are in place even under autograd: a product's backward needs its inputs only.
+    """
+    # Scaled after the product (Hugging Face's order: pretrained models stay bit-exact).
+    s = scores(qb.to(compute), kb.to(compute), out).mul_(req.scale)
+    tile = None if dense else mask_tile(user, qs, qe, ks, ke)
+    if tile is not None:  # adding a 0/-inf bias is much faster than a broadcast masked_fill
+        bias = torch.where(tile, 0.0, float("-inf")) if tile.dtype == torch.bool else tile
+        s.add_(bias.to(compute))
+    first_hidden = qs + shift + 1  # the first key that some row of this tile may not see
+    if req.causal and ke > first_hidden:
+        c0 = max(first_hidden, ks)
+        rows = torch.arange(qs, qe, device=s.device).unsqueeze(1)
+        cols = torch.arange(c0, ke, device=s.device).unsqueeze(0)
+        future = torch.where(cols > rows + shift, float("-inf"), 0.0).to(compute)
+        s[..., c0 - ks :].add_(future)
+    return s

@@ -1,0 +1,109 @@
+"""Cheap attention weights: recomputed beside a fused output, only the heads and rows asked for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+from qkv.backends import weights as weights_module
+from tests.conftest import naive_attention
+
+BACKENDS = ["sdpa", "chunked", "reference"]
+
+
+def _case(kind: str, dtype=torch.float64):
+    b, h, hkv, tq, tk, d = 2, 4, 2, 9, 13, 8
+    q = torch.randn(b, h, tq, d, dtype=dtype)
+    k, v = (torch.randn(b, hkv, tk, d, dtype=dtype) for _ in range(2))
+    mask = None
+    if kind == "bool":
+        mask = torch.rand(b, h, tq, tk) > 0.4
+        mask[1, 2, 3] = False  # one row that sees nothing
+    elif kind == "float":
+        mask = torch.randn(1, h, tq, tk, dtype=dtype)
+    elif kind == "padding":
+        mask = qkv.padding_mask(torch.tensor([tk, 4]), tk)[:, None, None, :]
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["none", "bool", "float", "padding"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_weights_match_float64_reference(backend, kind, causal):
+    q, k, v, mask = _case(kind)
+    out, w = qkv.scaled_dot_product_attention(
+        q, k, v, mask, causal=causal, need_weights=True, backend=backend
+    )
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
+    torch.testing.assert_close(w, ref_w.expand_as(w), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_selected_heads_and_rows_are_slices_of_the_full_weights(backend):
+    q, k, v, mask = _case("bool")
+    _, full = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    heads = [3, 0]
+    out, some = qkv.scaled_dot_product_attention(
+        q, k, v, mask, need_weights=heads, weight_rows=slice(2, 7), backend=backend
+    )
+    assert some.shape == (2, 2, 5, 13)
+    torch.testing.assert_close(some, full[:, heads, 2:7], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out, qkv.scaled_dot_product_attention(q, k, v, mask))
+
+
+def test_large_problems_go_block_by_block(monkeypatch):
+    monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # force the per-head loop
+    monkeypatch.setattr(weights_module, "ROW_BLOCK_ELEMENTS", 3 * 13)  # 3 rows per block
+    q, k, v, mask = _case("bool")
+    _, w = qkv.scaled_dot_product_attention(q, k, v, mask, causal=True, need_weights=[1, 2])
+    _, ref = naive_attention(q, k, v, mask, causal=True)
+    torch.testing.assert_close(w, ref[:, [1, 2]], atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_weights_sum_to_one(dtype):
+    q, k, v, mask = _case("padding", dtype)
+    _, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
+    assert w.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(w.float().sum(-1), torch.ones(w.shape[:-1]), atol=tol, rtol=0)
+    assert (w[1, :, :, 4:] == 0).all()  # padded keys get exactly zero
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    heads=st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
+    start=st.integers(0, 8),
+    length=st.integers(1, 9),
+)
+def test_any_selection_matches_the_reference_backend(heads, start, length):
+    q, k, v, mask = _case("float")
+    rows = slice(start, min(start + length, 9))
+    _, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=heads, weight_rows=rows)
+    _, ref = qkv.scaled_dot_product_attention(
+        q, k, v, mask, need_weights=heads, weight_rows=rows, backend="reference"
+    )
+    torch.testing.assert_close(w, ref, atol=1e-12, rtol=1e-10)
+
+
+def test_bad_selections_are_rejected():
+    q, k, v, _ = _case("none")
+    with pytest.raises(ValueError, match="heads must be indices in"):
+        qkv.scaled_dot_product_attention(q, k, v, need_weights=[4])
+    with pytest.raises(ValueError, match="selects no query row"):
+        qkv.scaled_dot_product_attention(q, k, v, need_weights=True, weight_rows=slice(5, 5))
+
+
+def test_module_returns_only_the_heads_asked_for():
+    torch.manual_seed(0)
+    mha = qkv.MultiHeadAttention(32, 4).double().eval()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    out_all, w_all = mha(x, need_weights=True, causal=True)
+    out_two, w_two = mha(x, need_weights=[2, 1], causal=True)
+    torch.testing.assert_close(out_two, out_all)
+    torch.testing.assert_close(w_two, w_all[:, [2, 1]])
+    assert mha(x, causal=True)[1] is None
