@@ -32,6 +32,11 @@ _REGISTRY: dict[str, Backend] = {}
 # pass; `auto` skips it when the score matrix would be too large (see REFERENCE_MAX_BYTES).
 PREFERENCE = ["triton", "sdpa", "reference", "chunked"]
 REFERENCE_MAX_BYTES = 1 << 30
+# On the CPU, `auto` moves chunked first when the mask hides this share of a large score
+# matrix in whole blocks (a sliding window, document masks, heavy padding): chunked never
+# computes those blocks, while SDPA's CPU kernel computes every score and then masks it.
+SKIP_SHARE = 0.5
+SKIP_MIN_SCORES = 1 << 20  # Tq * Tk; below this the bookkeeping costs more than it saves
 
 
 def register_backend(backend: Backend) -> None:
@@ -87,7 +92,25 @@ def explain(req: AttentionRequest) -> Dispatch:
             chosen = name
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
+    if chosen in ("sdpa", "reference") and not reasons.get("chunked"):
+        skipped = _skipped_share(req)
+        if skipped >= SKIP_SHARE:
+            reasons[chosen] = [f"chunked skips the {skipped:.0%} of the scores the mask hides"]
+            chosen = "chunked"
     return Dispatch(chosen=chosen, reasons=reasons)
+
+
+def _skipped_share(req: AttentionRequest) -> float:
+    """Share of the scores chunked would never compute (0 when not worth looking)."""
+    from qkv.backends.chunked import key_ranges
+
+    tq, tk = req.q.shape[-2], req.k.shape[-2]
+    if req.q.device.type != "cpu" or req.requires_grad or req.mask is None:
+        return 0.0
+    if tq * tk < SKIP_MIN_SCORES:
+        return 0.0
+    ranges = req.remember("key_ranges", lambda: key_ranges(req))
+    return 1.0 - ranges.visible_share(tq, tk)
 
 
 def _reference_too_large(req: AttentionRequest) -> list[str]:

@@ -9,139 +9,190 @@ Rabe & Staats 2021; Dao et al. 2022):
     l' = e^{m - m'} l + \\sum_j e^{s_j - m'},\\quad
     acc' = e^{m - m'} acc + \\sum_j e^{s_j - m'} v_j
 
-and at the end ``out = acc / l`` and ``lse = m + log l``. Only a ``(block_q, block_k)``
-tile of scores exists at a time, so memory is ``O(Tq * block)`` instead of ``O(Tq * Tk)``.
-Key blocks that the causal structure hides from a whole query block are skipped.
-Weights, when asked for, are recomputed block by block from the log-sum-exp.
+and at the end ``out = acc / l`` and ``lse = m + log l``. Only a tile of scores exists at a
+time, so memory is ``O(Tq * block)`` instead of ``O(Tq * Tk)``.
+
+What makes it fast on a CPU, with no compile step:
+
+- **Visible key ranges.** Before any arithmetic, the mask (causal, sliding window, key
+  padding, any boolean or ``-inf`` pattern) is reduced to one key range ``[lo, hi)`` per
+  block of queries (:func:`key_ranges`); keys outside it are never multiplied. A causal or
+  banded mask therefore costs what its visible area costs, as in FlexAttention's block
+  masks. A mask that differs per sequence (key padding) gets ranges per sequence.
+- **Big tiles.** Inside its range a query block takes as many keys at once as fit in
+  :data:`TILE_ELEMENTS` scores, so usually the whole range is one tile: one matrix
+  product, one in-place softmax, one matrix product, and no online rescaling at all.
+- **Masking only where needed.** A tile whose keys are all visible skips the mask, and the
+  causal mask touches only the diagonal columns of a tile.
+
+Weights, when asked for, are recomputed block by block from the log-sum-exp
+(:func:`qkv.backends.weights.attention_weights`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend
+from qkv.backends.tiles import grouped, grouped_mask, masked_scores, weighted_values
+from qkv.backends.weights import attention_weights
 
-__all__ = ["ChunkedBackend", "chunked_attention"]
+__all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 
-BLOCK_Q = 512
-BLOCK_K = 512
-
-
-def _grouped(x: Tensor, hkv: int) -> Tensor:
-    """(B, H, T, D) -> (B, Hkv, G, T, D): the query heads that share one key/value head."""
-    b, h, t, d = x.shape
-    return x.view(b, hkv, h // hkv, t, d)
+BLOCK_Q = 128  # query rows per block (the granularity of the key ranges)
+TILE_ELEMENTS = 1 << 22  # scores per tile (16 MiB in float32) before a range is split
+EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
 
 
-def _grouped_mask(mask: Tensor | None, hkv: int) -> Tensor | None:
-    """A 4-d broadcastable mask (B?, H?, Tq?, Tk?) -> 5-d (B?, Hkv?, G?, Tq?, Tk?)."""
+@dataclass
+class KeyRanges:
+    """Visible keys of every query block: ``lo[g][i] <= key < hi[g][i]``.
+
+    ``g`` runs over the sequences when the mask differs between them (one entry
+    otherwise); ``dense[g][i]`` is true when every key in the range is visible to every
+    row of the block, so the tile needs no mask.
+    """
+
+    block_q: int
+    lo: list[list[int]]
+    hi: list[list[int]]
+    dense: list[list[bool]]
+
+    def visible_share(self, tq: int, tk: int) -> float:
+        """The share of the ``Tq x Tk`` scores that lie inside the ranges."""
+        inside = 0
+        for lo, hi in zip(self.lo, self.hi):
+            for i, (a, b) in enumerate(zip(lo, hi)):
+                inside += (min((i + 1) * self.block_q, tq) - i * self.block_q) * max(b - a, 0)
+        return inside / (len(self.lo) * tq * tk)
+
+
+def key_ranges(req: AttentionRequest, block_q: int = BLOCK_Q) -> KeyRanges:
+    """Reduce the mask (user mask and causal) to a visible key range per query block."""
+    tq, tk = req.q.shape[-2], req.k.shape[-2]
+    nq = -(-tq // block_q)
+    shift = tk - tq  # bottom-right alignment: query i sees keys j <= i + shift
+    mask = req.mask
     if mask is None:
-        return None
-    b, h, tq, tk = mask.shape
-    if h == 1:
-        return mask.unsqueeze(2)
-    return mask.view(b, hkv, h // hkv, tq, tk)
+        groups = [None]
+    else:
+        is_bool = mask.dtype == torch.bool
+        visible = mask if is_bool else mask > float("-inf")
+        # (B?, Tq?, Tk?): a key is in range if any head sees it; dense if every head does
+        groups = list(zip(visible.any(dim=1), visible.all(dim=1)))
+    out = KeyRanges(block_q, [], [], [])
+    for group in groups:
+        lo, hi, dense = [0] * nq, [tk] * nq, [True] * nq
+        if group is not None:
+            vis, every = group
+            for i, row in enumerate(_block_columns(vis, nq, block_q).expand(nq, tk)):
+                seen = row.nonzero()
+                lo[i], hi[i] = (int(seen[0]), int(seen[-1]) + 1) if len(seen) else (0, 0)
+                rows = every[i * block_q : (i + 1) * block_q] if vis.shape[0] > 1 else every
+                keys = rows[:, lo[i] : hi[i]] if vis.shape[1] > 1 else rows
+                dense[i] = is_bool and bool(keys.all())  # a float mask is always added
+        if req.causal:
+            for i in range(nq):
+                last = min(tk, min((i + 1) * block_q, tq) + shift)  # the block's last row
+                hi[i] = max(min(hi[i], last), 0)
+        out.lo.append(lo)
+        out.hi.append(hi)
+        out.dense.append(dense)
+    return out
 
 
-def _tile(mask: Tensor | None, qs: int, qe: int, ks: int, ke: int) -> Tensor | None:
-    """The part of a broadcastable mask for queries [qs, qe) and keys [ks, ke)."""
-    if mask is None:
-        return None
-    if mask.shape[-2] != 1:
-        mask = mask[..., qs:qe, :]
-    if mask.shape[-1] != 1:
-        mask = mask[..., ks:ke]
-    return mask
+def _block_columns(vis: Tensor, nq: int, block_q: int) -> Tensor:
+    """``(Tq?, Tk?)`` visibility -> ``(nq?, Tk?)``: keys some row of each query block sees."""
+    if vis.shape[0] == 1:
+        return vis.cpu()
+    rows = [vis[i * block_q : (i + 1) * block_q].any(dim=0) for i in range(nq)]  # no copy
+    return torch.stack(rows).cpu()  # one device sync
 
 
-def _masked_scores(req, qb, kb, user, qs, qe, ks, ke, shift, compute) -> Tensor:
-    """Scaled scores of one tile with the user mask and the causal mask applied."""
-    s = torch.matmul(qb.to(compute), kb.to(compute).transpose(-2, -1)) * req.scale
-    tile = _tile(user, qs, qe, ks, ke)
-    if tile is not None:
-        if tile.dtype == torch.bool:
-            s = s.masked_fill(~tile, float("-inf"))
-        else:
-            s = s + tile.to(compute)
-    if req.causal and ke - 1 > qs + shift:  # some key in this tile is in some query's future
-        rows = torch.arange(qs, qe, device=s.device).unsqueeze(1)
-        cols = torch.arange(ks, ke, device=s.device).unsqueeze(0)
-        s = s.masked_fill(cols > rows + shift, float("-inf"))
-    return s
+def _softmax_tile(s: Tensor, v: Tensor, state, inplace: bool):
+    """One online-softmax step: fold the tile ``s`` and values ``v`` into ``(m, l, acc)``.
+
+    ``inplace`` (no autograd) overwrites ``s`` and the state instead of allocating.
+    """
+    m_tile = s.amax(dim=-1, keepdim=True)
+    m_new = m_tile if state is None else torch.maximum(state[0], m_tile)
+    m_safe = torch.nan_to_num(m_new, neginf=0.0)  # rows that have seen nothing yet
+    # exp is slow on inputs far below its range; clamping makes hidden keys 1e-38, not 0,
+    # which no sum can see (the row maximum contributes 1), and `seen` below uses m, not l.
+    if inplace:
+        p = s.sub_(m_safe).clamp_min_(EXP_FLOOR).exp_()
+    else:
+        p = torch.exp((s - m_safe).clamp_min(EXP_FLOOR))
+    pv = weighted_values(p, v)
+    if state is None:
+        return m_new, p.sum(dim=-1, keepdim=True), pv
+    m, l, acc = state
+    alpha = torch.exp(m - m_safe)
+    if inplace:
+        return m_new, l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True)), acc.mul_(alpha).add_(pv)
+    return m_new, l * alpha + p.sum(dim=-1, keepdim=True), acc * alpha + pv
+
+
+def _query_block(req, q, k, v, user, qs, qe, lo, hi, dense, compute):
+    """Output and lse of queries [qs, qe) over their visible keys [lo, hi)."""
+    shift = k.shape[-2] - q.shape[-2]
+    qb = q[..., qs:qe, :]
+    rows = qb.shape[:-2].numel() * (qe - qs)
+    step = max(TILE_ELEMENTS // max(rows, 1), BLOCK_Q)
+    inplace = not req.requires_grad
+    state = None
+    for ks in range(lo, hi, step):
+        ke = min(ks + step, hi)
+        s = masked_scores(req, qb, k[..., ks:ke, :], user, qs, qe, ks, ke, shift, compute, dense)
+        state = _softmax_tile(s, v[..., ks:ke, :].to(compute), state, inplace)
+    if state is None:  # no visible key for the whole block
+        shape = qb.shape[:-1] + (1,)
+        m = torch.full(shape, float("-inf"), dtype=compute, device=q.device)
+        return torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=compute, device=q.device), m
+    m, l, acc = state
+    seen = m > float("-inf")
+    out = torch.where(seen, acc / torch.where(seen, l, 1.0), 0.0)
+    lse = torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), float("-inf"))
+    return out, lse
 
 
 def chunked_attention(
-    req: AttentionRequest, block_q: int = BLOCK_Q, block_k: int = BLOCK_K
+    req: AttentionRequest, ranges: KeyRanges | None = None, block_q: int = BLOCK_Q
 ) -> AttentionResult:
-    """Exact attention in ``(block_q, block_k)`` tiles (see the module docstring)."""
+    """Exact attention, one query block and its visible keys at a time (module docstring)."""
+    ranges = ranges if ranges is not None else key_ranges(req, block_q)
     hkv = req.k.shape[1]
-    q, k, v = _grouped(req.q, hkv), req.k.unsqueeze(2), req.v.unsqueeze(2)  # 5-d
-    user = _grouped_mask(req.mask, hkv)
-    tq, tk = q.shape[-2], k.shape[-2]
-    shift = tk - tq  # bottom-right alignment: query i sees keys j <= i + shift
+    q, k, v = grouped(req.q, hkv), req.k.unsqueeze(2), req.v.unsqueeze(2)  # 5-d
+    user = grouped_mask(req.mask, hkv)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    per_sequence = len(ranges.lo) > 1
     outs, lses = [], []
-    for qs in range(0, tq, block_q):
-        qe = min(qs + block_q, tq)
-        qb = q[..., qs:qe, :]
-        m = l = acc = None
-        last_key = min(tk, qe + shift) if req.causal else tk  # keys past this are hidden
-        for ks in range(0, max(last_key, 0), block_k):
-            ke = min(ks + block_k, tk)
-            s = _masked_scores(req, qb, k[..., ks:ke, :], user, qs, qe, ks, ke, shift, compute)
-            m_new = s.amax(dim=-1, keepdim=True)
-            if m is not None:
-                m_new = torch.maximum(m, m_new)
-            m_safe = torch.nan_to_num(m_new, neginf=0.0)  # rows with nothing seen yet
-            p = torch.exp(s - m_safe)
-            pv = torch.matmul(p, v[..., ks:ke, :].to(compute))
-            if m is None:
-                l, acc = p.sum(dim=-1, keepdim=True), pv
-            else:
-                alpha = torch.exp(m - m_safe)
-                l = l * alpha + p.sum(dim=-1, keepdim=True)
-                acc = acc * alpha + pv
-            m = m_new
-        if m is None:  # causal with no visible key at all for this block
-            shape = qb.shape[:-1] + (1,)
-            m = torch.full(shape, float("-inf"), dtype=compute, device=q.device)
-            l = torch.zeros(shape, dtype=compute, device=q.device)
-            acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=compute, device=q.device)
-        seen = l > 0
-        outs.append(torch.where(seen, acc / torch.where(seen, l, 1.0), 0.0))
-        lses.append(torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), float("-inf")))
-    b, h = req.q.shape[:2]
-    out = torch.cat(outs, dim=-2).reshape(b, h, tq, -1).to(req.q.dtype)
-    lse = torch.cat(lses, dim=-2).reshape(b, h, tq)  # float32 (float64 for float64 inputs)
-    weights = weights_from_lse(req, lse, block_k) if req.need_weights else None
+    for g in range(len(ranges.lo)):
+        sel = slice(g, g + 1) if per_sequence else slice(None)
+        qg, kg, vg = q[sel], k[sel], v[sel]
+        ug = user[sel] if per_sequence else user
+        o_rows, l_rows = [], []
+        for i, (lo, hi) in enumerate(zip(ranges.lo[g], ranges.hi[g])):
+            qs, qe = i * ranges.block_q, min((i + 1) * ranges.block_q, q.shape[-2])
+            o, lse = _query_block(req, qg, kg, vg, ug, qs, qe, lo, hi, ranges.dense[g][i], compute)
+            o_rows.append(o)
+            l_rows.append(lse)
+        outs.append(torch.cat(o_rows, dim=-2))
+        lses.append(torch.cat(l_rows, dim=-2))
+    b, h, tq = req.q.shape[:3]
+    out = torch.cat(outs, dim=0).reshape(b, h, tq, -1).to(req.q.dtype)
+    lse = torch.cat(lses, dim=0).reshape(b, h, tq)  # float32 (float64 for float64 inputs)
+    weights = None
+    if req.need_weights:
+        weights = attention_weights(req, lse, req.weight_heads, req.weight_rows)
     return AttentionResult(out=out, weights=weights, lse=lse if req.need_lse else None)
 
 
-def weights_from_lse(req: AttentionRequest, lse: Tensor, block_k: int = BLOCK_K) -> Tensor:
-    """Attention weights recomputed from the log-sum-exp: ``exp(QK^T * scale + M - lse)``.
-
-    Shape: lse ``(B, H, Tq)`` -> weights ``(B, H, Tq, Tk)``. Rows with ``lse = -inf``
-    (no visible key) get zeros.
-    """
-    hkv = req.k.shape[1]
-    q, k = _grouped(req.q, hkv), req.k.unsqueeze(2)
-    user = _grouped_mask(req.mask, hkv)
-    tq, tk = q.shape[-2], k.shape[-2]
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse5 = _grouped(lse.unsqueeze(-1), hkv).to(compute)  # (B, Hkv, G, Tq, 1)
-    lse5 = torch.where(torch.isinf(lse5), float("inf"), lse5)  # exp(s - inf) = 0
-    tiles = []
-    for ks in range(0, tk, block_k):
-        ke = min(ks + block_k, tk)
-        s = _masked_scores(req, q, k[..., ks:ke, :], user, 0, tq, ks, ke, tk - tq, compute)
-        tiles.append(torch.exp(s - lse5))
-    b, h = req.q.shape[:2]
-    return torch.cat(tiles, dim=-1).reshape(b, h, tq, tk).to(req.q.dtype)
-
-
 class ChunkedBackend(Backend):
-    """Online softmax over key blocks: O(Tq * block) memory, any mask, returns the lse."""
+    """Online softmax over visible key ranges: O(Tq * block) memory, any mask, the lse."""
 
     name = "chunked"
 
@@ -151,4 +202,4 @@ class ChunkedBackend(Backend):
         return []
 
     def __call__(self, req: AttentionRequest) -> AttentionResult:
-        return chunked_attention(req)
+        return chunked_attention(req, req.remember("key_ranges", lambda: key_ranges(req)))
