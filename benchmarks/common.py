@@ -24,6 +24,7 @@ __all__ = [
     "machine",
     "measure",
     "measure_pair",
+    "measure_turns",
     "peak_rss_mib",
     "render_markdown",
     "report",
@@ -114,6 +115,24 @@ def measure_pair(
             fn()
             bucket.append(time.perf_counter() - t0)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def measure_turns(
+    fns: dict[str, Callable[[], object]], *, repeat: int = 5, budget_s: float = 60
+) -> dict[str, float]:
+    """Median wall time of each function, all called in turns (see :func:`measure_pair`)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    while min(map(len, times.values())) < repeat and (
+        not times[next(iter(fns))] or time.perf_counter() - start < budget_s
+    ):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def peak_rss_mib(code: str) -> float:
@@ -243,5 +262,8 @@ def cli(run: Callable[..., dict], doc: str | None) -> None:
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     ap.add_argument("--out", default="benchmarks/results", type=Path)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     run(args.out, args.quick)

@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("name", nargs="?", default=None)
     b.add_argument("--out", default="benchmarks/results")
     b.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
     data = sub.add_parser("data", help="corpora")
     dsub = data.add_subparsers(dest="data_command", required=True)
