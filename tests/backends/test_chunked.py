@@ -1,0 +1,88 @@
+"""The chunked backend's block skipping: key ranges from masks, exactness, and dispatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkv
+from qkv.backends import chunked
+from qkv.functional import _request
+from tests.conftest import naive_attention
+
+
+def _band(tq: int, tk: int, width: int) -> torch.Tensor:
+    i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+    return (i + (tk - tq) - j).abs() <= width
+
+
+def _ranges(q, k, v, mask=None, causal=False, block_q=16):
+    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+    return chunked.key_ranges(req, block_q)
+
+
+def test_key_ranges_follow_the_mask_structure():
+    q = k = v = torch.randn(2, 1, 64, 4)
+    causal = _ranges(q, k, v, causal=True)
+    assert causal.lo == [[0, 0, 0, 0]] and causal.hi == [[16, 32, 48, 64]]
+    band = _ranges(q, k, v, _band(64, 64, 5))
+    assert band.lo == [[0, 11, 27, 43]] and band.hi == [[21, 37, 53, 64]]
+    assert band.dense == [[False] * 4]
+    pad = _ranges(q, k, v, qkv.padding_mask(torch.tensor([64, 20]), 64)[:, None, None, :])
+    assert pad.hi == [[64] * 4, [20] * 4] and pad.dense == [[True] * 4] * 2  # per sequence
+    hidden = torch.ones(64, 64, dtype=torch.bool)
+    hidden[16:32] = False  # the second query block sees nothing at all
+    none = _ranges(q, k, v, hidden)
+    assert none.lo[0][1] == none.hi[0][1] == 0
+    assert 0 < band.visible_share(64, 64) < 0.6
+
+
+@pytest.mark.parametrize("tile", [chunked.TILE_ELEMENTS, 64])  # 64: many key chunks, online
+@pytest.mark.parametrize("kind", ["band", "band-causal", "padding", "rows-hidden", "alibi"])
+def test_skipping_is_exact(kind, tile, monkeypatch):
+    monkeypatch.setattr(chunked, "TILE_ELEMENTS", tile)
+    b, h, hkv, tq, tk = 2, 4, 2, 70, 90
+    q = torch.randn(b, h, tq, 8, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, tk, 8, dtype=torch.float64) for _ in range(2))
+    mask, causal = _band(tq, tk, 9), kind == "band-causal"
+    if kind == "padding":
+        mask = qkv.padding_mask(torch.tensor([90, 33]), tk)[:, None, None, :]
+    elif kind == "rows-hidden":
+        mask = mask.clone()
+        mask[20:45] = False
+    elif kind == "alibi":  # a float bias with -inf outside the band
+        slopes = qkv.modules.positional.alibi_slopes(h)[:, None, None].double()
+        dist = (torch.arange(tq)[:, None] + tk - tq - torch.arange(tk)[None, :]).abs()
+        mask = (-slopes * dist).masked_fill(~mask, float("-inf"))[None]
+    req = _request(q, k, v, mask, causal, None, 0.0, True, True)
+    result = chunked.chunked_attention(req, block_q=16)
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
+    torch.testing.assert_close(result.out, ref_out, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(result.weights, ref_w.expand_as(result.weights), atol=1e-12, rtol=0)
+    hidden = ref_w.sum(-1).expand(b, h, tq) == 0
+    assert torch.isneginf(result.lse[hidden]).all() and torch.isfinite(result.lse[~hidden]).all()
+
+
+def test_gradients_flow_through_skipped_blocks():
+    q = torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    mask = _band(40, 40, 4)
+    out = qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked")
+    ref, _ = naive_attention(q, k, v, mask)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
+
+
+def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
+    t = 1024  # Tq * Tk reaches SKIP_MIN_SCORES
+    q = k = v = torch.randn(1, 2, t, 16)
+    band = qkv.explain_dispatch(q, k, v, _band(t, t, 64))
+    assert band.chosen == "chunked"
+    assert any("chunked skips" in r for r in band.reasons["sdpa"])
+    assert qkv.explain_dispatch(q, k, v, torch.rand(t, t) > 0.5).chosen == "sdpa"
+    assert qkv.explain_dispatch(q[:, :, :64], k[:, :, :64], v[:, :, :64],
+                                _band(64, 64, 2)).chosen == "sdpa"  # fmt: skip
+    grad = q.clone().requires_grad_()
+    assert qkv.explain_dispatch(grad, k, v, _band(t, t, 64)).chosen == "sdpa"
