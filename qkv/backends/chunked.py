@@ -43,7 +43,7 @@ from qkv.backends.weights import attention_weights
 __all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 
 BLOCK_Q = 128  # query rows per block (the granularity of the key ranges)
-TILE_ELEMENTS = 1 << 22  # scores per tile (16 MiB in float32) before a range is split
+TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
 
 
@@ -71,32 +71,25 @@ class KeyRanges:
 
 
 def key_ranges(req: AttentionRequest, block_q: int = BLOCK_Q) -> KeyRanges:
-    """Reduce the mask (user mask and causal) to a visible key range per query block."""
+    """Reduce the mask (user mask and causal) to a visible key range per query block.
+
+    The mask is read one query block at a time, so no mask-sized temporary is made.
+    """
     tq, tk = req.q.shape[-2], req.k.shape[-2]
     nq = -(-tq // block_q)
-    shift = tk - tq  # bottom-right alignment: query i sees keys j <= i + shift
     mask = req.mask
-    if mask is None:
-        groups = [None]
-    else:
-        is_bool = mask.dtype == torch.bool
-        visible = mask if is_bool else mask > float("-inf")
-        # (B?, Tq?, Tk?): a key is in range if any head sees it; dense if every head does
-        groups = list(zip(visible.any(dim=1), visible.all(dim=1)))
     out = KeyRanges(block_q, [], [], [])
-    for group in groups:
+    for b in range(1 if mask is None else mask.shape[0]):  # per sequence if the mask is
         lo, hi, dense = [0] * nq, [tk] * nq, [True] * nq
-        if group is not None:
-            vis, every = group
-            for i, row in enumerate(_block_columns(vis, nq, block_q).expand(nq, tk)):
-                seen = row.nonzero()
-                lo[i], hi[i] = (int(seen[0]), int(seen[-1]) + 1) if len(seen) else (0, 0)
-                rows = every[i * block_q : (i + 1) * block_q] if vis.shape[0] > 1 else every
-                keys = rows[:, lo[i] : hi[i]] if vis.shape[1] > 1 else rows
-                dense[i] = is_bool and bool(keys.all())  # a float mask is always added
+        if mask is not None and mask.shape[2] == 1:  # the same keys for every query row
+            lo, hi, dense = (list(x) for x in zip(*[_block_range(mask[b], tk)] * nq))
+        elif mask is not None:
+            for i in range(nq):
+                rows = mask[b, :, i * block_q : (i + 1) * block_q]
+                lo[i], hi[i], dense[i] = _block_range(rows, tk)
         if req.causal:
             for i in range(nq):
-                last = min(tk, min((i + 1) * block_q, tq) + shift)  # the block's last row
+                last = min(tk, min((i + 1) * block_q, tq) + tk - tq)  # the block's last row
                 hi[i] = max(min(hi[i], last), 0)
         out.lo.append(lo)
         out.hi.append(hi)
@@ -104,12 +97,20 @@ def key_ranges(req: AttentionRequest, block_q: int = BLOCK_Q) -> KeyRanges:
     return out
 
 
-def _block_columns(vis: Tensor, nq: int, block_q: int) -> Tensor:
-    """``(Tq?, Tk?)`` visibility -> ``(nq?, Tk?)``: keys some row of each query block sees."""
-    if vis.shape[0] == 1:
-        return vis.cpu()
-    rows = [vis[i * block_q : (i + 1) * block_q].any(dim=0) for i in range(nq)]  # no copy
-    return torch.stack(rows).cpu()  # one device sync
+def _block_range(block: Tensor, tk: int) -> tuple[int, int, bool]:
+    """``(lo, hi, dense)`` of one query block's mask ``(H?, rows?, Tk?)``.
+
+    A key is in range if any head and row sees it; dense means every head and row sees
+    every key in range (only for boolean masks: a float mask is always added).
+    """
+    visible = block if block.dtype == torch.bool else block > float("-inf")
+    cols = visible.any(dim=1).any(dim=0).expand(tk)
+    seen = cols.nonzero()  # one device sync per block
+    if len(seen) == 0:
+        return 0, 0, True
+    lo, hi = int(seen[0]), int(seen[-1]) + 1
+    keys = visible[..., lo:hi] if visible.shape[-1] > 1 else visible
+    return lo, hi, block.dtype == torch.bool and bool(keys.all())
 
 
 def _softmax_tile(s: Tensor, v: Tensor, state, inplace: bool):

@@ -1,0 +1,169 @@
+"""Masks on the CPU: qkv against FlexAttention (structured masks) and SDPA (any mask).
+
+Two peers. FlexAttention (``torch.nn.attention.flex_attention`` under ``torch.compile``)
+skips the blocks a structured mask hides; its compile time is reported in its own rows.
+SDPA takes any mask, computes every score and masks afterwards. qkv runs ``auto`` (which
+takes the ``chunked`` backend when a mask hides most blocks, SDPA otherwise) with no
+compile step. B=1, H=8, D=64, float32, forward only (inference).
+
+Each row also gives the fraction of this machine's measured float32 matmul throughput
+that a call reaches, counting only the scores a mask leaves visible (4·B·H·D FLOPs per
+visible score).
+
+Run: ``python benchmarks/masks.py [--quick] [--out DIR] [--threads N]`` or
+``qkv bench masks``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import qkv  # noqa: E402
+from benchmarks.common import cli, measure_turns, peak_rss_mib, report, result  # noqa: E402
+
+B, H, D = 1, 8, 64
+WINDOW = 256
+
+
+def matmul_gflops(n: int = 2048) -> float:
+    """This machine's float32 matmul throughput (GFLOP/s) at the current thread count."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(4):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def structured(t: int) -> dict[str, tuple]:
+    """name -> (boolean (T, T) mask or None for causal, FlexAttention mask_mod)."""
+    docs = torch.arange(t) * 4 // t  # four documents of equal length
+
+    def window(b, h, q, k):
+        return (q - k).abs() <= WINDOW
+
+    def causal(b, h, q, k):
+        return q >= k
+
+    def document(b, h, q, k):
+        return docs[q] == docs[k]
+
+    i = torch.arange(t)
+    return {
+        f"sliding window ±{WINDOW}": ((i[:, None] - i[None, :]).abs() <= WINDOW, window),
+        "causal": (None, causal),
+        "4 documents": (docs[:, None] == docs[None, :], document),
+    }
+
+
+def _flex(q, k, v, mod, t):
+    """A compiled FlexAttention call for ``mod``, and the seconds its first call took."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._dynamo.config.recompile_limit = 64  # one compiled graph per mask and length
+    compiled = torch.compile(flex_attention, dynamic=False)
+    block = create_block_mask(mod, None, None, t, t, device="cpu")
+    start = time.perf_counter()
+    compiled(q, k, v, block_mask=block)
+    return (lambda: compiled(q, k, v, block_mask=block)), time.perf_counter() - start
+
+
+def structured_rows(t: int, peak: float) -> list[dict]:
+    rows = []
+    q, k, v = (torch.randn(B, H, t, D) for _ in range(3))
+    for name, (mask, mod) in structured(t).items():
+        causal = mask is None
+        flex, compile_s = _flex(q, k, v, mod, t)
+        fns = {
+            "qkv": lambda: qkv.scaled_dot_product_attention(q, k, v, mask, causal=causal),
+            "flex": flex,
+        }
+        with torch.no_grad():
+            s = measure_turns(fns, repeat=5)
+        visible = (t * (t + 1) / 2) if causal else float(mask.sum())
+        flops = 4 * B * H * D * visible
+        rows.append(result(f"{name}, T={t}", s["qkv"], "FlexAttention (compiled)", s["flex"],
+                           target="≤ 1.25×", met=s["qkv"] <= 1.25 * s["flex"],
+                           qkv_matmul_fraction=flops / s["qkv"] / 1e9 / peak,
+                           peer_matmul_fraction=flops / s["flex"] / 1e9 / peak,
+                           peer_compile_s=compile_s))  # fmt: skip
+    return rows
+
+
+def arbitrary(t: int) -> dict[str, torch.Tensor]:
+    """Masks with no block structure: a random boolean mask and an ALiBi bias."""
+    slopes = qkv.modules.positional.alibi_slopes(H)[:, None, None]
+    dist = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs()
+    return {"random boolean (50%)": torch.rand(t, t) > 0.5, "ALiBi bias": -slopes * dist}
+
+
+MEMORY = """
+import torch, qkv
+torch.set_num_threads({threads})
+t = {t}
+q, k, v = (torch.randn(1, {h}, t, {d}) for _ in range(3))
+mask = {mask}
+with torch.no_grad():  # a first call, so that one-time allocations are not counted
+    {call}
+# --- measure ---
+with torch.no_grad():
+    {call}
+"""
+
+
+def _memory(t: int, mask: str, call: str) -> float:
+    code = MEMORY.format(threads=torch.get_num_threads(), t=t, h=H, d=D, mask=mask, call=call)
+    return peak_rss_mib(code)
+
+
+def arbitrary_rows(t: int, peak: float) -> list[dict]:
+    rows = []
+    q, k, v = (torch.randn(B, H, t, D) for _ in range(3))
+    dist = "(torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs()"
+    alibi = f"-qkv.modules.positional.alibi_slopes({H})[:, None, None] * {dist}"
+    sources = {"random boolean (50%)": "torch.rand(t, t) > 0.5", "ALiBi bias": alibi}
+    ours = 'qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked")'
+    theirs = "torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)"
+    for name, mask in arbitrary(t).items():
+        fns = {
+            "chunked": lambda: qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked"),
+            "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
+        }
+        with torch.no_grad():
+            s = measure_turns(fns, repeat=3)
+        mem_q, mem_p = _memory(t, sources[name], ours), _memory(t, sources[name], theirs)
+        flops = 4 * B * H * D * t * t
+        rows.append(result(f"{name}, T={t}, qkv chunked", s["chunked"], "torch SDPA with the mask",
+                           s["sdpa"], target="≤ 1.0×", met=s["chunked"] <= s["sdpa"],
+                           qkv_matmul_fraction=flops / s["chunked"] / 1e9 / peak,
+                           peer_matmul_fraction=flops / s["sdpa"] / 1e9 / peak))  # fmt: skip
+        met = mem_q <= 0.25 * mem_p
+        rows.append(result(f"{name}, T={t}, peak memory", mem_q, "torch SDPA with the mask",
+                           mem_p, unit="MiB", target="≤ 0.25×", met=met))  # fmt: skip
+    return rows
+
+
+def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict:
+    """Run every case; write ``out_dir/masks.json``; return the rows."""
+    torch.manual_seed(0)
+    peak = matmul_gflops()
+    ts = [1024] if quick else [2048, 4096]
+    rows = [r for t in ts for r in structured_rows(t, peak) + arbitrary_rows(t, peak)]
+    notes = (
+        f"CPU fp32, forward (no grad), B={B}, H={H}, D={D}; qkv and peer called in turns. "
+        f"Measured float32 matmul throughput: {peak:.1f} GFLOP/s (2048×2048×2048); "
+        "`*_matmul_fraction` in the JSON is the fraction of it each call reaches, "
+        "counting only visible scores. FlexAttention's compile time is `peer_compile_s`."
+    )
+    return report(out_dir, "masks", rows, notes=notes)
+
+
+if __name__ == "__main__":
+    cli(run, __doc__)
