@@ -18,18 +18,18 @@ Usage::
 
     python benchmarks/gpu.py [OUT_DIR] [--quick] [--budget-s 240]
 
-Results go to ``OUT_DIR/gpu_<time>.json`` (default ``benchmarks/results/``) and a table is
-printed. Autotuning (Hopper configs in :mod:`qkv.backends.triton_flash` and
-:mod:`qkv.backends.triton_bwd`) happens on each kernel's first call and is not timed. Without
-a CUDA device the script says so and exits with status 0; it exits with 1 if qkv's kernel
-failed on any case.
+Results go to ``OUT_DIR/gpu.json`` (default ``benchmarks/results/``) in the format every
+benchmark shares (:func:`benchmarks.common.write`: machine, versions, command, and one row
+per case with qkv's figure beside the peer's), so ``qkv bench`` puts them into
+BENCHMARKS.md; ``qkv bench gpu`` runs it too. A table is printed. Autotuning (Hopper
+configs in :mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.triton_bwd`) happens
+on each kernel's first call and is not timed. Without a CUDA device the script says so
+and exits with status 0; it exits with 1 if qkv's kernel failed on any case.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,7 +37,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-__all__ = ["main"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import result, write  # noqa: E402
+
+__all__ = ["main", "run", "to_results"]
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 QUICK_LENGTHS = [1024, 4096]
@@ -45,6 +49,7 @@ HEADS = {64: 32, 128: 16}  # head size -> number of heads (model width 2048)
 TOKENS = 16384
 SDPA_KERNELS = ["flash", "cudnn", "efficient"]
 FWD_BWD_FACTOR = 3.5  # forward (1) + backward (2.5), as flash-attn counts
+FWD_TFLOPS_TARGET = 450.0  # forward, D = 128, T >= 4k, non-causal, on an H200
 
 
 def attention_flops(b: int, h: int, t: int, d: int, causal: bool, mode: str) -> float:
@@ -140,6 +145,46 @@ def _add_ratios(rows: list[dict]) -> None:
             by_impl["qkv"]["ratio_to_sdpa"] = ratios
 
 
+def _target(row: dict) -> tuple[str | None, bool | None]:
+    """The issue's target for a qkv row against the best SDPA kernel, and whether it is met."""
+    ratio = row.get("best_ratio")
+    if ratio is None:
+        return None, None
+    if row["mode"] == "fwd+bwd":
+        return "≥ 0.9×", ratio >= 0.9
+    if row["D"] == 128 and row["T"] >= 4096 and not row["causal"]:
+        met = ratio >= 1.0 and row["tflops"] >= FWD_TFLOPS_TARGET
+        return f"≥ 1.0× and ≥ {FWD_TFLOPS_TARGET:.0f} TFLOP/s", met
+    return None, None
+
+
+def to_results(rows: list[dict]) -> list[dict]:
+    """Measurement rows -> the shared format: qkv against the fastest SDPA kernel per case.
+
+    Each result carries qkv's and the peer's TFLOP/s and milliseconds, every kernel's
+    ratio, and qkv's largest differences from SDPA (out, dq, dk, dv).
+    """
+    out = []
+    keys = sorted({(r["D"], r["T"], r["causal"], r["mode"]) for r in rows})
+    for d, t, causal, mode in keys:
+        group = {r["impl"]: r for r in rows if (r["D"], r["T"], r["causal"], r["mode"]) ==
+                 (d, t, causal, mode)}  # fmt: skip
+        ours = group.get("qkv", {})
+        ran = [n for n in SDPA_KERNELS if group.get(n, {}).get("tflops")]
+        if not ours.get("tflops") or not ran:
+            continue
+        best = max(ran, key=lambda n: group[n]["tflops"])
+        row = dict(ours, best_ratio=ours["tflops"] / group[best]["tflops"])
+        target, met = _target(row)
+        case = f"D={d} T={t} {'causal' if causal else 'full'} {mode}"
+        extra = dict(qkv_ms=ours["ms"], peer_ms=group[best]["ms"], B=ours["B"], H=ours["H"],
+                     ratio_to_sdpa=ours.get("ratio_to_sdpa"),
+                     max_abs_diff=ours.get("max_abs_diff"))  # fmt: skip
+        out.append(result(case, ours["tflops"], f"SDPA {best}", group[best]["tflops"],
+                          unit="TFLOP/s", target=target, met=met, **extra))  # fmt: skip
+    return out
+
+
 def _fmt(x: float | None, spec: str = "6.1f") -> str:
     return format(x, spec) if x is not None else "   -  "
 
@@ -197,30 +242,29 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_case(d, t, causal)
         torch.cuda.empty_cache()
 
-    result = dict(
-        device=torch.cuda.get_device_name(),
-        torch=torch.__version__,
-        triton=triton.__version__,
-        python=platform.python_version(),
-        dtype="bfloat16",
-        tokens_per_batch=TOKENS,
-        flops="fwd 4*B*H*T*T*D, fwd+bwd 3.5x, causal halved",
-        seconds=round(time.monotonic() - start, 1),
-        skipped_over_budget=skipped,
-        rows=rows,
+    seconds = round(time.monotonic() - start, 1)
+    notes = (
+        f"{torch.cuda.get_device_name()}, triton {triton.__version__}, bfloat16, about "
+        f"{TOKENS} tokens per batch; FLOPs: forward 4·B·H·T·T·D, fwd+bwd 3.5×, causal halved; "
+        f"qkv against the fastest SDPA kernel of each case ({seconds} s"
+        + (f"; {len(skipped)} cases skipped over the budget" if skipped else "")
+        + "). Every kernel's ratio and qkv's differences from SDPA are in the JSON."
     )
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"gpu_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = write(args.out_dir, "gpu", to_results(rows), notes=notes)
     print()
     print_table(rows)
-    print(f"\n{len(rows)} rows in {result['seconds']} s -> {path}")
+    print(f"\n{len(rows)} rows in {seconds} s -> {path}")
     if skipped:
         print(f"{len(skipped)} cases skipped: over the {args.budget_s:.0f} s budget")
     failed = [r for r in rows if r["impl"] == "qkv" and r.get("error")]
     for row in failed:
         print(f"qkv failed at D={row['D']} T={row['T']} causal={row['causal']}: {row['error']}")
     return 1 if failed else 0
+
+
+def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> None:
+    """``qkv bench gpu``: the same run (nothing to measure without a CUDA device)."""
+    main([str(out_dir)] + (["--quick"] if quick else []))
 
 
 if __name__ == "__main__":

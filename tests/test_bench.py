@@ -1,0 +1,59 @@
+"""The benchmark suite's plumbing: one JSON format, BENCHMARKS.md, turns, GPU targets."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import common, gpu
+from qkv.bench import MARK, update_markdown
+
+
+def _row(impl, mode="fwd", tflops=100.0, d=128, t=4096, causal=False, **extra):
+    return dict(impl=impl, D=d, H=16, B=4, T=t, causal=causal, mode=mode, ms=1.0,
+                tflops=tflops, **extra)  # fmt: skip
+
+
+def test_gpu_rows_compare_qkv_with_the_fastest_sdpa_kernel():
+    rows = [
+        _row("qkv", tflops=500.0, max_abs_diff={"out": 1e-3}),
+        _row("flash", tflops=480.0),
+        _row("cudnn", tflops=520.0),
+        _row("efficient", tflops=None, error="not supported"),
+        _row("qkv", mode="fwd+bwd", tflops=190.0),
+        _row("flash", mode="fwd+bwd", tflops=200.0),
+        _row("qkv", t=1024, tflops=None, error="out of resources"),  # qkv failed: no row
+        _row("flash", t=1024, tflops=300.0),
+    ]
+    out = {r["case"]: r for r in gpu.to_results(rows)}
+    assert set(out) == {"D=128 T=4096 full fwd", "D=128 T=4096 full fwd+bwd"}
+    fwd = out["D=128 T=4096 full fwd"]
+    assert fwd["peer"] == "SDPA cudnn" and abs(fwd["ratio"] - 500 / 520) < 1e-12
+    assert fwd["met"] is False  # 0.96× of cuDNN, although above 450 TFLOP/s and flash
+    assert fwd["max_abs_diff"] == {"out": 1e-3} and fwd["unit"] == "TFLOP/s"
+    both = out["D=128 T=4096 full fwd+bwd"]
+    assert both["target"] == "≥ 0.9×" and both["met"] is True
+
+
+def test_every_benchmark_lands_in_benchmarks_md(tmp_path):
+    results = tmp_path / "results"
+    common.write(results, "alpha", [common.result("case one", 2.0, "peer A", 4.0)])
+    common.write(results, "beta", [common.result("case two", 9.0, "peer B", 3.0, unit="MiB",
+                                                 target="≤ 1.0×", met=False)])  # fmt: skip
+    (tmp_path / "BENCHMARKS.md").write_text(
+        "# Benchmarks\n\nhand-written text\n\n" + MARK + "\nold"
+    )
+    text = update_markdown(tmp_path, results).read_text()
+    assert "hand-written text" in text and "old" not in text.split(MARK)[1]
+    assert "| case one | 2.00 s | peer A | 4.00 s | 0.50× |" in text
+    assert "| case two | 9 MiB | peer B | 3 MiB | 3.00× | ≤ 1.0× ✗ |" in text
+    doc = json.loads((results / "alpha.json").read_text())
+    assert {"machine", "versions", "command", "date", "results"} <= set(doc)
+
+
+def test_measure_turns_alternates_the_functions():
+    calls = []
+    medians = common.measure_turns(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat=3
+    )
+    assert set(medians) == {"a", "b"} and all(v >= 0 for v in medians.values())
+    assert calls == ["a", "b"] * 4  # one warm-up each, then three turns
