@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend
 from qkv.backends.chunked import ChunkedBackend
 from qkv.backends.reference import ReferenceBackend
@@ -93,24 +95,29 @@ def explain(req: AttentionRequest) -> Dispatch:
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
     if chosen in ("sdpa", "reference") and not reasons.get("chunked"):
-        skipped = _skipped_share(req)
-        if skipped >= SKIP_SHARE:
-            reasons[chosen] = [f"chunked skips the {skipped:.0%} of the scores the mask hides"]
+        why = _chunked_is_faster(req)
+        if why:
+            reasons[chosen] = [why]
             chosen = "chunked"
     return Dispatch(chosen=chosen, reasons=reasons)
 
 
-def _skipped_share(req: AttentionRequest) -> float:
-    """Share of the scores chunked would never compute (0 when not worth looking)."""
+def _chunked_is_faster(req: AttentionRequest) -> str | None:
+    """Why chunked beats SDPA on this CPU request (measured in ``qkv bench masks``), or None."""
     from qkv.backends.chunked import key_ranges
 
     tq, tk = req.q.shape[-2], req.k.shape[-2]
     if req.q.device.type != "cpu" or req.requires_grad or req.mask is None:
-        return 0.0
+        return None
     if tq * tk < SKIP_MIN_SCORES:
-        return 0.0
+        return None
+    if req.mask.dtype != torch.bool and req.mask.shape[1] > 1:
+        return "chunked hands a per-head float mask to SDPA one block at a time (faster)"
     ranges = req.remember("key_ranges", lambda: key_ranges(req))
-    return 1.0 - ranges.visible_share(tq, tk)
+    skipped = 1.0 - ranges.visible_share(tq, tk)
+    if skipped >= SKIP_SHARE:
+        return f"chunked skips the {skipped:.0%} of the scores the mask hides"
+    return None
 
 
 def _reference_too_large(req: AttentionRequest) -> list[str]:

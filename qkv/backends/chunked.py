@@ -12,20 +12,22 @@ Rabe & Staats 2021; Dao et al. 2022):
 and at the end ``out = acc / l`` and ``lse = m + log l``. Only a tile of scores exists at a
 time, so memory is ``O(Tq * block)`` instead of ``O(Tq * Tk)``.
 
-What makes it fast on a CPU, with no compile step:
+That loop (:func:`_query_block`) is the readable reference, and it is what runs when the
+log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile step:
 
 - **Visible key ranges.** Before any arithmetic, the mask (causal, sliding window, key
-  padding, any boolean or ``-inf`` pattern) is reduced to one key range ``[lo, hi)`` per
-  block of queries (:func:`key_ranges`); keys outside it are never multiplied. A causal or
-  banded mask therefore costs what its visible area costs, as in FlexAttention's block
-  masks. A mask that differs per sequence (key padding) gets ranges per sequence.
-- **Big tiles.** Inside its range a query block takes as many keys at once as fit in
-  :data:`TILE_ELEMENTS` scores, so usually the whole range is one tile: one matrix
-  product, one in-place softmax, one matrix product, and no online rescaling at all.
-- **Masking only where needed.** A tile whose keys are all visible skips the mask, and the
-  causal mask touches only the diagonal columns of a tile.
+  padding, documents, any boolean or ``-inf`` pattern) is reduced to one key range
+  ``[lo, hi)`` per block of queries (:func:`key_ranges`); keys outside it are never
+  touched. A banded mask therefore costs what its visible area costs, as with
+  FlexAttention's block masks. A mask that differs per sequence gets ranges per sequence.
+- **A fused kernel inside each range.** Without the lse, every query block hands its range
+  to torch's fused SDPA kernel (:func:`fused_blocks`), whose mask temporaries are then one
+  block in size instead of ``Tq x Tk``.
+- **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
+  once as fit in :data:`TILE_ELEMENTS` scores (usually the whole range: no rescaling),
+  adds masks as ``0 / -inf`` biases, and applies the causal mask to diagonal columns only.
 
-Weights, when asked for, are recomputed block by block from the log-sum-exp
+Weights, when asked for, are recomputed block by block
 (:func:`qkv.backends.weights.attention_weights`).
 """
 
@@ -42,7 +44,7 @@ from qkv.backends.weights import attention_weights
 
 __all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 
-BLOCK_Q = 128  # query rows per block (the granularity of the key ranges)
+BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
 
@@ -163,8 +165,17 @@ def _query_block(req, q, k, v, user, qs, qe, lo, hi, dense, compute):
 def chunked_attention(
     req: AttentionRequest, ranges: KeyRanges | None = None, block_q: int = BLOCK_Q
 ) -> AttentionResult:
-    """Exact attention, one query block and its visible keys at a time (module docstring)."""
+    """Exact attention, one query block and its visible keys at a time (module docstring).
+
+    Without ``need_lse`` each block runs torch's fused kernel on its key range
+    (:func:`fused_blocks`); with it, the online softmax below, which yields the lse.
+    """
     ranges = ranges if ranges is not None else key_ranges(req, block_q)
+    if not req.need_lse:
+        weights = None
+        if req.need_weights:
+            weights = attention_weights(req, None, req.weight_heads, req.weight_rows)
+        return AttentionResult(out=fused_blocks(req, ranges), weights=weights)
     hkv = req.k.shape[1]
     q, k, v = grouped(req.q, hkv), req.k.unsqueeze(2), req.v.unsqueeze(2)  # 5-d
     user = grouped_mask(req.mask, hkv)
@@ -190,6 +201,57 @@ def chunked_attention(
     if req.need_weights:
         weights = attention_weights(req, lse, req.weight_heads, req.weight_rows)
     return AttentionResult(out=out, weights=weights, lse=lse if req.need_lse else None)
+
+
+def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
+    """The output alone: every query block calls torch SDPA on its visible keys only.
+
+    SDPA's CPU kernel computes every score it is given and masks afterwards; handing it
+    one query block and just the keys of its range skips what the mask hides in whole
+    blocks, and its mask temporaries shrink to one block.
+    """
+    from qkv.backends.sdpa import SDPABackend
+
+    fused, tq = SDPABackend(), req.q.shape[-2]
+    per_sequence = len(ranges.lo) > 1
+    outs = []
+    for g in range(len(ranges.lo)):
+        sel = slice(g, g + 1) if per_sequence else slice(None)
+        rows = []
+        for i, (lo, hi) in enumerate(zip(ranges.lo[g], ranges.hi[g])):
+            qs, qe = i * ranges.block_q, min((i + 1) * ranges.block_q, tq)
+            qb = req.q[sel, :, qs:qe]
+            if hi <= lo:  # the block sees no key at all
+                rows.append(qb.new_zeros(qb.shape[:-1] + req.v.shape[-1:]))
+                continue
+            mask = _block_mask(req, sel, qs, qe, lo, hi, ranges.dense[g][i])
+            k, v = req.k[sel, :, lo:hi], req.v[sel, :, lo:hi]
+            block = AttentionRequest(qb, k, v, mask, False, req.scale, 0.0, False, False)
+            rows.append(fused(block).out)
+        outs.append(torch.cat(rows, dim=-2))
+    return torch.cat(outs, dim=0)
+
+
+def _block_mask(req: AttentionRequest, sel: slice, qs: int, qe: int, lo: int, hi: int, dense):
+    """The user mask of queries [qs, qe) and keys [lo, hi), with the causal part folded in."""
+    mask = None
+    if req.mask is not None and not dense:
+        m = req.mask
+        m = m[sel] if m.shape[0] > 1 else m
+        m = m[:, :, qs:qe] if m.shape[2] > 1 else m
+        mask = m[..., lo:hi] if m.shape[3] > 1 else m
+    shift = req.k.shape[-2] - req.q.shape[-2]
+    if req.causal and hi > qs + shift + 1:  # some key of the range is in some row's future
+        rows = torch.arange(qs, qe, device=req.q.device).unsqueeze(1)
+        cols = torch.arange(lo, hi, device=req.q.device).unsqueeze(0)
+        allowed = cols <= rows + shift
+        if mask is None:
+            mask = allowed
+        elif mask.dtype == torch.bool:
+            mask = mask & allowed
+        else:
+            mask = mask.masked_fill(~allowed, float("-inf"))
+    return mask
 
 
 class ChunkedBackend(Backend):

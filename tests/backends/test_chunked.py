@@ -37,9 +37,11 @@ def test_key_ranges_follow_the_mask_structure():
     assert 0 < band.visible_share(64, 64) < 0.6
 
 
-@pytest.mark.parametrize("tile", [chunked.TILE_ELEMENTS, 64])  # 64: many key chunks, online
+# fused: SDPA per block (no lse asked for); online: qkv's tiles (lse); 64: many key chunks
+@pytest.mark.parametrize("path", ["fused", "online", "online-many-chunks"])
 @pytest.mark.parametrize("kind", ["band", "band-causal", "padding", "rows-hidden", "alibi"])
-def test_skipping_is_exact(kind, tile, monkeypatch):
+def test_skipping_is_exact(kind, path, monkeypatch):
+    tile = 64 if path == "online-many-chunks" else chunked.TILE_ELEMENTS
     monkeypatch.setattr(chunked, "TILE_ELEMENTS", tile)
     b, h, hkv, tq, tk = 2, 4, 2, 70, 90
     q = torch.randn(b, h, tq, 8, dtype=torch.float64)
@@ -54,11 +56,13 @@ def test_skipping_is_exact(kind, tile, monkeypatch):
         slopes = qkv.modules.positional.alibi_slopes(h)[:, None, None].double()
         dist = (torch.arange(tq)[:, None] + tk - tq - torch.arange(tk)[None, :]).abs()
         mask = (-slopes * dist).masked_fill(~mask, float("-inf"))[None]
-    req = _request(q, k, v, mask, causal, None, 0.0, True, True)
+    req = _request(q, k, v, mask, causal, None, 0.0, True, path != "fused")
     result = chunked.chunked_attention(req, block_q=16)
     ref_out, ref_w = naive_attention(q, k, v, mask, causal)
     torch.testing.assert_close(result.out, ref_out, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(result.weights, ref_w.expand_as(result.weights), atol=1e-12, rtol=0)
+    if path == "fused":
+        return
     hidden = ref_w.sum(-1).expand(b, h, tq) == 0
     assert torch.isneginf(result.lse[hidden]).all() and torch.isfinite(result.lse[~hidden]).all()
 
@@ -84,5 +88,9 @@ def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
     assert qkv.explain_dispatch(q, k, v, torch.rand(t, t) > 0.5).chosen == "sdpa"
     assert qkv.explain_dispatch(q[:, :, :64], k[:, :, :64], v[:, :, :64],
                                 _band(64, 64, 2)).chosen == "sdpa"  # fmt: skip
+    alibi = -qkv.modules.positional.alibi_slopes(2)[:, None, None] * torch.rand(t, t)
+    per_head = qkv.explain_dispatch(q, k, v, alibi)  # SDPA's CPU kernel is slow with it
+    assert per_head.chosen == "chunked" and "per-head float" in per_head.reasons["sdpa"][0]
+    assert qkv.explain_dispatch(q, k, v, alibi[:1]).chosen == "sdpa"  # one map for all heads
     grad = q.clone().requires_grad_()
     assert qkv.explain_dispatch(grad, k, v, _band(t, t, 64)).chosen == "sdpa"
