@@ -2,7 +2,10 @@
 
 Every backend declares what it cannot do (:meth:`Backend.why_not`); ``auto`` takes the
 first backend in :data:`PREFERENCE` that can serve a request, and
-:func:`explain` says why each other one was not taken.
+:func:`explain` says why each other one was not taken. One measured exception: on the CPU,
+``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at least
+half of a large score matrix in whole blocks, or a per-head float mask; see
+``qkv bench masks``).
 """
 
 from __future__ import annotations

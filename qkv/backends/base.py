@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionRequest", "AttentionResult", "Backend", "causal_mask", "visible_rows"]
+__all__ = [
+    "AttentionRequest",
+    "AttentionResult",
+    "Backend",
+    "causal_mask",
+    "restrict",
+    "visible_rows",
+]
 
 
 @dataclass
@@ -64,13 +71,7 @@ class AttentionRequest:
         mask = self.mask
         if self.causal:
             tq, tk = self.q.shape[-2], self.k.shape[-2]
-            cm = causal_mask(tq, tk, device=self.q.device)
-            if mask is None:
-                mask = cm
-            elif mask.dtype == torch.bool:
-                mask = mask & cm
-            else:
-                mask = mask.masked_fill(~cm, float("-inf"))
+            mask = restrict(mask, causal_mask(tq, tk, device=self.q.device))
         return mask
 
 
@@ -99,6 +100,15 @@ class Backend:
 
     def __call__(self, req: AttentionRequest) -> AttentionResult:
         raise NotImplementedError
+
+
+def restrict(mask: Tensor | None, allowed: Tensor) -> Tensor:
+    """``mask`` (``None``, boolean or float) further limited to the ``allowed`` positions."""
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
 
 
 def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> Tensor:

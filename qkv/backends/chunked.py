@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.backends.base import AttentionRequest, AttentionResult, Backend
+from qkv.backends.base import AttentionRequest, AttentionResult, Backend, restrict
 from qkv.backends.tiles import grouped, grouped_mask, masked_scores, weighted_values
 from qkv.backends.weights import attention_weights
 
@@ -244,13 +244,7 @@ def _block_mask(req: AttentionRequest, sel: slice, qs: int, qe: int, lo: int, hi
     if req.causal and hi > qs + shift + 1:  # some key of the range is in some row's future
         rows = torch.arange(qs, qe, device=req.q.device).unsqueeze(1)
         cols = torch.arange(lo, hi, device=req.q.device).unsqueeze(0)
-        allowed = cols <= rows + shift
-        if mask is None:
-            mask = allowed
-        elif mask.dtype == torch.bool:
-            mask = mask & allowed
-        else:
-            mask = mask.masked_fill(~allowed, float("-inf"))
+        mask = restrict(mask, cols <= rows + shift)
     return mask
 
 
