@@ -214,22 +214,19 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
 
     fused, tq = SDPABackend(), req.q.shape[-2]
     per_sequence = len(ranges.lo) > 1
-    outs = []
+    out = req.q.new_zeros(req.q.shape[:-1] + req.v.shape[-1:])  # blocks without keys stay 0
     for g in range(len(ranges.lo)):
         sel = slice(g, g + 1) if per_sequence else slice(None)
-        rows = []
         for i, (lo, hi) in enumerate(zip(ranges.lo[g], ranges.hi[g])):
-            qs, qe = i * ranges.block_q, min((i + 1) * ranges.block_q, tq)
-            qb = req.q[sel, :, qs:qe]
             if hi <= lo:  # the block sees no key at all
-                rows.append(qb.new_zeros(qb.shape[:-1] + req.v.shape[-1:]))
                 continue
+            qs, qe = i * ranges.block_q, min((i + 1) * ranges.block_q, tq)
             mask = _block_mask(req, sel, qs, qe, lo, hi, ranges.dense[g][i])
             k, v = req.k[sel, :, lo:hi], req.v[sel, :, lo:hi]
-            block = AttentionRequest(qb, k, v, mask, False, req.scale, 0.0, False, False)
-            rows.append(fused(block).out)
-        outs.append(torch.cat(rows, dim=-2))
-    return torch.cat(outs, dim=0)
+            block = AttentionRequest(req.q[sel, :, qs:qe], k, v, mask, False, req.scale, 0.0,
+                                     False, False)  # fmt: skip
+            out[sel, :, qs:qe] = fused(block).out
+    return out
 
 
 def _block_mask(req: AttentionRequest, sel: slice, qs: int, qe: int, lo: int, hi: int, dense):
