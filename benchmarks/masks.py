@@ -158,11 +158,18 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     rows = [r for t in ts for r in structured_rows(t, peak) + arbitrary_rows(t, peak)]
     notes = (
         f"CPU fp32, forward (no grad), B={B}, H={H}, D={D}; qkv and peer called in turns. "
-        f"Measured float32 matmul throughput: {peak:.1f} GFLOP/s (2048×2048×2048); "
-        "`*_matmul_fraction` in the JSON is the fraction of it each call reaches, "
-        "counting only visible scores. FlexAttention's compile time is `peer_compile_s`."
+        f"Measured float32 matmul throughput: {peak:.1f} GFLOP/s (2048×2048×2048). "
+        "Share of it reached (qkv / peer), counting only visible scores: "
+        + "; ".join(_fraction(r) for r in rows if "qkv_matmul_fraction" in r)
+        + ". FlexAttention's first call (compile) took "
+        + ", ".join(f"{r['peer_compile_s']:.0f} s" for r in rows if "peer_compile_s" in r)
+        + "."
     )
     return report(out_dir, "masks", rows, notes=notes)
+
+
+def _fraction(row: dict) -> str:
+    return f"{row['case']} {row['qkv_matmul_fraction']:.0%} / {row['peer_matmul_fraction']:.0%}"
 
 
 if __name__ == "__main__":
