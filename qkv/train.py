@@ -77,10 +77,15 @@ def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
 
 
 def make_schedule(
-    optimizer: torch.optim.Optimizer, cfg, start_step: int = 0
+    optimizer: torch.optim.Optimizer, cfg, start_step: int = 0, elapsed=None
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup, then ``inverse_sqrt`` (``lr * sqrt(warmup / step)``), ``cosine``
-    (to ``min_lr`` at ``steps``) or ``constant``; positioned at ``start_step``."""
+    (to ``min_lr`` at ``steps``) or ``constant``; positioned at ``start_step``.
+
+    ``elapsed`` (seconds since the run started), given when ``max_seconds`` bounds a
+    one-process run, makes ``cosine`` follow whichever budget is used up faster, steps or
+    seconds, so a time-limited run still ends annealed (its steps then depend on speed).
+    """
     warmup, total, floor = max(cfg.warmup, 1), cfg.steps, cfg.min_lr / cfg.lr
 
     def factor(step: int) -> float:
@@ -90,7 +95,10 @@ def make_schedule(
         if cfg.schedule == "inverse_sqrt":
             return math.sqrt(warmup / step)
         if cfg.schedule == "cosine":
-            progress = min(1.0, (step - warmup) / max(total - warmup, 1))
+            progress = (step - warmup) / max(total - warmup, 1)
+            if elapsed is not None and cfg.max_seconds > 0:
+                progress = max(progress, elapsed() / cfg.max_seconds)
+            progress = min(1.0, progress)
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
 
@@ -166,7 +174,9 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     state = _State()
     if resume and (out / "last.safetensors").exists():
         state = _restore(out / "last.safetensors", model, optimizer)
-    schedule = make_schedule(optimizer, cfg, state.step)
+    started = time.perf_counter()
+    clock = (lambda: time.perf_counter() - started) if dist.world_size == 1 else None
+    schedule = make_schedule(optimizer, cfg, state.step, clock)
     wrapped = dist.wrap(model)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)

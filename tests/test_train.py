@@ -235,3 +235,37 @@ def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="broken.safetensors: weights do not fit"):
         load_checkpoint(tmp_path / "broken.safetensors")
     assert torch.load is not None  # the loader never calls torch.load (no pickle)
+
+
+def _lrs(schedule: str, steps: int = 100, warmup: int = 10, elapsed=None, start: int = 0, **kw):
+    from qkv.recipe import OptimConfig
+    from qkv.train import make_schedule
+
+    cfg = OptimConfig(steps=steps, warmup=warmup, lr=1e-3, schedule=schedule, **kw)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    sched = make_schedule(opt, cfg, start, elapsed)
+    out = []
+    for _ in range(steps - start):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_schedules_warm_up_then_decay_as_documented():
+    inv = _lrs("inverse_sqrt")
+    assert inv[0] == pytest.approx(1e-4) and inv[9] == pytest.approx(1e-3)  # linear warmup
+    assert inv[39] == pytest.approx(1e-3 * (10 / 40) ** 0.5)
+    cos = _lrs("cosine", min_lr=1e-5)
+    assert cos[9] == pytest.approx(1e-3) and cos[-1] == pytest.approx(1e-5, rel=1e-2)
+    assert all(a >= b for a, b in zip(cos[9:], cos[10:]))  # never rises after warmup
+    assert _lrs("cosine", start=40, min_lr=1e-5) == pytest.approx(cos[40:])  # resume: same lrs
+
+
+def test_cosine_follows_the_time_budget_when_it_runs_out_first():
+    half_time = _lrs("cosine", steps=1000, elapsed=lambda: 50.0, max_seconds=100)
+    assert half_time[20] == pytest.approx(0.5e-3)  # half the seconds spent: half way down
+    by_steps = _lrs("cosine", steps=1000, elapsed=lambda: 0.0, max_seconds=100)
+    assert by_steps[20] > 0.99e-3  # no time spent: the steps decide
+    ignored = _lrs("cosine", steps=1000, elapsed=lambda: 50.0, max_seconds=0)
+    assert ignored[20] > 0.99e-3  # without a time budget the clock is not used
