@@ -18,6 +18,12 @@ Method:
     validation pairs and reported on the test pairs. Baselines: the monotonic diagonal
     (the :math:`j`-th of ``T`` target words links to source word
     :math:`\\mathrm{round}(j (S-1)/(T-1))`) and a uniformly random source word (expected AER).
+
+    The full run adds real sentences: Tatoeba kor-eng (5,749 pairs, ``kor.txt``) with
+    held-out validation and test sets split by Korean sentence (no source sentence in two
+    splits), a BPE tokenizer per language, a Bahdanau GRU and a Transformer trained for a
+    wall-clock budget each. There is no gold alignment, so it reports held-out sacreBLEU
+    and draws the attention heatmaps of three held-out sentences.
 """
 
 from __future__ import annotations
@@ -25,19 +31,60 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from qkv.data.toy import ToyPair
-from qkv.lab.common import LabRun, Table, fonts_for, new_figure, save_figure, seed_all
+from qkv.lab.common import (
+    LabRun,
+    Table,
+    fonts_for,
+    new_figure,
+    save_figure,
+    seed_all,
+    shared_data,
+)
 from qkv.lab.training import MODEL_FAMILIES, train_model, write_toy_corpus
 
-__all__ = ["Setting", "QUICK", "FULL", "aer", "attention_maps", "baselines", "run", "table"]
+__all__ = [
+    "Setting",
+    "TatoebaSetting",
+    "QUICK",
+    "FULL",
+    "aer",
+    "attention_maps",
+    "baselines",
+    "run",
+    "table",
+    "tatoeba_part",
+]
 
 log = logging.getLogger(__name__)
 
 SHOWN = ["고양이가 쥐를 잡았다"]  # plus the two longest test sentences of at most 10 words
+
+
+@dataclass(frozen=True)
+class TatoebaSetting:
+    """The Tatoeba kor-eng part of the full run (real sentences, BPE, no gold alignment)."""
+
+    models: tuple[str, ...]
+    vocab_size: int  # per language (two BPE vocabularies)
+    embed: int
+    width: int
+    transformer_width: int
+    dropout: float
+    n_valid: int
+    n_test: int
+    steps: int
+    max_seconds: float  # per model
+    max_tokens: int
+    lr: float
+    path: str = ""  # "" = the shared corpora folder's ko-en/tatoeba/kor.txt
+    shown: int = 3  # held-out sentences drawn as heatmaps
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,16 +105,22 @@ class Setting:
     max_tokens: int
     lr: float
     seed: int = 0
+    tatoeba: TatoebaSetting | None = None  # None: not part of this setting
 
 
 QUICK = Setting(
     n_train=2500, n_valid=40, n_test=100, min_len=2, max_len=8, models=("transformer",),
     embed=32, width=64, transformer_width=64, steps=400, max_seconds=0, max_tokens=800, lr=3e-3,
 )  # fmt: skip
+TATOEBA = TatoebaSetting(
+    models=("rnn-bahdanau", "transformer"), vocab_size=2000, embed=128, width=192,
+    transformer_width=192, dropout=0.3, n_valid=300, n_test=500, steps=20000, max_seconds=450,
+    max_tokens=1000, lr=1e-3,
+)  # fmt: skip
 FULL = Setting(n_train=12000, n_valid=200, n_test=500, min_len=2, max_len=12,
                models=("rnn-bahdanau", "rnn-luong", "rnn-luong-local", "transformer"),
-               embed=64, width=128, transformer_width=128, steps=2000, max_seconds=150,
-               max_tokens=2000, lr=3e-3)  # fmt: skip
+               embed=64, width=128, transformer_width=128, steps=20000, max_seconds=180,
+               max_tokens=2000, lr=3e-3, tatoeba=TATOEBA)  # fmt: skip
 
 
 def aer(predicted: list[set], gold: list[set]) -> float:
@@ -149,7 +202,9 @@ def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, 
     return {**summary, "aer_per_map": test_aer}
 
 
-def _heatmaps(trained_models: dict, sentences: list[str], out: Path) -> list[str]:
+def _heatmaps(
+    trained_models: dict, sentences: list[str], out: Path, prefix: str = "alignment"
+) -> list[str]:
     from qkv.evaluate import translate_texts
     from qkv.viz import plot_alignment
 
@@ -160,9 +215,10 @@ def _heatmaps(trained_models: dict, sentences: list[str], out: Path) -> list[str
             axes = np.atleast_1d(fig.subplots(1, len(trained_models)))
             for ax, (name, tr) in zip(axes, trained_models.items()):
                 best = translate_texts(tr.model, tr.src_tok, tr.tgt_tok, [text])[0][0]
-                plot_alignment(best.alignment.numpy(), text.split(), best.target_labels,
-                               title=f"{name}\n→ {_wrap(best.text)}", ax=ax)  # fmt: skip
-            paths.append(save_figure(fig, out / f"alignment-{k + 1}.png"))
+                title = f"{name}\n→ {_wrap(best.text)}"
+                src = tr.src_tok.tokens(text)  # words for the toy, BPE pieces for Tatoeba
+                plot_alignment(best.alignment.numpy(), src, best.target_labels, title=title, ax=ax)
+            paths.append(save_figure(fig, out / f"{prefix}-{k + 1}.png"))
     return paths
 
 
@@ -178,10 +234,72 @@ def _shown(test: list[ToyPair]) -> list[str]:
     return SHOWN + [p.ko for p in longer[:2]]
 
 
-def run(out: Path, *, quick: bool = False) -> LabRun:
-    """Train the models, score their attention against the gold alignment, draw heatmaps."""
-    setting = QUICK if quick else FULL
-    seed_all(setting.seed)
+def _tatoeba_data(t: TatoebaSetting) -> dict[str, Any]:
+    """The recipe data section: Korean column → English column, held out by source."""
+    path = t.path or str(shared_data() / "ko-en" / "tatoeba" / "kor.txt")
+    return {"kind": "tsv", "path": path, "src_column": 1, "tgt_column": 0,
+            "n_valid": t.n_valid, "n_test": t.n_test, "seed": t.seed, "max_tokens": 60}  # fmt: skip
+
+
+def _tatoeba_shown(test: list[tuple[str, str]], n: int) -> list[str]:
+    """The first ``n`` distinct held-out sources of at least four words (split order)."""
+    shown: list[str] = []
+    for src, _ in test:
+        if len(src.split()) >= 4 and src not in shown and len(shown) < n:
+            shown.append(src)
+    return shown
+
+
+def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
+    """Train on Tatoeba kor-eng, score held-out BLEU, draw heatmaps; ``{"skipped": why}``."""
+    from qkv.data.prepare import load_pairs
+    from qkv.recipe import DataConfig
+
+    data = _tatoeba_data(t)
+    if not Path(data["path"]).is_file():
+        reason = f"Tatoeba kor-eng not found ({data['path']} missing); that part not run"
+        log.warning("%s", reason)
+        return {"skipped": reason}
+    seed_all(t.seed)
+    train, _, test = load_pairs(DataConfig(**data))  # the same split the trainer makes
+    tokenizer = {"kind": "bpe", "vocab_size": t.vocab_size, "joint": False}
+    optim = {"steps": t.steps, "max_tokens": t.max_tokens, "lr": t.lr, "warmup": 200,
+             "label_smoothing": 0.1, "max_seconds": t.max_seconds, "seed": t.seed}  # fmt: skip
+    sources, refs = [s for s, _ in test], [r for _, r in test]
+    models, trained, results = {}, {}, {}
+    for name in t.models:
+        width = t.transformer_width if name == "transformer" else t.width
+        models[name] = {**MODEL_FAMILIES[name](width, t.embed), "dropout": t.dropout}
+        trained[name] = train_model(name, models[name], data, out / "models-tatoeba", optim,
+                                    tokenizer=tokenizer)  # fmt: skip
+        results[name] = _held_out_bleu(trained[name], sources, refs)
+        log.info(
+            "tatoeba %s: %d steps, BLEU %.1f", name, trained[name].steps, results[name]["bleu"]
+        )
+    figures = _heatmaps(trained, _tatoeba_shown(test, t.shown), out, prefix="tatoeba-alignment")
+    return {
+        "models": results,
+        "shown": _tatoeba_shown(test, t.shown),
+        "figures": figures,
+        "sizes": {"train": len(train), "test": len(test), "test sources": len(set(sources))},
+        **{"data": data, "tokenizer": tokenizer, "model_sections": models, "optim": optim},
+    }
+
+
+def _held_out_bleu(trained, sources: list[str], refs: list[str]) -> dict[str, Any]:
+    """Greedy sacreBLEU on the held-out pairs, the training record and five examples."""
+    from qkv.evaluate import bleu, translate_texts
+
+    outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
+    hyps = [o[0].text for o in outs]
+    examples = [{"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps)]
+    record = {"parameters": trained.parameters, "steps": trained.steps}
+    return {"bleu": bleu(hyps, refs).score, **record, "train_seconds": trained.seconds,
+            "examples": examples}  # fmt: skip
+
+
+def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]:
+    """Train on the toy corpus and score AER: results, baselines, figures, config."""
     data = out / "data"
     splits = write_toy_corpus(data, (setting.n_train, setting.n_valid, setting.n_test),
                               setting.min_len, setting.max_len, setting.seed)  # fmt: skip
@@ -199,22 +317,35 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         log.info("%s: AER %.3f", name, results[name]["aer_best"])
     base = baselines(splits["test"])
     figures = _heatmaps(trained, _shown(splits["test"]), out)
+    return results, base, figures, {"model_sections": models, "optim": optim}
+
+
+def run(out: Path, *, quick: bool = False) -> LabRun:
+    """Train the models, score their attention against the gold alignment, draw heatmaps."""
+    setting = QUICK if quick else FULL
+    seed_all(setting.seed)
+    results, base, figures, config = _toy_part(out, setting)
+    if setting.tatoeba is None:
+        tatoeba = {"skipped": "the quick setting runs the toy part only"}
+    else:
+        tatoeba = tatoeba_part(out, setting.tatoeba)
+    figures += tatoeba.get("figures", [])
     verdict = "test AER (lower is better): " + ", ".join(
         [f"{n} {r['aer_best']:.3f}" for n, r in results.items()]
         + [f"{n} baseline {v:.3f}" for n, v in base.items()]
     )
+    if "models" in tatoeba:
+        verdict += "; Tatoeba held-out BLEU: " + ", ".join(
+            f"{n} {r['bleu']:.1f}" for n, r in tatoeba["models"].items()
+        )
+    else:
+        verdict += f"; Tatoeba skipped: {tatoeba['skipped']}"
     return LabRun(
         name="alignment",
         quick=quick,
-        config={
-            **asdict(setting),
-            "model_sections": models,
-            "optim": optim,
-            "corpus": "toy Korean→English (qkv.data.toy)",
-            "tatoeba": "not run",
-        },  # fmt: skip
+        config={**asdict(setting), **config, "corpus": "toy Korean→English (qkv.data.toy)"},
         seeds=[setting.seed],
-        results={"models": results, "baselines": base},
+        results={"models": results, "baselines": base, "tatoeba": tatoeba},
         figures=figures,
         verdict=verdict,
     )
@@ -228,5 +359,11 @@ def table(run: LabRun) -> Table:
                      f"{r['aer_averaged']:.3f}"])  # fmt: skip
     for name, value in run.results["baselines"].items():
         rows.append([f"baseline: {name}", "", f"{value:.3f}", ""])
+    tatoeba = run.results.get("tatoeba", {})
+    for name, r in tatoeba.get("models", {}).items():
+        rows.append([f"Tatoeba kor-eng: {name}", f"{r['steps']} steps", "no gold",
+                     f"held-out BLEU {r['bleu']:.1f}"])  # fmt: skip
+    if "skipped" in tatoeba:
+        rows.append(["Tatoeba: skipped (reason in the verdict)", "", "", ""])
     return Table("alignment error rate on the test pairs (lower is better)",
                  ["model", "best map", "AER best", "AER averaged"], rows)  # fmt: skip

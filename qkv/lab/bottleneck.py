@@ -20,6 +20,12 @@ Method:
     their English words in the same order ("고양이 쥐 개" → "cat mouse dog"), 12 nouns only,
     and trains just the no-attention RNN and the Luong RNN. Remembering the whole list is
     exactly what one context vector cannot do for long lists.
+
+    The full run then repeats the comparison on real sentences, Multi30k German→English
+    (a BPE vocabulary per language, four models of matched size, a wall-clock budget per
+    model), scored with sacreBLEU per bucket of German source length on
+    ``test_2016_flickr``. When the shared
+    corpus is absent that part is skipped and the reason is recorded in ``result.json``.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from qkv.lab.common import LabRun, Table, new_figure, save_figure, seed_all
+from qkv.lab.common import LabRun, Table, new_figure, save_figure, seed_all, shared_data
 from qkv.lab.training import (
     MODEL_FAMILIES,
     count_parameters,
@@ -38,11 +45,39 @@ from qkv.lab.training import (
     write_toy_corpus,
 )
 
-__all__ = ["Setting", "QUICK", "FULL", "MODELS", "bucket_scores", "run", "table"]
+__all__ = [
+    "Setting",
+    "Multi30kSetting",
+    "QUICK",
+    "FULL",
+    "MODELS",
+    "bucket_scores",
+    "multi30k_part",
+    "run",
+    "table",
+]
 
 log = logging.getLogger(__name__)
 
 MODELS = ("rnn-none", "rnn-bahdanau", "rnn-luong", "transformer")
+
+
+@dataclass(frozen=True)
+class Multi30kSetting:
+    """The Multi30k German→English part of the full run (BPE, real sentences)."""
+
+    buckets: tuple[tuple[int, int], ...]  # inclusive source-length ranges (German words)
+    vocab_size: int  # per language (two BPE vocabularies)
+    embed: int
+    reference_width: int  # hidden_dim of rnn-none; the others match its parameter count
+    steps: int
+    max_seconds: float  # per model
+    max_tokens: int
+    lr: float
+    test: str = "test_2016_flickr"
+    folder: str = ""  # "" = the shared corpora folder's multi30k/
+    seed: int = 0
+    models: tuple[str, ...] = MODELS
 
 
 @dataclass(frozen=True)
@@ -63,6 +98,7 @@ class Setting:
     seed: int = 0
     corpus: str = "toy"  # "toy" (the grammar) or "word-list" (quick)
     models: tuple[str, ...] = MODELS
+    multi30k: Multi30kSetting | None = None  # None: not part of this setting
 
 
 QUICK = Setting(
@@ -70,22 +106,34 @@ QUICK = Setting(
     embed=32, reference_width=64, steps=150, max_seconds=0, max_tokens=1500, lr=5e-3,
     corpus="word-list", models=("rnn-none", "rnn-luong"),
 )  # fmt: skip
+MULTI30K = Multi30kSetting(
+    buckets=((4, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, 30)), vocab_size=4000,
+    embed=128, reference_width=256, steps=20000, max_seconds=390, max_tokens=2000, lr=2e-3,
+)  # fmt: skip
 FULL = Setting(
     n_train=20000, n_test=800, min_len=2, max_len=40,
     buckets=((2, 5), (6, 10), (11, 15), (16, 20), (21, 25), (26, 30), (31, 35), (36, 40)),
-    embed=96, reference_width=256, steps=4000, max_seconds=300, max_tokens=3000, lr=2e-3,
+    embed=96, reference_width=256, steps=20000, max_seconds=280, max_tokens=3000, lr=2e-3,
+    multi30k=MULTI30K,
 )  # fmt: skip
 
 
-def _models(setting: Setting, vocab: tuple[int, int]) -> dict[str, dict]:
+def _models(
+    names: tuple[str, ...], reference_width: int, embed: int, vocab: tuple[int, int]
+) -> dict[str, dict]:
     """Model sections with widths chosen to match rnn-none's parameter count."""
-    reference = MODEL_FAMILIES["rnn-none"](setting.reference_width, setting.embed)
+    reference = MODEL_FAMILIES["rnn-none"](reference_width, embed)
     target = count_parameters(reference, vocab)
     models = {"rnn-none": reference}
-    for name in setting.models[1:]:
-        width, _ = match_width(name, setting.embed, target, vocab)
-        models[name] = MODEL_FAMILIES[name](width, setting.embed)
+    for name in names[1:]:
+        width, _ = match_width(name, embed, target, vocab)
+        models[name] = MODEL_FAMILIES[name](width, embed)
     return models
+
+
+def _optim(steps: int, max_tokens: int, lr: float, max_seconds: float, seed: int) -> dict:
+    return {"steps": steps, "max_tokens": max_tokens, "lr": lr, "warmup": min(200, steps // 5),
+            "label_smoothing": 0.1, "max_seconds": max_seconds, "seed": seed}  # fmt: skip
 
 
 def word_list_corpus(folder: Path, setting: Setting, nouns: int = 12) -> dict[str, list]:
@@ -140,13 +188,12 @@ def _relative_drop(rows: list[dict[str, float]]) -> float:
     return (first - last) / first if first > 0 else float("nan")
 
 
-def _evaluate(trained, test, setting: Setting) -> dict:
+def _evaluate(trained, sources: list[str], refs: list[str], buckets) -> dict:
     from qkv.evaluate import bleu, translate_texts
 
-    sources, refs = [p.ko for p in test], [p.en for p in test]
     outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
     hyps = [o[0].text for o in outs]
-    rows = bucket_scores(sources, hyps, refs, setting.buckets)
+    rows = bucket_scores(sources, hyps, refs, buckets)
     return {
         "parameters": trained.parameters,
         "steps": trained.steps,
@@ -161,78 +208,147 @@ def _evaluate(trained, test, setting: Setting) -> dict:
     }
 
 
-def _figure(results: dict[str, dict], setting: Setting, out: Path) -> str:
-    fig = new_figure(11, 4.2)
-    ax_bleu, ax_em = fig.subplots(1, 2)
-    mids = [(lo + hi) / 2 for lo, hi in setting.buckets]
+def _train_all(models: dict, data, out: Path, optim: dict, test, buckets, **kw) -> dict:
+    """Train each model in turn and score its greedy translations of ``test`` by length."""
+    import time
+
+    results = {}
+    for name, model in models.items():
+        trained = train_model(name, model, data, out, optim, **kw)
+        started = time.perf_counter()
+        results[name] = _evaluate(trained, *test, buckets)
+        results[name]["decode_seconds"] = time.perf_counter() - started
+        log.info("%s: %d steps, BLEU %.1f, drop %.2f", name, trained.steps,
+                 results[name]["bleu_all"], results[name]["relative_drop"])  # fmt: skip
+    return results
+
+
+def _figure(results: dict[str, dict], buckets, title: str, path: Path, *, em: bool = True) -> str:
+    fig = new_figure(11 if em else 7.5, 4.2)
+    axes = fig.subplots(1, 2 if em else 1)
+    ax_bleu, ax_em = (axes[0], axes[1]) if em else (axes, None)
+    mids = [(lo + hi) / 2 for lo, hi in buckets]
     styles = {"rnn-none": "k--o", "rnn-bahdanau": "-s", "rnn-luong": "-^", "transformer": "-D"}
     for name, r in results.items():
         label = f"{name} ({r['parameters'] / 1e6:.2f}M)"
         ax_bleu.plot(mids, [b["bleu"] for b in r["buckets"]], styles[name], label=label)
-        ax_em.plot(mids, [100 * b["exact_match"] for b in r["buckets"]], styles[name], label=label)
+        if ax_em is not None:
+            ems = [100 * b["exact_match"] for b in r["buckets"]]
+            ax_em.plot(mids, ems, styles[name], label=label)
+    language = "Korean" if em else "German"
     for ax, what in ((ax_bleu, "BLEU"), (ax_em, "exact match (%)")):
-        ax.set_xlabel("source sentence length (Korean words)")
+        if ax is None:
+            continue
+        ax.set_xlabel(f"source sentence length ({language} words)")
         ax.set_ylabel(what)
-        ax.set_xticks(mids, [f"{lo}–{hi}" for lo, hi in setting.buckets], fontsize=8)
+        ax.set_xticks(mids, [f"{lo}–{hi}" for lo, hi in buckets], fontsize=8)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     ax_bleu.legend(fontsize=8)
-    fig.suptitle(f"{setting.corpus} Korean→English: quality against sentence length "
-                 "(cf. Bahdanau et al. 2015, Fig. 2)")  # fmt: skip
-    return save_figure(fig, out / "bleu-vs-length.png")
+    fig.suptitle(f"{title}: quality against sentence length (cf. Bahdanau et al. 2015, Fig. 2)",
+                 fontsize=None if em else 10)  # fmt: skip
+    return save_figure(fig, path)
 
 
-def run(out: Path, *, quick: bool = False) -> LabRun:
-    """Generate the corpus, train the four models one after another, score by length."""
-    setting = QUICK if quick else FULL
-    seed_all(setting.seed)
+def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
+    """Train and score the four models on Multi30k de→en; ``{"skipped": why}`` without data."""
+    folder = Path(m.folder) if m.folder else shared_data() / "multi30k"
+    files = {s: [str(folder / f"{s}.{lang}") for lang in ("de", "en")]
+             for s in ("train", "val", m.test)}  # fmt: skip
+    missing = [f for pair in files.values() for f in pair if not Path(f).is_file()]
+    if missing:
+        reason = f"Multi30k not found ({', '.join(missing)} missing); de→en part not run"
+        log.warning("%s", reason)
+        return {"skipped": reason}
+    seed_all(m.seed)
+    tokenizer = {"kind": "bpe", "vocab_size": m.vocab_size, "joint": False}
+    vocab = vocab_sizes(*files["train"], tokenizer)
+    models = _models(m.models, m.reference_width, m.embed, vocab)
+    data = {"kind": "files", "train": files["train"], "valid": files["val"],
+            "test": files[m.test], "max_tokens": 100, "max_ratio": 3.0}  # fmt: skip
+    optim = _optim(m.steps, m.max_tokens, m.lr, m.max_seconds, m.seed)
+    test = [Path(f).read_text(encoding="utf-8").splitlines() for f in files[m.test]]
+    results = _train_all(models, data, out / "models-multi30k", optim, test, m.buckets,
+                         tokenizer=tokenizer)  # fmt: skip
+    figure = _figure(results, m.buckets, "Multi30k German→English",
+                     out / "bleu-vs-length-multi30k.png", em=False)  # fmt: skip
+    return {"models": results, "figure": figure, "model_sections": models, "vocab": vocab,
+            "optim": optim, "data": data, "tokenizer": tokenizer}  # fmt: skip
+
+
+def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict]:
+    """Train and score the models on the toy (or word-list) corpus: results and config."""
     data = out / "data"
     if setting.corpus == "word-list":
         splits = word_list_corpus(data, setting)
     else:
         splits = write_toy_corpus(data, (setting.n_train, 200, setting.n_test),
                                   setting.min_len, setting.max_len, setting.seed)  # fmt: skip
-    vocab = vocab_sizes(data)
-    models = _models(setting, vocab)
-    optim = {"steps": setting.steps, "max_tokens": setting.max_tokens, "lr": setting.lr,
-             "warmup": min(200, setting.steps // 5), "label_smoothing": 0.1,
-             "max_seconds": setting.max_seconds, "seed": setting.seed}  # fmt: skip
-    results = {}
-    for name, model in models.items():
-        trained = train_model(name, model, data, out / "models", optim)
-        results[name] = _evaluate(trained, splits["test"], setting)
-        log.info("%s: BLEU %.1f, drop %.2f", name, results[name]["bleu_all"],
-                 results[name]["relative_drop"])  # fmt: skip
-    figure = _figure(results, setting, out)
-    drops = {n: r["relative_drop"] for n, r in results.items()}
-    verdict = "relative BLEU lost from shortest to longest bucket: " + ", ".join(
-        f"{n} {100 * d:.0f}%" for n, d in drops.items()
-    )
+    vocab = vocab_sizes(data / "train.ko", data / "train.en")
+    models = _models(setting.models, setting.reference_width, setting.embed, vocab)
+    optim = _optim(setting.steps, setting.max_tokens, setting.lr, setting.max_seconds,
+                   setting.seed)  # fmt: skip
+    test = ([p.ko for p in splits["test"]], [p.en for p in splits["test"]])
+    results = _train_all(models, data, out / "models", optim, test, setting.buckets)
+    return results, {"models": models, "vocab": vocab, "optim": optim}
+
+
+def _drops(results: dict[str, dict]) -> str:
+    return ", ".join(f"{n} {100 * r['relative_drop']:.0f}%" for n, r in results.items())
+
+
+def run(out: Path, *, quick: bool = False) -> LabRun:
+    """Toy corpus (and Multi30k in the full run): train the models, score by length."""
+    setting = QUICK if quick else FULL
+    seed_all(setting.seed)
+    toy, config = _toy_part(out, setting)
+    title = f"{setting.corpus} Korean→English"
+    figures = [_figure(toy, setting.buckets, title, out / "bleu-vs-length.png")]
+    if setting.multi30k is None:
+        multi30k = {"skipped": "the quick setting runs the toy part only"}
+    else:
+        multi30k = multi30k_part(out, setting.multi30k)
+    figures += [multi30k["figure"]] if "figure" in multi30k else []
+    verdict = f"relative BLEU lost from shortest to longest bucket: {setting.corpus}: {_drops(toy)}"
+    if "models" in multi30k:
+        verdict += f"; Multi30k de→en: {_drops(multi30k['models'])}"
+    else:
+        verdict += f"; Multi30k de→en skipped: {multi30k['skipped']}"
     return LabRun(
         name="bottleneck",
         quick=quick,
-        config={
-            **asdict(setting),
-            "models": models,
-            "vocab": vocab,
-            "optim": optim,
-            "multi30k": "not run",
-        },  # fmt: skip
+        config={**asdict(setting), **config},
         seeds=[setting.seed],
-        results=results,
-        figures=[figure],
+        results={"toy": toy, "multi30k": multi30k},
+        figures=figures,
         verdict=verdict,
     )
 
 
-def table(run: LabRun) -> Table:
-    """BLEU per length bucket, parameters and the relative drop, per model."""
-    first = next(iter(run.results.values()))
-    buckets = [b["bucket"] for b in first["buckets"]]
+def _rows(results: dict[str, dict], width: int) -> list[list[str]]:
     rows = []
-    for name, r in run.results.items():
+    for name, r in results.items():
         cells = [f"{b['bleu']:.1f}" for b in r["buckets"]]
-        rows.append([name, f"{r['parameters'] / 1e6:.2f}M", *cells,
+        cells += [""] * (width - len(cells))
+        rows.append([name, f"{r['parameters'] / 1e6:.2f}M", str(r["steps"]), *cells,
                      f"{r['bleu_all']:.1f}", f"{100 * r['relative_drop']:.0f}%"])  # fmt: skip
-    columns = ["model", "params", *[f"BLEU {b}" for b in buckets], "BLEU all", "drop"]
-    return Table("BLEU by source length (Korean words), greedy", columns, rows)
+    return rows
+
+
+def table(run: LabRun) -> Table:
+    """BLEU per length bucket, parameters, steps and the relative drop, per model and corpus."""
+    toy, multi30k = run.results["toy"], run.results["multi30k"]
+    buckets = [b["bucket"] for b in next(iter(toy.values()))["buckets"]]
+    width = len(buckets)
+    rows = _rows(toy, width)
+    if "models" in multi30k:
+        other = [b["bucket"] for b in next(iter(multi30k["models"].values()))["buckets"]]
+        width = max(width, len(other))
+        rows.append(["Multi30k de→en", "", "", *other, *[""] * (width - len(other)), "", ""])
+        rows += _rows(multi30k["models"], width)
+    else:
+        rows.append(["Multi30k de→en: skipped (reason in the verdict)", *[""] * (width + 4)])
+    columns = ["model", "params", "steps", *[f"BLEU {b}" for b in buckets]]
+    columns += [""] * (width - len(buckets)) + ["BLEU all", "drop"]
+    return Table("BLEU by source length (toy: Korean words; Multi30k: German words), greedy",
+                 columns, rows)  # fmt: skip

@@ -50,13 +50,20 @@ def _data_section(folder: Path) -> dict[str, Any]:
     return {"kind": "files", **files, "max_tokens": 1000, "max_ratio": 20.0}
 
 
-def vocab_sizes(folder: Path) -> tuple[int, int]:
-    """Source and target vocabulary sizes of the word tokenizers trained on ``folder``."""
+def vocab_sizes(
+    src_file: Path, tgt_file: Path, tokenizer: dict[str, Any] | None = None
+) -> tuple[int, int]:
+    """Source and target vocabulary sizes of the tokenizers trained on two training files.
+
+    ``tokenizer`` is a recipe's tokenizer section (default: the ``word`` tokenizer).
+    """
     from qkv.data.tokenizers import train_tokenizers
 
-    src = (folder / "train.ko").read_text(encoding="utf-8").splitlines()
-    tgt = (folder / "train.en").read_text(encoding="utf-8").splitlines()
-    s, t = train_tokenizers("word", src, tgt, joint=False)
+    tok = {"kind": "word", "vocab_size": 8000, "joint": False, **(tokenizer or {})}
+    src = Path(src_file).read_text(encoding="utf-8").splitlines()
+    tgt = Path(tgt_file).read_text(encoding="utf-8").splitlines()
+    s, t = train_tokenizers(tok["kind"], src, tgt, vocab_size=tok["vocab_size"],
+                            joint=tok["joint"])  # fmt: skip
     return s.vocab_size, t.vocab_size
 
 
@@ -122,9 +129,24 @@ class Trained:
 
 
 def train_model(
-    name: str, model: dict[str, Any], data: Path, out: Path, optim: dict[str, Any]
+    name: str,
+    model: dict[str, Any],
+    data: Path | dict[str, Any],
+    out: Path,
+    optim: dict[str, Any],
+    *,
+    tokenizer: dict[str, Any] | None = None,
 ) -> Trained:
-    """Train ``model`` on the files in ``data`` with :func:`qkv.train.train`; load the result."""
+    """Train ``model`` with :func:`qkv.train.train`; load the result.
+
+    Args:
+        name: the run's name (its folder under ``out``).
+        model: a recipe's model section.
+        data: a folder with ``{train,valid,test}.{ko,en}``, or a recipe's data section.
+        out: folder for the checkpoints.
+        optim: the recipe's train section (threads, device and evaluation are fixed here).
+        tokenizer: a recipe's tokenizer section (default ``{"kind": "word"}``).
+    """
     from qkv.data.tokenizers import tokenizer_from_json
     from qkv.models.checkpoint import load_checkpoint
     from qkv.recipe import recipe_from_dict
@@ -134,8 +156,8 @@ def train_model(
         {
             "name": name,
             "out": str(out / name),
-            "data": _data_section(data),
-            "tokenizer": {"kind": "word"},
+            "data": data if isinstance(data, dict) else _data_section(data),
+            "tokenizer": tokenizer or {"kind": "word"},
             "model": model,
             "train": {
                 "eval_every": 1_000_000,

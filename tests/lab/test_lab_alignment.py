@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import load_result
 
 from qkv.data.toy import ToyPair
 from qkv.lab import run_experiment
-from qkv.lab.alignment import aer, baselines
+from qkv.lab.alignment import FULL, aer, baselines, tatoeba_part
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +39,14 @@ def test_aer_counts_sure_links():
 def test_diagonal_baseline_is_perfect_on_a_monotonic_pair():
     pair = ToyPair("a b c", "x y z", [(0, 0), (1, 1), (2, 2)])
     assert baselines([pair])["diagonal"] == 0.0
+
+
+def test_quick_run_leaves_tatoeba_out(result):
+    assert "skipped" in result["results"]["tatoeba"]
+
+
+def test_missing_tatoeba_is_skipped_with_a_reason(tmp_path):
+    setting = dataclasses.replace(FULL.tatoeba, path=str(tmp_path / "absent.txt"))
+    part = tatoeba_part(tmp_path / "out", setting)
+    assert "models" not in part
+    assert "absent.txt" in part["skipped"] and "not run" in part["skipped"]

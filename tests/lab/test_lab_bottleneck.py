@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import load_result
 
 from qkv.lab import run_experiment
-from qkv.lab.bottleneck import bucket_scores
+from qkv.lab.bottleneck import FULL, bucket_scores, multi30k_part
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +18,7 @@ def result(lab_out):
 
 
 def test_no_attention_rnn_loses_more_relative_bleu(result):
-    r = result["results"]
+    r = result["results"]["toy"]
     none = r["rnn-none"]["relative_drop"]
     for name in r:
         if name != "rnn-none":
@@ -24,7 +26,7 @@ def test_no_attention_rnn_loses_more_relative_bleu(result):
 
 
 def test_parameter_counts_are_matched(result):
-    counts = [r["parameters"] for r in result["results"].values()]
+    counts = [r["parameters"] for r in result["results"]["toy"].values()]
     assert max(counts) <= 1.1 * min(counts)
 
 
@@ -32,3 +34,15 @@ def test_bucket_scores_split_by_source_length():
     rows = bucket_scores(["a b", "a b c d"], ["x y", "x"], ["x y", "x y"], ((1, 2), (3, 4)))
     assert [r["sentences"] for r in rows] == [1, 1]
     assert rows[0]["exact_match"] == 1.0 and rows[1]["exact_match"] == 0.0
+
+
+def test_quick_run_leaves_multi30k_out(result):
+    assert "skipped" in result["results"]["multi30k"]
+    assert result["figures"] == ["bleu-vs-length.png"]
+
+
+def test_missing_multi30k_is_skipped_with_a_reason(tmp_path):
+    setting = dataclasses.replace(FULL.multi30k, folder=str(tmp_path / "absent"))
+    part = multi30k_part(tmp_path / "out", setting)
+    assert "models" not in part
+    assert "absent" in part["skipped"] and "not run" in part["skipped"]
