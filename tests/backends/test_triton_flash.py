@@ -178,8 +178,10 @@ def test_large_scores_and_strided_inputs(gen):
     assert not q.is_contiguous()
     # scale 5: scores pass 88, where exp() without the running max would overflow float32.
     # The backward pass recomputes P = exp(s - lse), which carries |s| * eps relative error
-    # (1e-5 at |s| = 100) where PyTorch keeps P: hence a looser atol.
-    check_against_reference(gen, q, k, v, scale=5.0, causal=True, atol=1e-4)
+    # (1e-5 at |s| = 100) where PyTorch keeps P; dk sums 24 rows of it times scale 5 and
+    # |q| ~ 3, so up to ~1e-3 (measured over 40 seeds: at most 3.9e-4 above 2x PyTorch's
+    # error; 1e-4 failed one CI run). A wrong kernel is off by O(1).
+    check_against_reference(gen, q, k, v, scale=5.0, causal=True, atol=1e-3)
 
 
 # --- rows that see nothing, and the lse gradient ------------------------------------------
