@@ -46,6 +46,7 @@ __all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 
 BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
+MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
 
 
@@ -144,7 +145,7 @@ def _query_block(req, q, k, v, user, qs, qe, lo, hi, dense, compute):
     shift = k.shape[-2] - q.shape[-2]
     qb = q[..., qs:qe, :]
     rows = qb.shape[:-2].numel() * (qe - qs)
-    step = max(TILE_ELEMENTS // max(rows, 1), BLOCK_Q)
+    step = max(TILE_ELEMENTS // max(rows, 1), MIN_TILE_KEYS)
     inplace = not req.requires_grad
     state = None
     for ks in range(lo, hi, step):
