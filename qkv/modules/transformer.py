@@ -19,11 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, LayerCache
+from qkv.modules.feedforward import (
+    FeedForward,
+    _copy_ff_norms,
+    _norm,
+    _residual,
+    _torch_activation,
+)
 from qkv.modules.positional import AttentionPositional
 
 __all__ = [
@@ -37,65 +43,6 @@ __all__ = [
     "FeedForward",
     "LayerCache",
 ]
-
-_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
-    "relu": nn.ReLU,
-    "gelu": nn.GELU,  # exact, with erf (BERT, torch's "gelu")
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's "gelu_new"
-}
-
-
-class FeedForward(nn.Module):
-    """Position-wise feed-forward block (Vaswani et al. 2017, eq. 2).
-
-    .. math::
-        \\mathrm{FFN}(x) = W_2\\, \\mathrm{dropout}(f(W_1 x + b_1)) + b_2
-
-    Args:
-        dim: model width E.
-        hidden_dim: inner width (4E in most models).
-        activation: ``"relu"``, ``"gelu"`` (exact) or ``"gelu_tanh"`` (tanh approximation).
-        dropout: dropout after the activation while training.
-        bias: biases on both linear maps.
-
-    Shape:
-        ``(..., E)`` -> ``(..., E)``.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        hidden_dim: int,
-        activation: str = "relu",
-        dropout: float = 0.0,
-        bias: bool = True,
-    ):
-        super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; known: {sorted(_ACTIVATIONS)}")
-        self.linear1 = nn.Linear(dim, hidden_dim, bias=bias)
-        self.activation = _ACTIVATIONS[activation]()
-        self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(hidden_dim, dim, bias=bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
-
-
-def _norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:
-    return nn.LayerNorm(dim, eps=eps, bias=bias)
-
-
-def _residual(x: Tensor, block, norm: nn.Module, norm_first: bool):
-    """One residual sub-layer: ``x + f(LN(x))`` (pre-LN) or ``LN(x + f(x))`` (post-LN).
-
-    ``block`` returns ``(output, extra)``; ``extra`` (attention weights or None) is passed on.
-    """
-    if norm_first:
-        h, extra = block(norm(x))
-        return x + h, extra
-    h, extra = block(x)
-    return norm(x + h), extra
 
 
 class EncoderLayer(nn.Module):
@@ -458,22 +405,3 @@ def _layer_cache(cache: LayerCache | DecoderCache | None) -> LayerCache | None:
             raise ValueError(f"pass one layer of a {len(cache)}-layer DecoderCache: cache[i]")
         return cache[0]
     raise ValueError(f"cache must be a LayerCache or DecoderCache, got {type(cache).__name__}")
-
-
-def _torch_activation(layer: nn.Module) -> str:
-    act = layer.activation
-    if act is F.relu or isinstance(act, nn.ReLU):
-        return "relu"
-    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        return "gelu"
-    if isinstance(act, nn.GELU) and act.approximate == "tanh":
-        return "gelu_tanh"
-    raise ValueError(f"unsupported activation {act!r} (relu, gelu and gelu tanh are)")
-
-
-def _copy_ff_norms(new: nn.Module, layer: nn.Module, norms: list[str]) -> None:
-    """Copy the feed-forward weights and the named layer norms of a torch layer."""
-    new.ff.linear1.load_state_dict(layer.linear1.state_dict())
-    new.ff.linear2.load_state_dict(layer.linear2.state_dict())
-    for name in norms:
-        getattr(new, name).load_state_dict(getattr(layer, name).state_dict())
