@@ -8,6 +8,14 @@ from pathlib import Path
 import pytest
 
 
+def quick_result(name: str, lab_out: Path) -> dict:
+    """Run experiment ``name`` with ``--quick`` into ``lab_out/name``; its ``result.json``."""
+    from qkv.lab import run_experiment
+
+    run_experiment(name, lab_out / name, quick=True)
+    return load_result(lab_out / name)
+
+
 def load_result(out: Path) -> dict:
     """The ``result.json`` an experiment wrote."""
     return json.loads((out / "result.json").read_text(encoding="utf-8"))

@@ -5,17 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import load_result
+from conftest import quick_result
 
 from qkv.data.toy import ToyPair
-from qkv.lab import run_experiment
 from qkv.lab.alignment import FULL, aer, baselines, tatoeba_part
 
 
 @pytest.fixture(scope="module")
 def result(lab_out):
-    run_experiment("alignment", lab_out / "alignment", quick=True)
-    return load_result(lab_out / "alignment")
+    return quick_result("alignment", lab_out)
 
 
 def test_attention_aligns_better_than_the_baselines(result):

@@ -5,16 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import load_result
+from conftest import quick_result
 
-from qkv.lab import run_experiment
 from qkv.lab.bottleneck import FULL, bucket_scores, multi30k_part
 
 
 @pytest.fixture(scope="module")
 def result(lab_out):
-    run_experiment("bottleneck", lab_out / "bottleneck", quick=True)
-    return load_result(lab_out / "bottleneck")
+    return quick_result("bottleneck", lab_out)
 
 
 def test_no_attention_rnn_loses_more_relative_bleu(result):

