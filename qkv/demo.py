@@ -32,7 +32,10 @@ DEMO_SENTENCES = [
 # and a cosine schedule that anneals by the time budget were worth 3-8 points.
 TOY = {"kind": "toy", "n_train": 20000, "n_valid": 200, "n_test": 500, "min_len": 2, "max_len": 6}
 MODELS = {
-    "rnn-luong": {  # small: a GRU step is sequential, so a narrower one trains more steps
+    # Small: a GRU step is sequential, so a narrower one trains more steps. Without input
+    # feeding the decoder GRU runs over the whole target at once and attention is one
+    # batched product: 1.45x the steps of the input-fed decoder, 96% exact against 93.6%.
+    "rnn-luong": {
         "type": "rnn",
         "cell": "gru",
         "embed_dim": 96,
@@ -40,7 +43,7 @@ MODELS = {
         "bidirectional": True,
         "attention": "luong",
         "score": "general",
-        "input_feeding": True,
+        "input_feeding": False,
     },
     "transformer": {
         "type": "transformer",
@@ -62,7 +65,9 @@ MODELS = {
     },
 }
 LR = {"rnn-luong": 5e-3, "transformer": 3e-3, "rnn-none": 5e-3}
-SECONDS = {"rnn-luong": 170.0, "transformer": 170.0, "rnn-none": 40.0}
+# Two cores: the RNN with attention has one; the Transformer, then the RNN without attention
+# share the other (the order of MODELS), so both finish together.
+SECONDS = {"rnn-luong": 210.0, "transformer": 170.0, "rnn-none": 40.0}
 
 
 def demo_recipes(out: Path, *, quick: bool = False) -> dict[str, Recipe]:
@@ -174,25 +179,25 @@ def _train_in_process(recipe: Recipe):
 
 
 def _train_all(recipes: dict[str, Recipe], progress: bool) -> dict:
-    """Train the models two at a time in worker processes (one core each)."""
+    """Train the models in two worker processes (one core each), in the order given.
+
+    Two start at once; the third starts on whichever core frees first, so the budgets in
+    ``SECONDS`` are chosen to keep both cores busy for the same wall time.
+    """
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from qkv.progress import LogProgress
 
-    results = {}
-    names = list(recipes)
+    logs = {n: r.out_dir / "log.jsonl" for n, r in recipes.items()}
+    limits = {n: r.train.max_seconds for n, r in recipes.items()}
     with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
-        for group in (names[:2], names[2:]):
-            futures = {n: pool.submit(_train_in_process, recipes[n]) for n in group}
-            logs = {n: recipes[n].out_dir / "log.jsonl" for n in group}
-            limits = {n: recipes[n].train.max_seconds for n in group}
-            with LogProgress(logs, limits, enabled=progress) as bars:
-                while not all(f.done() for f in futures.values()):
-                    bars.refresh()
-                    time.sleep(0.5)
-            results.update({n: f.result() for n, f in futures.items()})
-    return results
+        futures = {n: pool.submit(_train_in_process, r) for n, r in recipes.items()}
+        with LogProgress(logs, limits, enabled=progress) as bars:
+            while not all(f.done() for f in futures.values()):
+                bars.refresh()
+                time.sleep(0.5)
+        return {n: f.result() for n, f in futures.items()}
 
 
 def run_demo(out: Path, *, quick: bool = False, progress: bool = True) -> dict:

@@ -59,20 +59,17 @@ class LogProgress:
 
     def __init__(self, logs: dict, limits: dict, *, enabled: bool = True):
         self.logs, self.limits, self.enabled = logs, limits, enabled
-        self._progress, self._tasks, self._start = None, {}, 0.0
+        self._progress, self._tasks = None, {}
 
     def __enter__(self) -> LogProgress:
-        import time
-
-        self._start = time.perf_counter()
         if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn
 
             self._progress = Progress(
                 TextColumn("[bold]{task.description:12s}"),
                 BarColumn(),
                 TextColumn("step {task.fields[step]:>5}  loss {task.fields[loss]:.3f}"),
-                TimeElapsedColumn(),
+                TextColumn("{task.completed:>4.0f} s trained"),
             )
             self._progress.start()
             for name, limit in self.limits.items():
@@ -82,20 +79,19 @@ class LogProgress:
         return self
 
     def refresh(self) -> None:
+        """Each bar shows its run's own training time (``seconds`` in its last log row)."""
         import json
-        import time
 
         if self._progress is None:
             return
-        elapsed = time.perf_counter() - self._start
         for name, path in self.logs.items():
-            step, loss = 0, float("nan")
+            step, loss, seconds = 0, float("nan"), 0.0
             if path.exists():
                 rows = [r for r in path.read_text().splitlines()[-5:] if '"loss"' in r]
                 if rows:
                     last = json.loads(rows[-1])
-                    step, loss = last["step"], last["loss"]
-            self._progress.update(self._tasks[name], completed=elapsed, step=step, loss=loss)
+                    step, loss, seconds = last["step"], last["loss"], last.get("seconds", 0.0)
+            self._progress.update(self._tasks[name], completed=seconds, step=step, loss=loss)
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:

@@ -224,7 +224,8 @@ class _Loop:
                 loss, tokens = self.update(stream)
                 self.state.step += 1
                 self.tokens_seen += tokens
-                rate = self.tokens_seen / (time.perf_counter() - self.started)
+                seconds = time.perf_counter() - self.started
+                rate = self.tokens_seen / seconds
                 bar.update(self.state.step, loss=loss, tokens_per_s=rate)
                 self.log(
                     {
@@ -233,6 +234,7 @@ class _Loop:
                         "target_tokens": tokens,
                         "lr": self.schedule.get_last_lr()[0],
                         "tokens_per_s": rate,
+                        "seconds": seconds,
                     }
                 )
                 if self.after_step() == "stop":
