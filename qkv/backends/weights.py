@@ -69,6 +69,7 @@ def attention_weights(
     out = torch.empty(weights.shape[:-1] + v.shape[-1:], dtype=v.dtype, device=v.device)
     grad = req.requires_grad  # then no `out=` products and no in-place arithmetic
     direct = weights.dtype == compute and not grad  # scores written straight into the result
+    may_hide_rows = req.mask is not None or (req.causal and tq > tk)  # rows with no key
     whole = weights.numel() <= SMALL_ELEMENTS
     units = [(slice(None), slice(None))] if whole else _pairs(b, len(heads))
     step = (r1 - r0) if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
@@ -79,7 +80,8 @@ def attention_weights(
             dest = weights[bs, hs, qs - r0 : qe - r0]
             s = masked_scores(req, q[bs, hs, :, qs:qe], k[bs, hs], mb, qs, qe, 0, tk, tk - tq,
                               compute, out=dest.unsqueeze(2) if direct else None)  # fmt: skip
-            p = _probabilities(s, None if lse is None else lse[bs, hs, :, qs:qe], not grad)
+            p = _probabilities(s, None if lse is None else lse[bs, hs, :, qs:qe], not grad,
+                               may_hide_rows)  # fmt: skip
             if not direct:
                 dest.copy_(p.squeeze(2))
             if with_output:
@@ -88,7 +90,7 @@ def attention_weights(
     return (weights, out) if with_output else weights
 
 
-def _probabilities(s: Tensor, lse: Tensor | None, inplace: bool) -> Tensor:
+def _probabilities(s: Tensor, lse: Tensor | None, inplace: bool, may_hide_rows: bool) -> Tensor:
     """Scores -> probabilities (in place unless autograd records); hidden rows get zeros.
 
     Without an lse this is ``torch.softmax`` itself, so the weights equal the reference
@@ -98,11 +100,13 @@ def _probabilities(s: Tensor, lse: Tensor | None, inplace: bool) -> Tensor:
         lse = lse.unsqueeze(-1).to(s.dtype)
         lse = torch.where(torch.isinf(lse), float("inf"), lse)  # exp(-inf) = 0
         return s.sub_(lse).exp_() if inplace else torch.exp(s - lse)
-    empty = torch.isinf(s.amax(dim=-1, keepdim=True))  # every key of the row is hidden
-    p = torch.softmax(s, dim=-1)
+    p = torch.softmax(s, dim=-1, out=s) if inplace else torch.softmax(s, dim=-1)
+    if not may_hide_rows:
+        return p
+    empty = torch.isnan(p[..., :1])  # a row whose every key is hidden: -inf - -inf = NaN
     if bool(empty.any()):
         p = p.masked_fill_(empty, 0.0) if inplace else p.masked_fill(empty, 0.0)
-    return s.copy_(p) if inplace else p
+    return p
 
 
 def _select_heads(req: AttentionRequest, heads: list[int], lse: Tensor | None):
