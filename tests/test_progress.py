@@ -1,0 +1,30 @@
+"""Progress of runs in other processes: each bar follows its own run's log."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from qkv.progress import LogProgress
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_each_bar_shows_its_own_runs_training_time(tmp_path):
+    first, later = tmp_path / "first.jsonl", tmp_path / "later.jsonl"
+    seconds = random.uniform(5, 100)
+    _write(first, [{"step": 7, "loss": 2.5, "seconds": seconds},
+                   {"step": 7, "valid_loss": 1.0}])  # fmt: skip
+    logs = {"first": first, "later": later}  # "later" has not started: no log yet
+    with LogProgress(logs, {"first": 120.0, "later": 40.0}) as bars:
+        bars.refresh()
+        tasks = {t.description: t for t in bars._progress.tasks}
+        assert tasks["first"].completed == seconds
+        assert tasks["first"].fields["step"] == 7 and tasks["first"].fields["loss"] == 2.5
+        assert tasks["later"].completed == 0 and tasks["later"].fields["step"] == 0
+        _write(later, [{"step": 3, "loss": 4.0, "seconds": 1.5}])
+        bars.refresh()
+        assert {t.description: t.completed for t in bars._progress.tasks}["later"] == 1.5
+
