@@ -27,4 +27,3 @@ def test_each_bar_shows_its_own_runs_training_time(tmp_path):
         _write(later, [{"step": 3, "loss": 4.0, "seconds": 1.5}])
         bars.refresh()
         assert {t.description: t.completed for t in bars._progress.tasks}["later"] == 1.5
-
