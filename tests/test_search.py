@@ -154,6 +154,33 @@ def test_batching_and_padding_do_not_change_the_search(make):
                 torch.testing.assert_close(a.alignment, b.alignment)
 
 
+def test_dropping_stopped_sentences_does_not_change_the_search(make, monkeypatch):
+    """Sentences that stop early leave the batch; the others' hypotheses stay the same."""
+    import qkv.search
+
+    model = make(40)  # a larger vocabulary: EOS is rarely chosen early
+    lengths = [1, 1, 2, 1, 9, 1, 8, 1]  # short sources get short length limits: they stop first
+    src = _source(lengths)
+    run = dict(beam_size=3, n_best=3, length_penalty=0.6, max_len_ratio=1.0, max_len_offset=1)
+    sizes, drop = [], qkv.search._Beam._drop_stopped
+
+    def spy(self, prev):
+        sizes.append(self.b)
+        return drop(self, prev)
+
+    monkeypatch.setattr(qkv.search._Beam, "_drop_stopped", spy)
+    together = beam(model, src, **run)
+    assert min(sizes) < len(lengths)  # the batch did shrink
+    for i, n in enumerate(lengths):
+        (alone,) = beam(model, src[i : i + 1, :n], **run)
+        assert len(alone) == len(together[i])
+        for a, b in zip(alone, together[i]):
+            assert (a.tokens, a.eos) == (b.tokens, b.eos)
+            assert a.score == pytest.approx(b.score, abs=1e-9)
+            if a.alignment is not None:
+                torch.testing.assert_close(a.alignment, b.alignment)
+
+
 def test_kv_cache_and_recomputed_prefix_search_alike():
     torch.manual_seed(30)
     model = _transformer(9)

@@ -110,18 +110,30 @@ def _probabilities(s: Tensor, lse: Tensor | None, inplace: bool, may_hide_rows: 
 
 
 def _select_heads(req: AttentionRequest, heads: list[int], lse: Tensor | None):
-    """q, k, v, mask and lse of the chosen query heads, each with its key/value head."""
-    idx = torch.tensor(heads, device=req.q.device)
-    kv = idx // req.groups
-    q = req.q.index_select(1, idx).unsqueeze(2)
-    k = req.k.index_select(1, kv).unsqueeze(2)
-    v = req.v.index_select(1, kv).unsqueeze(2)
+    """q, k, v, mask and lse of the chosen query heads, each with its key/value head.
+
+    A run of consecutive heads without GQA (all heads, or one) is taken as a view: no copy
+    of the keys and values, which matters when decoding step by step with a long cache.
+    """
+    n = len(heads)
+    if req.groups == 1 and heads == list(range(heads[0], heads[0] + n)):
+        by_query = by_key = slice(heads[0], heads[0] + n)
+    else:
+        by_query = torch.tensor(heads, device=req.q.device)
+        by_key = by_query // req.groups
+    q = _take(req.q, by_query).unsqueeze(2)
+    k, v = _take(req.k, by_key).unsqueeze(2), _take(req.v, by_key).unsqueeze(2)
     mask = req.mask
     if mask is not None:
-        mask = (mask.index_select(1, idx) if mask.shape[1] > 1 else mask).unsqueeze(2)
+        mask = (_take(mask, by_query) if mask.shape[1] > 1 else mask).unsqueeze(2)
     if lse is not None:
-        lse = lse.index_select(1, idx).unsqueeze(2)
+        lse = _take(lse, by_query).unsqueeze(2)
     return q, k, v, mask, lse
+
+
+def _take(t: Tensor, heads: slice | Tensor) -> Tensor:
+    """Heads (dim 1) of ``t``: a view for a slice, a copy for an index tensor."""
+    return t[:, heads] if isinstance(heads, slice) else t.index_select(1, heads)
 
 
 def _pairs(b: int, h: int) -> list[tuple[slice, slice]]:

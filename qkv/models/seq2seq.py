@@ -28,9 +28,12 @@ class DecoderState(Protocol):
 
     ``reorder(index)`` keeps batch rows ``index`` ``(B',)`` in place; repeated indices
     expand the batch (beam search starts by repeating each sentence ``beam_size`` times).
+    ``same_source=True`` promises that every row is taken from a row of the same source
+    sentence (beam search reordering its hypotheses), so what depends on the source alone
+    (encoder output, source mask, cross-attention keys and values) is left as it is.
     """
 
-    def reorder(self, index: Tensor) -> None: ...
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None: ...
 
 
 @dataclass

@@ -64,18 +64,19 @@ class RNNState:
     keys: Tensor | None = None
     step: int = 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search)."""
-        self.memory = self.memory.index_select(0, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        """Keep batch rows ``index`` (beam search; ``same_source``: see DecoderState)."""
+        if not same_source:
+            self.memory = self.memory.index_select(0, index)
+            self.src_mask = self.src_mask.index_select(0, index)
+            if self.keys is not None:
+                self.keys = self.keys.index_select(0, index)
         if isinstance(self.hidden, tuple):
             self.hidden = tuple(h.index_select(1, index) for h in self.hidden)
         else:
             self.hidden = self.hidden.index_select(1, index)
         if self.feed is not None:
             self.feed = self.feed.index_select(0, index)
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, index)
 
 
 class RNNEncoder(nn.Module):

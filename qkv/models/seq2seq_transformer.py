@@ -64,14 +64,16 @@ class TransformerState:
     step: int = 0
     encoder_attention: list[Tensor] | None = None
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search), caches included."""
-        self.memory = self.memory.index_select(0, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        """Keep batch rows ``index`` (beam search), caches included (see DecoderState)."""
         if self.cache is not None:
-            self.cache.reorder(index)
+            self.cache.reorder(index, same_source=same_source)
         if self.prefix is not None:
             self.prefix = self.prefix.index_select(0, index)
+        if same_source:
+            return
+        self.memory = self.memory.index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, index)
         if self.encoder_attention:
             self.encoder_attention = [w.index_select(0, index) for w in self.encoder_attention]
 

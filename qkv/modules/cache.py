@@ -37,8 +37,8 @@ class LayerKV:
         """Add new positions and return all keys and values so far."""
         if self.static:
             raise ValueError("cannot append to a static (cross-attention) cache")
-        if self.k is None:
-            self.k, self.v = k, v
+        if self.k is None:  # contiguous, so attention can fold (B, H) without a copy per step
+            self.k, self.v = k.contiguous(), v.contiguous()
         else:
             self.k = torch.cat([self.k, k], dim=-2)
             self.v = torch.cat([self.v, v], dim=-2)
@@ -46,8 +46,8 @@ class LayerKV:
 
     def set_static(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store keys/values that are computed once (cross-attention over a source)."""
-        self.k, self.v, self.static = k, v, True
-        return k, v
+        self.k, self.v, self.static = k.contiguous(), v.contiguous(), True
+        return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search reorders hypotheses every step)."""
@@ -122,7 +122,12 @@ class DecoderCache:
         """Positions decoded so far (cached self-attention keys)."""
         return self.self_kv.length
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search), in self- and cross-attention caches."""
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        """Keep batch rows ``index`` (beam search), in self- and cross-attention caches.
+
+        ``same_source``: every row comes from a row of the same source sentence, whose
+        cross-attention keys and values are the same, so only the self-attention caches move.
+        """
         self.self_kv.reorder(index)
-        self.cross_kv.reorder(index)
+        if not same_source:
+            self.cross_kv.reorder(index)
