@@ -24,6 +24,8 @@ files (checkpoints, logs, the sentencepiece model) go to ``~/.cache/qkv/joeynmt-
 
 Run: ``python benchmarks/joeynmt.py [--minutes 25] [--venv DIR] [--quick] [--out DIR]
 [--threads N]`` (about twice the budget plus decoding) or ``qkv bench joeynmt``.
+``--decode-only``: decode again with the checkpoints the last run left (after a change to
+the search), written to ``joeynmt-decode.json``.
 ``--quick``: 1.5 minutes per system and the first 100 test sentences, a smoke run.
 """
 
@@ -35,11 +37,9 @@ import functools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,6 +48,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ROOT, cli, report, result  # noqa: E402
+from benchmarks.processes import check, supervise, thread_env  # noqa: E402
 from qkv.recipe import Recipe, load_yaml  # noqa: E402
 
 CONFIG = ROOT / "configs" / "multi30k-transformer.yaml"
@@ -97,98 +98,6 @@ def ensure_venv(venv: Path) -> Path:
     return python
 
 
-# --- supervising a training or decoding process -----------------------------------------
-
-
-@dataclass
-class Supervised:
-    """How a supervised process went: exit code, peak memory and its training clock."""
-
-    returncode: int
-    peak_mib: float
-    train_seconds: float
-    log: Path
-
-
-def _status_kib(pid: int, key: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _tree_rss_kib(root: int) -> int:
-    """Resident memory of ``root`` and all its descendants (KiB)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += _status_kib(pid, "VmRSS")
-        todo += children.get(pid, [])
-    return total
-
-
-def supervise(
-    cmd: list, log: Path, env: dict, *, limit_s: float, budget_s: float = 0, marker: str = ""
-) -> Supervised:
-    """Run ``cmd`` (output to ``log``), sampling memory; SIGINT it ``budget_s`` after start.
-
-    The training clock starts when ``marker`` appears in the log (at launch without one);
-    with a budget the process gets SIGINT once the budget is spent, then has two minutes to
-    save and exit. Past ``limit_s`` it is killed and this raises.
-    """
-
-    def default_sigint() -> None:  # a child of a background shell job would inherit SIG_IGN
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=default_sigint)  # fmt: skip
-    launched = time.monotonic()
-    started = None if marker else launched
-    stopped, peak_kib = None, 0
-    while proc.poll() is None:
-        peak_kib = max(peak_kib, _tree_rss_kib(proc.pid), _status_kib(proc.pid, "VmHWM"))
-        now = time.monotonic()
-        if started is None and marker in log.read_text(errors="replace"):
-            started = now
-        if budget_s and started is not None and stopped is None and now - started >= budget_s:
-            proc.send_signal(signal.SIGINT)
-            stopped = now
-        if now - launched > limit_s or (stopped is not None and now - stopped > 120):
-            proc.kill()
-            raise RuntimeError(f"{cmd[0]} ran past its time limit; see {log}")
-        time.sleep(0.5)
-    end = stopped or time.monotonic()
-    return Supervised(proc.returncode, peak_kib / 1024, end - (started or end), log)
-
-
-def _check(run: Supervised, what: str) -> None:
-    if run.returncode != 0:
-        tail = "\n".join(run.log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"{what} failed (exit {run.returncode}); end of {run.log}:\n{tail}")
-
-
-def thread_env(threads: int) -> dict:
-    """The environment of every child: ``threads`` threads for torch, BLAS and tokenizers."""
-    n = str(threads)
-    return dict(
-        os.environ, OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, RAYON_NUM_THREADS=n, PYTHONUNBUFFERED="1"
-    )
-
-
 # --- qkv ---------------------------------------------------------------------------------
 
 
@@ -202,7 +111,7 @@ def qkv_train(work: Path, budget_s: float, threads: int, quick: bool) -> dict:
     cmd = [sys.executable, "-m", "qkv", "train", str(CONFIG), "--out", str(out)]
     cmd += [arg for s in sets for arg in ("--set", s)]
     run = supervise(cmd, work / "qkv-train.log", thread_env(threads), limit_s=budget_s * 2 + 900)
-    _check(run, "qkv train")
+    check(run, "qkv train")
     rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line]
     last = [r for r in rows if "tokens_per_s" in r][-1]
     rate, steps = last["tokens_per_s"], last["step"]
@@ -242,7 +151,7 @@ def sentencepiece(python: Path, work: Path, recipe: Recipe, threads: int) -> tup
     args = [str(prefix), str(recipe.tokenizer.vocab_size), str(threads), *files]
     run = supervise([python, "-c", SPM_SCRIPT, *args], work / "spm.log", thread_env(threads),
                     limit_s=900)  # fmt: skip
-    _check(run, "sentencepiece training")
+    check(run, "sentencepiece training")
     pieces = [line.split("\t")[0] for line in Path(f"{prefix}.vocab").read_text().splitlines()]
     vocab = work / "vocab.txt"
     vocab.write_text("".join(p + "\n" for p in pieces), encoding="utf-8")
@@ -288,7 +197,7 @@ def joey_train(python: Path, work: Path, cfg: dict, budget_s: float, threads: in
     run = supervise(
         cmd, log, joey_env(threads), limit_s=limit_s, budget_s=budget_s, marker="EPOCH 1"
     )
-    _check(run, "joeynmt train")
+    check(run, "joeynmt train")
     checkpoint = Path(cfg["model_dir"]) / "latest.ckpt"
     out = subprocess.check_output(
         [python, "-c", STATS_SCRIPT, checkpoint], text=True, env=joey_env(1)
@@ -312,7 +221,7 @@ def joey_decode(python: Path, work: Path, cfg: dict, test: str, threads: int) ->
     hyps = work / "joey.hyps"
     cmd = [python, "-m", "joeynmt", "test", str(path), "-o", str(hyps)]
     run = supervise(cmd, work / "joey-test.log", joey_env(threads), limit_s=3600)
-    _check(run, "joeynmt test")
+    check(run, "joeynmt test")
     seconds = generation_seconds(run.log.read_text(errors="replace"))
     lines = Path(f"{hyps}.test").read_text(encoding="utf-8").splitlines()
     return lines, len(lines) / seconds
@@ -403,15 +312,47 @@ def run(
     return report(out_dir, "joeynmt", rows_for(q, j, minutes), notes=notes)
 
 
+def decode_again(out_dir: Path = Path("benchmarks/results"), venv: Path | None = None) -> dict:
+    """Beam-5 decoding of the checkpoints the last full run left in the work folder, both
+    systems one after the other; writes ``out_dir/joeynmt-decode.json``."""
+    from qkv.evaluate import bleu
+
+    python, recipe = ensure_venv(Path(venv or VENV).expanduser()), load_yaml(CONFIG)
+    threads = torch.get_num_threads()
+    prefix, src, ref = held_out(recipe, WORK, None)
+    cfg = joey_config(recipe, WORK / "spm.model", WORK / "vocab.txt", WORK / "joey-model")
+    q, j = {}, {}
+    hyps, q["sents_per_s"] = qkv_decode(WORK / "qkv" / "last.safetensors", src)
+    q["bleu"] = bleu(hyps, ref).score
+    hyps, j["sents_per_s"] = joey_decode(python, WORK, cfg, prefix, threads)
+    j["bleu"] = bleu(hyps, ref).score
+    rows = [
+        result(f"beam-{BEAM} decoding, sentences/s (same checkpoints)", q["sents_per_s"], PEER,
+               j["sents_per_s"], unit="sent/s", target="≥ 5×",
+               met=q["sents_per_s"] >= 5 * j["sents_per_s"]),
+        result("sacreBLEU of those translations", q["bleu"], PEER, j["bleu"], unit="BLEU"),
+    ]  # fmt: skip
+    notes = (f"CPU fp32, {threads} torch threads each; the checkpoints of the last "
+             f"`benchmarks/joeynmt.py` run decoded again, one system after the other; "
+             f"{len(src)} test sentences, beam {BEAM}, length penalty {ALPHA}, batches of "
+             f"{DECODE_BATCH} sentences.")  # fmt: skip
+    return report(out_dir, "joeynmt-decode", rows, notes=notes)
+
+
 def _own_args(argv: list[str]) -> tuple[dict, list[str]]:
-    """``--minutes`` and ``--venv``, taken out of ``argv`` before the shared command line."""
+    """``--minutes``, ``--venv`` and ``--decode-only``, taken out of ``argv`` first."""
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--minutes", type=float, default=None)
     ap.add_argument("--venv", type=Path, default=None)
+    ap.add_argument("--decode-only", action="store_true")
     args, rest = ap.parse_known_args(argv)
     return vars(args), rest
 
 
 if __name__ == "__main__":
     extra, sys.argv[1:] = _own_args(sys.argv[1:])
-    cli(functools.partial(run, **extra), __doc__)
+    if extra.pop("decode_only"):
+        extra.pop("minutes")
+        cli(lambda out_dir, quick: decode_again(out_dir, extra["venv"]), __doc__)
+    else:
+        cli(functools.partial(run, **extra), __doc__)

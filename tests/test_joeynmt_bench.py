@@ -27,7 +27,7 @@ def test_joeynmt_config_mirrors_the_qkv_recipe(recipe, tmp_path):
     assert cfg["model"]["tied_embeddings"] is True and cfg["model"]["tied_softmax"] is True
     t = cfg["training"]
     assert (t["batch_size"], t["batch_type"]) == (4096, "token")
-    assert (t["learning_rate"], t["learning_rate_warmup"]) == (0.0007, 1000)
+    assert (t["learning_rate"], t["learning_rate_warmup"]) == (recipe.train.lr, recipe.train.warmup)
     assert t["scheduling"] == "warmupinversesquareroot" and t["label_smoothing"] == 0.1
     assert t["validation_freq"] % t["logging_freq"] == 0  # JoeyNMT refuses otherwise
     src, trg = cfg["data"]["src"], cfg["data"]["trg"]
@@ -76,7 +76,10 @@ def test_held_out_writes_the_first_sentences_for_joeynmt(tmp_path):
 
 def test_own_arguments_leave_the_shared_ones():
     extra, rest = bench._own_args(["--quick", "--minutes", "2", "--out", "x"])
-    assert extra == {"minutes": 2.0, "venv": None} and rest == ["--quick", "--out", "x"]
+    assert extra == {"minutes": 2.0, "venv": None, "decode_only": False}
+    assert rest == ["--quick", "--out", "x"]
+    extra, rest = bench._own_args(["--decode-only", "--threads", "1"])
+    assert extra["decode_only"] is True and rest == ["--threads", "1"]
 
 
 def test_supervise_stops_a_process_after_its_budget(tmp_path):
