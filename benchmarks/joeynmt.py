@@ -1,10 +1,11 @@
 """Multi30k German→English translators: qkv against JoeyNMT 2.3, side by side in one run.
 
 Both systems train the model of ``configs/multi30k-transformer.yaml`` (Transformer 3+3
-layers, width 256, 8 heads, FF 1024, pre-LN, tied embeddings, joint BPE 8k, batches of
-4,096 padded tokens, AdamW, warmup then inverse square root, label smoothing 0.1) on the
-same files for the same wall-clock budget, one after the other, with the same number of
-threads. qkv runs ``qkv train`` with ``train.max_seconds``; JoeyNMT runs
+layers, width 256, 8 heads, FF 1024, pre-LN, tied embeddings, joint BPE 8k) with its batch
+size in tokens, learning rate, warmup and label smoothing (qkv anneals by a cosine over the
+time budget; JoeyNMT 2.3 has no time-based schedule and uses its inverse square root) on
+the same files for the same wall-clock budget, one after the other, with the same number
+of threads. qkv runs ``qkv train`` with ``train.max_seconds``; JoeyNMT runs
 ``python -m joeynmt train`` from its own virtual environment and is stopped with SIGINT
 when the budget is spent (it then saves its current weights). Its joint 8k sentencepiece
 BPE model is trained on the training files beforehand; qkv trains its own BPE in its run.

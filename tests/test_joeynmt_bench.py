@@ -26,7 +26,7 @@ def test_joeynmt_config_mirrors_the_qkv_recipe(recipe, tmp_path):
         assert stack["layer_norm"] == "pre" and stack["dropout"] == 0.1
     assert cfg["model"]["tied_embeddings"] is True and cfg["model"]["tied_softmax"] is True
     t = cfg["training"]
-    assert (t["batch_size"], t["batch_type"]) == (4096, "token")
+    assert (t["batch_size"], t["batch_type"]) == (recipe.train.max_tokens, "token")
     assert (t["learning_rate"], t["learning_rate_warmup"]) == (recipe.train.lr, recipe.train.warmup)
     assert t["scheduling"] == "warmupinversesquareroot" and t["label_smoothing"] == 0.1
     assert t["validation_freq"] % t["logging_freq"] == 0  # JoeyNMT refuses otherwise
