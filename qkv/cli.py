@@ -65,8 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="sacreBLEU and chrF of a checkpoint on a test set")
     e.add_argument("checkpoint")
-    e.add_argument("--src", required=True)
-    e.add_argument("--ref", required=True)
+    e.add_argument("--src", default=None, help="source sentences, one per line")
+    e.add_argument("--ref", default=None, help="reference translations, one per line")
+    e.add_argument(
+        "--split",
+        choices=("valid", "test"),
+        default=None,
+        help="instead of --src/--ref: that held-out split of the checkpoint's training recipe",
+    )
     e.add_argument("--beam", type=int, default=5)
 
     s = sub.add_parser("show", help="attention of a pretrained encoder as HTML or PNG")

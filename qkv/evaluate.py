@@ -150,6 +150,7 @@ def _load(path: str):
         ckpt.model,
         tokenizer_from_json(ckpt.tokenizers["src"]),
         tokenizer_from_json(ckpt.tokenizers["tgt"]),
+        ckpt.extra,
     )
 
 
@@ -161,7 +162,7 @@ def run_translate(args) -> int:
         raise UserError(
             f"need 1 <= --n-best <= --beam, got --n-best {args.n_best} --beam {args.beam}"
         )
-    model, src_tok, tgt_tok = _load(args.checkpoint)
+    model, src_tok, tgt_tok, _ = _load(args.checkpoint)
     lines = [line.rstrip("\n") for line in sys.stdin]
     out = translate_texts(
         model,
@@ -203,18 +204,51 @@ def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
 
 
 def run_evaluate(args) -> int:
-    """``qkv evaluate CHECKPOINT --src FILE --ref FILE``: BLEU and chrF with signatures."""
+    """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF."""
+    model, src_tok, tgt_tok, extra = _load(args.checkpoint)
+    src, ref = _evaluation_texts(args, extra)
+    hyps = [n[0].text for n in translate_texts(model, src_tok, tgt_tok, src, beam=args.beam)]
+    print(bleu(hyps, ref))
+    print(chrf(hyps, ref))
+    return 0
+
+
+def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
+    """Source and reference lines: two files, or a split of the recipe stored at training."""
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError, read_lines
 
-    model, src_tok, tgt_tok = _load(args.checkpoint)
+    split = getattr(args, "split", None)
+    if split is not None:
+        if args.src or args.ref:
+            raise UserError("give either --split or --src and --ref, not both")
+        return _recipe_split(args.checkpoint, extra, split)
+    if not (args.src and args.ref):
+        raise UserError("give --src FILE and --ref FILE, or --split valid|test")
     try:
         src, ref = read_lines(args.src), read_lines(args.ref)
     except CorpusError as err:
         raise UserError(str(err)) from None
     if len(src) != len(ref):
         raise UserError(f"line counts differ: {args.src} has {len(src)}, {args.ref} has {len(ref)}")
-    hyps = [n[0].text for n in translate_texts(model, src_tok, tgt_tok, src, beam=args.beam)]
-    print(bleu(hyps, ref))
-    print(chrf(hyps, ref))
-    return 0
+    return src, ref
+
+
+def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], list[str]]:
+    """The held-out pairs the checkpoint's training recipe defines (same seed, same filter)."""
+    from qkv.cli import UserError
+    from qkv.data.corpus import CorpusError
+    from qkv.data.prepare import load_pairs
+    from qkv.recipe import ConfigError, recipe_from_dict
+
+    if "recipe" not in extra:
+        raise UserError(f"{checkpoint}: holds no training recipe; give --src and --ref")
+    try:
+        _, valid, test = load_pairs(recipe_from_dict(extra["recipe"]).data)
+    except (ConfigError, CorpusError, OSError) as err:
+        raise UserError(f"{checkpoint}: its recipe's data cannot be read: {err}") from None
+    pairs = {"valid": valid, "test": test}[split]
+    if not pairs:
+        raise UserError(f"{checkpoint}: its recipe has no {split} split")
+    print(f"{split} split of the training recipe: {len(pairs)} sentences", file=sys.stderr)
+    return [s for s, _ in pairs], [t for _, t in pairs]

@@ -218,6 +218,26 @@ def test_translate_and_evaluate_cli(tmp_path):
     proc = _run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "2")
     assert proc.returncode == 0, proc.stderr
     assert "BLEU = " in proc.stdout and "nrefs:1" in proc.stdout and "chrF = " in proc.stdout
+    _check_evaluate_split(tmp_path, ckpt)
+
+
+def _check_evaluate_split(tmp_path: Path, ckpt: Path) -> None:
+    """``--split test`` scores the recipe's own held-out pairs: same as giving them as files."""
+    from qkv.data.prepare import load_pairs
+
+    test = load_pairs(_recipe(tmp_path).data)[2]
+    src, ref = tmp_path / "test.ko", tmp_path / "test.en"
+    src.write_text("".join(s + "\n" for s, _ in test))
+    ref.write_text("".join(t + "\n" for _, t in test))
+    by_files = _run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref))
+    by_split = _run_cli("evaluate", str(ckpt), "--split", "test")
+    assert by_split.returncode == 0, by_split.stderr
+    assert f"{len(test)} sentences" in by_split.stderr
+    assert by_split.stdout == by_files.stdout and "BLEU = " in by_split.stdout
+    both = _run_cli("evaluate", str(ckpt), "--split", "test", "--src", str(src))
+    neither = _run_cli("evaluate", str(ckpt))
+    for proc in (both, neither):
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
