@@ -38,7 +38,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.backends.base import AttentionRequest, AttentionResult, Backend, restrict
+from qkv.backends.base import (
+    AttentionRequest,
+    AttentionResult,
+    Backend,
+    any_visible,
+    restrict,
+)
 from qkv.backends.tiles import grouped, grouped_mask, masked_scores, weighted_values
 from qkv.backends.weights import attention_weights
 
@@ -107,13 +113,13 @@ def _block_range(block: Tensor, tk: int) -> tuple[int, int, bool]:
     every key in range (only for boolean masks: a float mask is always added).
     """
     visible = block if block.dtype == torch.bool else block > float("-inf")
-    cols = visible.any(dim=1).any(dim=0).expand(tk)
+    cols = any_visible(visible, (0, 1)).expand(tk)
     seen = cols.nonzero()  # one device sync per block
     if len(seen) == 0:
         return 0, 0, True
     lo, hi = int(seen[0]), int(seen[-1]) + 1
     keys = visible[..., lo:hi] if visible.shape[-1] > 1 else visible
-    return lo, hi, block.dtype == torch.bool and bool(keys.all())
+    return lo, hi, block.dtype == torch.bool and bool(keys.view(torch.uint8).amin())
 
 
 def _softmax_tile(s: Tensor, v: Tensor, state, inplace: bool):

@@ -11,7 +11,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
+from qkv.backends.base import (
+    AttentionRequest,
+    AttentionResult,
+    Backend,
+    bool_to_bias,
+    visible_rows,
+)
 from qkv.backends.weights import attention_weights
 
 __all__ = ["SDPABackend"]
@@ -51,7 +57,9 @@ class SDPABackend(Backend):
                     mask = mask | ~visible
                 else:
                     mask = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype))
-        if mask is not None and mask.dtype != torch.bool:
+        if mask is not None and mask.dtype == torch.bool:
+            mask = bool_to_bias(mask, q.dtype)  # what SDPA would do, in fewer passes
+        elif mask is not None:
             mask = mask.to(q.dtype)
         out = F.scaled_dot_product_attention(
             q,

@@ -161,3 +161,29 @@ def test_causal_with_cache_alignment_matches_naive():
     v = torch.randn(1, 2, 7, 8, dtype=torch.float64)
     out = qkv.scaled_dot_product_attention(q, k, v, causal=True)
     torch.testing.assert_close(out, naive_attention(q, k, v, causal=True)[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    shape=st.lists(st.integers(0, 7), min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+    expand=st.booleans(),
+)
+def test_mask_helpers_equal_their_plain_torch_forms(seed, shape, dtype, expand):
+    """The byte-maximum ``any`` and the bit-pattern bias give what ``any``/``where`` give."""
+    from qkv.backends.base import any_visible, bool_to_bias
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(shape, generator=g) < torch.rand((), generator=g)
+    if expand:  # a broadcast (stride-0) view, as masks usually arrive
+        mask = mask.unsqueeze(0).expand(3, *shape)
+    bias = bool_to_bias(mask, dtype)
+    want = torch.where(mask, torch.zeros((), dtype=dtype), float("-inf"))
+    assert bias.dtype == dtype and torch.equal(bias, want)
+    assert not torch.signbit(bias[mask]).any()  # +0.0, not -0.0
+    for dim in range(mask.dim()):
+        got = any_visible(mask, dim, keepdim=True)
+        assert got.dtype == torch.bool and torch.equal(got, mask.any(dim=dim, keepdim=True))
+    if mask.dim() >= 2:
+        assert torch.equal(any_visible(mask, (0, 1)), mask.any(dim=1).any(dim=0))
