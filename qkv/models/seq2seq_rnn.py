@@ -23,6 +23,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from qkv.models.config import RNNSeq2SeqConfig
 from qkv.models.seq2seq import Seq2SeqAttention, source_mask
+from qkv.modules.dropout import Dropout
 from qkv.modules.rnn_attention import BahdanauAttention, LuongAttention
 
 __all__ = ["RNNSeq2Seq", "RNNState"]
@@ -93,7 +94,7 @@ class RNNEncoder(nn.Module):
         self.directions = 2 if cfg.bidirectional else 1
         self.embed = nn.Embedding(cfg.src_vocab_size, cfg.embed_dim, padding_idx=cfg.pad_id)
         self.rnn = _rnn(cfg, cfg.embed_dim, cfg.hidden_dim // self.directions, cfg.bidirectional)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Hidden]:
         lengths = src_mask.sum(-1)  # (B,)
@@ -146,7 +147,7 @@ class ContextDecoder(nn.Module):
         self.rnn = _rnn(cfg, e + h, h, bidirectional=False)
         self.pre_output = nn.Linear(h + h + e, h)
         self.out = nn.Linear(h, cfg.tgt_vocab_size)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def start(self, memory: Tensor, src_mask: Tensor, hidden: Hidden) -> RNNState:
         """Initial state: the fixed context is the bridged summary's top layer."""
@@ -183,7 +184,7 @@ class LuongDecoder(nn.Module):
         )  # fmt: skip
         self.combine = nn.Linear(2 * h, h, bias=False)
         self.out = nn.Linear(h, cfg.tgt_vocab_size)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def start(self, memory: Tensor, src_mask: Tensor, hidden: Hidden) -> RNNState:
         """Initial state; input feeding starts from ``h~_0 = 0``."""
@@ -237,7 +238,7 @@ class RNNSeq2Seq(nn.Module):
         self.encoder = RNNEncoder(config)
         self.bridge = Bridge(config.hidden_dim, lstm=config.cell == "lstm")
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.embed_dim, config.pad_id)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         if config.attention == "luong":
             self.decoder = LuongDecoder(config)
         else:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from qkv.models.config import TransformerSeq2SeqConfig
 from qkv.models.seq2seq import Seq2SeqAttention, source_mask
+from qkv.modules.dropout import Dropout
 from qkv.modules.positional import (
     LearnedPositionalEncoding,
     RotaryPositionalEncoding,
@@ -120,7 +121,7 @@ class TransformerSeq2Seq(nn.Module):
                       for _ in range(c.num_decoder_layers)]  # fmt: skip
         self.encoder = Encoder(enc_layers, final_norm=nn.LayerNorm(e) if c.norm_first else None)
         self.decoder = Decoder(dec_layers, final_norm=nn.LayerNorm(e) if c.norm_first else None)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.out = nn.Linear(e, c.tgt_vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.modules.dropout import Dropout
+
 __all__ = ["FeedForward"]
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -52,7 +54,7 @@ class FeedForward(nn.Module):
             raise ValueError(f"unknown activation {activation!r}; known: {sorted(_ACTIVATIONS)}")
         self.linear1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.activation = _ACTIVATIONS[activation]()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.linear2 = nn.Linear(hidden_dim, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:

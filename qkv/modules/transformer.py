@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, LayerCache
+from qkv.modules.dropout import Dropout
 from qkv.modules.feedforward import (
     FeedForward,
     _copy_ff_norms,
@@ -91,8 +92,8 @@ class EncoderLayer(nn.Module):
         self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
         self.norm1 = _norm(dim, layer_norm_eps, bias)
         self.norm2 = _norm(dim, layer_norm_eps, bias)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
 
     def forward(
         self,
@@ -182,7 +183,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = _norm(dim, layer_norm_eps, bias)
         self.norm2 = _norm(dim, layer_norm_eps, bias) if cross else None
         self.norm3 = _norm(dim, layer_norm_eps, bias)
-        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
+        self.dropout1, self.dropout2, self.dropout3 = (Dropout(dropout) for _ in range(3))
 
     def forward(
         self,
