@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+_ARGV = list(sys.argv)  # as started: a script may take its own options out of sys.argv
+
 __all__ = [
     "cli",
     "machine",
@@ -191,7 +193,7 @@ def write(out_dir: Path, name: str, rows: list[dict], *, notes: str = "") -> Pat
         "name": name,
         "machine": machine(),
         "versions": versions(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": " ".join([Path(_ARGV[0]).name, *_ARGV[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "notes": notes,
         "results": rows,
