@@ -39,15 +39,19 @@ def test_key_ranges_follow_the_mask_structure():
 
 # fused: SDPA per block (no lse asked for); online: qkv's tiles (lse); 64: many key chunks
 @pytest.mark.parametrize("path", ["fused", "online", "online-many-chunks"])
-@pytest.mark.parametrize("kind", ["band", "band-causal", "padding", "rows-hidden", "alibi"])
+@pytest.mark.parametrize(
+    "kind", ["band", "band-causal", "padding", "rows-hidden", "alibi", "random", "random-causal"]
+)
 def test_skipping_is_exact(kind, path, monkeypatch):
     tile = 64 if path == "online-many-chunks" else chunked.TILE_ELEMENTS
     monkeypatch.setattr(chunked, "TILE_ELEMENTS", tile)
     b, h, hkv, tq, tk = 2, 4, 2, 70, 90
     q = torch.randn(b, h, tq, 8, dtype=torch.float64)
     k, v = (torch.randn(b, hkv, tk, 8, dtype=torch.float64) for _ in range(2))
-    mask, causal = _band(tq, tk, 9), kind == "band-causal"
-    if kind == "padding":
+    mask, causal = _band(tq, tk, 9), kind.endswith("-causal")
+    if kind.startswith("random"):  # no structure: blocks with equal ranges share one call
+        mask = torch.rand(b, 1, tq, tk) > 0.5
+    elif kind == "padding":
         mask = qkv.padding_mask(torch.tensor([90, 33]), tk)[:, None, None, :]
     elif kind == "rows-hidden":
         mask = mask.clone()
