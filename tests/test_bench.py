@@ -57,3 +57,28 @@ def test_measure_turns_alternates_the_functions():
     )
     assert set(medians) == {"a", "b"} and all(v >= 0 for v in medians.values())
     assert calls == ["a", "b"] * 4  # one warm-up each, then three turns
+
+
+def test_bench_updates_benchmarks_md_only_from_its_own_results(tmp_path, monkeypatch):
+    """``qkv bench --out ELSEWHERE`` must not replace the summary with a partial one."""
+    import argparse
+    import types
+
+    from qkv import bench
+
+    root = tmp_path / "repo"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "benchmarks" / "fake.py").write_text("")
+    (root / "BENCHMARKS.md").write_text("# Benchmarks\n\n" + MARK + "\nold\n")
+
+    def run(out_dir, quick=False):
+        common.write(out_dir, "fake", [common.result("fake case", 1.0, "peer", 2.0)])
+
+    monkeypatch.setattr(bench, "find_root", lambda: root)
+    fake = types.SimpleNamespace(import_module=lambda name: types.SimpleNamespace(run=run))
+    monkeypatch.setattr(bench, "importlib", fake)
+    for out, changed in ((tmp_path / "elsewhere", False), (root / "benchmarks/results", True)):
+        args = argparse.Namespace(name="fake", out=str(out), quick=True, threads=None)
+        assert bench.run_cli(args) == 0 and (out / "fake.json").is_file()
+        text = (root / "BENCHMARKS.md").read_text()
+        assert ("| fake case |" in text) is changed and ("old" in text) is not changed
