@@ -238,11 +238,14 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
 
 def _runs(ranges: KeyRanges, g: int, tq: int) -> list[tuple[int, int, int, int, bool]]:
     """``(qs, qe, lo, hi, dense)``: consecutive query blocks with the same key range merged,
-    up to :data:`FUSED_ROWS` rows (SDPA's CPU kernel is slower on short calls)."""
+    up to :data:`FUSED_ROWS` rows (SDPA's CPU kernel is slower on short calls), and for a
+    masked range up to :data:`TILE_ELEMENTS` scores (the size of the mask's bias block)."""
     runs: list[tuple[int, int, int, int, bool]] = []
     for i, key in enumerate(zip(ranges.lo[g], ranges.hi[g], ranges.dense[g])):
         qs, qe = i * ranges.block_q, min((i + 1) * ranges.block_q, tq)
-        if runs and runs[-1][2:] == key and qe - runs[-1][0] <= FUSED_ROWS:
+        rows = qe - runs[-1][0] if runs else 0
+        fits = rows <= FUSED_ROWS and (key[2] or rows * (key[1] - key[0]) <= TILE_ELEMENTS)
+        if runs and runs[-1][2:] == key and fits:
             runs[-1] = (runs[-1][0], qe, *key)
         else:
             runs.append((qs, qe, *key))
