@@ -24,6 +24,7 @@ __all__ = [
     "any_visible",
     "bool_to_bias",
     "causal_mask",
+    "float_bits",
     "restrict",
     "visible_rows",
 ]
@@ -156,6 +157,11 @@ def bool_to_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
     bits of ``-inf`` gives exactly ``-inf`` or ``+0.0``. Three vectorised integer passes
     instead of a ``where`` (0.7 ms against 2.3 ms for 256 x 2048 in float32).
     """
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
-    bits = torch.tensor(float("-inf"), dtype=dtype).view(ints).item()
+    ints, bits = float_bits(float("-inf"), dtype)
     return mask.to(ints).sub_(1).bitwise_and_(bits).view(dtype)
+
+
+def float_bits(value: float, dtype: torch.dtype) -> tuple[torch.dtype, int]:
+    """The signed integer dtype of ``dtype``'s width and ``value``'s bit pattern in it."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    return ints, torch.tensor(value, dtype=dtype).view(ints).item()

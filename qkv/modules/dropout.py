@@ -19,9 +19,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkv.backends.base import float_bits
+
 __all__ = ["Dropout", "dropout"]
 
-_INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+def _check(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -29,8 +34,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
     Readable form: ``x * (torch.rand_like(x) >= p) / (1 - p)``.
     """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    _check(p)
     if not training or p == 0.0 or x.numel() == 0:
         return x
     if p == 1.0:
@@ -44,8 +48,7 @@ def keep_multiplier(shape, p: float, dtype: torch.dtype, device) -> Tensor:
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
     bits = words.random_(-(2**63), None).view(torch.int16)[:n].view(shape)
     keep = bits >= -32768 + round(p * 65536)
-    ints = _INTS[dtype.itemsize]
-    scale = torch.tensor(1.0 / (1.0 - p), dtype=dtype).view(ints).item()
+    ints, scale = float_bits(1.0 / (1.0 - p), dtype)
     # keep -> -1 (all bits set) -> AND with the bits of the scale; dropped -> 0 -> +0.0
     return keep.to(ints).neg_().bitwise_and_(scale).view(dtype)
 
@@ -55,8 +58,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        _check(p)
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
