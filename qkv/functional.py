@@ -212,8 +212,8 @@ def explain_dispatch(
 
 
 def _run(req: AttentionRequest, backend: str):
-    if backend == "auto":
-        backend = explain(req).chosen
+    if backend == "auto":  # the choice fits by construction: no second check
+        return get_backend(explain(req, complete=False).chosen)(req)
     impl = get_backend(backend)
     why = impl.why_not(req)
     if why:
@@ -256,19 +256,27 @@ def _rows(rows: slice | None, tq: int) -> tuple[int, int] | None:
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k, v must be 4-d (B, H, T, D); got {shapes}")
-    if not (q.shape[0] == k.shape[0] == v.shape[0]):
-        raise ValueError(f"batch sizes differ: {shapes}")
-    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have the same heads and length: {shapes}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head size D: {shapes}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"key/value heads Hkv must divide query heads H: {shapes}")
+    problem = _shape_problem(q.shape, k.shape, v.shape)
+    if problem:
+        shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        raise ValueError(f"{problem}: {shapes}")
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one floating dtype: {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _shape_problem(q, k, v) -> str | None:
+    """What is wrong with the shapes of q, k, v (None when they fit)."""
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return "q, k, v must be 4-d (B, H, T, D)"
+    if not (q[0] == k[0] == v[0]):
+        return "batch sizes differ"
+    if k[1] != v[1] or k[2] != v[2]:
+        return "k and v must have the same heads and length"
+    if q[3] != k[3]:
+        return "q and k must have the same head size D"
+    if k[1] == 0 or q[1] % k[1] != 0:
+        return "key/value heads Hkv must divide query heads H"
+    return None
 
 
 def _check_mask(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:

@@ -84,20 +84,24 @@ class Dispatch:
         return "\n".join(lines)
 
 
-def explain(req: AttentionRequest) -> Dispatch:
-    """Decide the backend for ``req`` and record the reasons against the others."""
+def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
+    """Decide the backend for ``req`` and record the reasons against the others.
+
+    ``complete=False`` (what every ``auto`` call uses) stops asking backends once one fits:
+    the choice is the same, only the report lacks the reasons of those after it.
+    """
     reasons: dict[str, list[str]] = {}
     chosen = None
     for name in available_backends():
-        why = list(get_backend(name).why_not(req))
-        if name == "reference" and not why:
-            why = _reference_too_large(req)
-        reasons[name] = why
-        if chosen is None and not why:
+        if chosen is not None and not complete:
+            break
+        reasons[name] = _why_not(name, req)
+        if chosen is None and not reasons[name]:
             chosen = name
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
-    if chosen in ("sdpa", "reference") and not reasons.get("chunked"):
+    chunked_fits = not reasons.get("chunked", _why_not("chunked", req))
+    if chosen in ("sdpa", "reference") and chunked_fits:
         why = _chunked_is_faster(req)
         if why:
             reasons[chosen] = [why]
@@ -105,15 +109,22 @@ def explain(req: AttentionRequest) -> Dispatch:
     return Dispatch(chosen=chosen, reasons=reasons)
 
 
+def _why_not(name: str, req: AttentionRequest) -> list[str]:
+    why = list(get_backend(name).why_not(req))
+    if name == "reference" and not why:
+        why = _reference_too_large(req)
+    return why
+
+
 def _chunked_is_faster(req: AttentionRequest) -> str | None:
     """Why chunked beats SDPA on this CPU request (measured in ``qkv bench masks``), or None."""
+    tq, tk = req.q.shape[-2], req.k.shape[-2]
+    if req.mask is None or tq * tk < SKIP_MIN_SCORES:
+        return None
+    if req.q.device.type != "cpu" or req.requires_grad:
+        return None
     from qkv.backends.chunked import key_ranges
 
-    tq, tk = req.q.shape[-2], req.k.shape[-2]
-    if req.q.device.type != "cpu" or req.requires_grad or req.mask is None:
-        return None
-    if tq * tk < SKIP_MIN_SCORES:
-        return None
     if req.mask.dtype != torch.bool and req.mask.shape[1] > 1:
         return "chunked hands a per-head float mask to SDPA one block at a time (faster)"
     ranges = req.remember("key_ranges", lambda: key_ranges(req))

@@ -12,6 +12,7 @@ the reasons it cannot serve a request (an empty list means it can). Dispatch and
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -72,8 +73,8 @@ class AttentionRequest:
     def full_mask(self) -> Tensor | None:
         """The user mask combined with the causal mask, still broadcastable (never expanded)."""
         mask = self.mask
-        if self.causal:
-            tq, tk = self.q.shape[-2], self.k.shape[-2]
+        tq, tk = self.q.shape[-2], self.k.shape[-2]
+        if self.causal and tq > 1:  # one query row (a decoding step) sees every key
             mask = restrict(mask, causal_mask(tq, tk, device=self.q.device))
         return mask
 
@@ -161,7 +162,11 @@ def bool_to_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.to(ints).sub_(1).bitwise_and_(bits).view(dtype)
 
 
+@functools.lru_cache(maxsize=64)
 def float_bits(value: float, dtype: torch.dtype) -> tuple[torch.dtype, int]:
-    """The signed integer dtype of ``dtype``'s width and ``value``'s bit pattern in it."""
+    """The signed integer dtype of ``dtype``'s width and ``value``'s bit pattern in it.
+
+    Cached: masks are turned into biases on every decoding step.
+    """
     ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
     return ints, torch.tensor(value, dtype=dtype).view(ints).item()

@@ -116,6 +116,47 @@ def test_explain_dispatch_names_every_backend():
     assert qkv.explain_dispatch(q, k, v).chosen in ("sdpa", "triton")
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    t=st.sampled_from([1, 4, 1100]),
+    mask_kind=st.sampled_from(["none", "random", "band", "per-head float", "float"]),
+    causal=st.booleans(),
+    dropout=st.sampled_from([0.0, 0.1]),
+    weights=st.booleans(),
+    lse=st.booleans(),
+    grad=st.booleans(),
+)
+def test_auto_choice_equals_the_full_explanation(t, mask_kind, causal, dropout, weights, lse,
+                                                 grad):  # fmt: skip
+    """Every call stops at the first backend that fits; explain_dispatch asks them all."""
+    from qkv.backends import explain
+    from qkv.functional import _request
+
+    q, k, v = (torch.randn(1, 2, t, 8, requires_grad=grad) for _ in range(3))
+    i = torch.arange(t)
+    masks = {
+        "none": None,
+        "random": torch.rand(t, t) > 0.5,
+        "band": (i[:, None] - i[None, :]).abs() <= 16,
+        "per-head float": torch.randn(2, t, t),
+        "float": torch.randn(t, t),
+    }
+    req = _request(q, k, v, masks[mask_kind], causal, None, dropout, weights, lse)
+    full, short = explain(req), explain(req, complete=False)
+    assert short.chosen == full.chosen
+    for name, why in short.reasons.items():
+        assert why == full.reasons[name]
+
+
+def test_one_query_row_sees_every_key_under_causal():
+    """A decoding step (Tq = 1) needs no causal mask: bottom-right, it sees the whole cache."""
+    q, k, v = torch.randn(2, 3, 1, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    out, w = qkv.scaled_dot_product_attention(q, k, v, causal=True, need_weights=True)
+    ref = qkv.scaled_dot_product_attention(q, k, v, backend="reference")
+    torch.testing.assert_close(out, ref)
+    assert bool((w > 0).all())
+
+
 def test_forcing_an_unsupported_backend_lists_reasons():
     q = k = v = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="sdpa.*does not return the log-sum-exp"):
