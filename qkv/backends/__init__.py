@@ -100,9 +100,9 @@ def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
             chosen = name
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
-    chunked_fits = not reasons.get("chunked", _why_not("chunked", req))
-    if chosen in ("sdpa", "reference") and chunked_fits:
-        why = _chunked_is_faster(req)
+    if chosen in ("sdpa", "reference"):
+        blocked = reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req)
+        why = None if blocked else _chunked_is_faster(req)
         if why:
             reasons[chosen] = [why]
             chosen = "chunked"
