@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from qkv.backends import AttentionRequest, Dispatch, available_backends, explain, get_backend
-from qkv.backends.base import causal_mask
+from qkv.backends.base import causal_mask, shape_problem
 
 __all__ = [
     "attention_lse",
@@ -256,27 +256,12 @@ def _rows(rows: slice | None, tq: int) -> tuple[int, int] | None:
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    problem = _shape_problem(q.shape, k.shape, v.shape)
+    problem = shape_problem(q.shape, k.shape, v.shape)
     if problem:
         shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         raise ValueError(f"{problem}: {shapes}")
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one floating dtype: {q.dtype}, {k.dtype}, {v.dtype}")
-
-
-def _shape_problem(q, k, v) -> str | None:
-    """What is wrong with the shapes of q, k, v (None when they fit)."""
-    if len(q) != 4 or len(k) != 4 or len(v) != 4:
-        return "q, k, v must be 4-d (B, H, T, D)"
-    if not (q[0] == k[0] == v[0]):
-        return "batch sizes differ"
-    if k[1] != v[1] or k[2] != v[2]:
-        return "k and v must have the same heads and length"
-    if q[3] != k[3]:
-        return "q and k must have the same head size D"
-    if k[1] == 0 or q[1] % k[1] != 0:
-        return "key/value heads Hkv must divide query heads H"
-    return None
 
 
 def _check_mask(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:

@@ -27,6 +27,7 @@ __all__ = [
     "causal_mask",
     "float_bits",
     "restrict",
+    "shape_problem",
     "visible_rows",
 ]
 
@@ -170,3 +171,21 @@ def float_bits(value: float, dtype: torch.dtype) -> tuple[torch.dtype, int]:
     """
     ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
     return ints, torch.tensor(value, dtype=dtype).view(ints).item()
+
+
+def shape_problem(q, k, v) -> str | None:
+    """What is wrong with the shapes of q, k, v (None when they fit).
+
+    Fits: ``q (B, H, Tq, D)``, ``k (B, Hkv, Tk, D)``, ``v (B, Hkv, Tk, Dv)``, Hkv dividing H.
+    """
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return "q, k, v must be 4-d (B, H, T, D)"
+    if not (q[0] == k[0] == v[0]):
+        return "batch sizes differ"
+    if k[1] != v[1] or k[2] != v[2]:
+        return "k and v must have the same heads and length"
+    if q[3] != k[3]:
+        return "q and k must have the same head size D"
+    if k[1] == 0 or q[1] % k[1] != 0:
+        return "key/value heads Hkv must divide query heads H"
+    return None

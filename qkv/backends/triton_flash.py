@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from qkv.backends.base import AttentionRequest, AttentionResult, Backend
+from qkv.backends.base import AttentionRequest, AttentionResult, Backend, shape_problem
 from qkv.backends.reference import reference_attention
 from qkv.backends.triton_bwd import (
     LOG2E,
@@ -348,12 +348,11 @@ def _input_problems(q: Tensor, k: Tensor, v: Tensor) -> list[str]:
         problems.append(f"dtype {q.dtype} not supported (float16, bfloat16, float32)")
     if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
         problems.append(f"head size {q.shape[-1]}/{v.shape[-1]} over {MAX_HEAD_DIM}")
-    fits = q.shape[0] == k.shape[0] and k.shape[:3] == v.shape[:3] and q.shape[3] == k.shape[3]
-    if not fits or k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+    misfit = shape_problem(q.shape, k.shape, v.shape)
+    if misfit:
         shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        problems.append(
-            f"shapes {shapes} do not fit (B, H, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, Dv)"
-        )
+        problems.append(f"shapes {shapes} do not fit (B, H, Tq, D), (B, Hkv, Tk, D), "
+                        f"(B, Hkv, Tk, Dv): {misfit}")  # fmt: skip
     return problems
 
 
