@@ -26,6 +26,7 @@ from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
 from qkv.distributed import Dist
 from qkv.evaluate import bleu, translate_texts
+from qkv.memory import reuse_freed_memory
 from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from qkv.recipe import ConfigError, Recipe, load_yaml
 
@@ -182,7 +183,8 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
         out.mkdir(parents=True, exist_ok=True)
         _trim_log(out / "log.jsonl", state.step)
     loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
-    return loop.run(progress and dist.is_main)
+    with reuse_freed_memory():  # each step's activations reuse the last one's pages
+        return loop.run(progress and dist.is_main)
 
 
 class _Loop:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+import qkv.train
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
 from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
 from qkv.train import train
@@ -100,6 +102,13 @@ def test_resume_continues_with_identical_losses(tmp_path):
     train(_recipe(part, steps=8), progress=False)  # stops (and saves) at step 8
     train(_recipe(part), resume=True, progress=False)
     assert _losses(part) == _losses(full)
+
+
+def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
+    train(_recipe(tmp_path / "reuse", steps=6), progress=False)
+    monkeypatch.setattr(qkv.train, "reuse_freed_memory", lambda: contextlib.nullcontext())
+    train(_recipe(tmp_path / "plain", steps=6), progress=False)
+    assert _losses(tmp_path / "reuse") == _losses(tmp_path / "plain")
 
 
 def test_resume_after_sigkill_between_checkpoints(tmp_path):

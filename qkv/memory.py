@@ -1,0 +1,67 @@
+"""Keeping freed memory for reuse while training, where the default costs time.
+
+On a virtual machine a page fault is expensive (measured on the project's 2-core VM:
+filling a fresh 512 MiB tensor takes 0.34-0.43 s, the same write into memory already
+faulted in 0.07 s). glibc hands out every allocation above its mmap threshold (at most
+32 MiB) with ``mmap`` and returns it with ``munmap`` when freed, so a training step whose
+logits and their gradients are 30-70 MiB faults them in afresh at every step: in a
+two-minute Multi30k Transformer run 25 of 145 s went to the kernel.
+:func:`reuse_freed_memory` keeps them in the heap instead (3 s in the kernel, 1,590 against
+1,521 target tokens/s in the same conditions).
+
+Not used for the attention weights: asking for transparent huge pages
+(``madvise(MADV_HUGEPAGE)``) made a repeated 512 MiB fill 5x faster, but the first one, and
+any after other work had fragmented memory, took 1-3 s while the kernel gathered 2 MiB pages.
+
+Linux/glibc only, and only a policy: anywhere else, or if the call fails, it does nothing,
+and results are the same to the bit either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import sys
+from collections.abc import Iterator
+
+__all__ = ["reuse_freed_memory"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (glibc's malloc.h)
+_GLIBC_DEFAULTS = {_M_TRIM_THRESHOLD: 128 * 1024, _M_MMAP_MAX: 65536}
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library with ``mallopt`` typed, or ``None`` off Linux/glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+@contextlib.contextmanager
+def reuse_freed_memory(enabled: bool = True) -> Iterator[None]:
+    """Within the block, glibc serves every allocation from its heap and keeps freed memory.
+
+    Sets ``M_MMAP_MAX = 0`` (no ``mmap`` per large allocation) and a trim threshold of
+    ``2**31 - 1`` bytes, so the activations of one training step reuse the pages of the
+    previous one instead of faulting in fresh zeroed pages. Memory freed inside the block is
+    kept by the process rather than returned to the system; the glibc defaults are restored
+    on exit.
+    """
+    libc = _libc() if enabled else None
+    if libc is None:
+        yield
+        return
+    libc.mallopt(_M_MMAP_MAX, 0)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    try:
+        yield
+    finally:
+        for param, value in _GLIBC_DEFAULTS.items():
+            libc.mallopt(param, value)
