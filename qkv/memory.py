@@ -5,9 +5,14 @@ filling a fresh 512 MiB tensor takes 0.34-0.43 s, the same write into memory alr
 faulted in 0.07 s). glibc hands out every allocation above its mmap threshold (at most
 32 MiB) with ``mmap`` and returns it with ``munmap`` when freed, so a training step whose
 logits and their gradients are 30-70 MiB faults them in afresh at every step: in a
-two-minute Multi30k Transformer run 25 of 145 s went to the kernel.
-:func:`reuse_freed_memory` keeps them in the heap instead (3 s in the kernel, 1,590 against
-1,521 target tokens/s in the same conditions).
+150-second Multi30k Transformer run 29 s of the process's time went to the kernel.
+:func:`reuse_freed_memory` keeps them in the heap instead (3 s in the kernel, 1,680 against
+1,499 target tokens/s, peak RSS 1.08 against 1.05 GB, run one after the other).
+
+``qkv train`` enters it after data preparation and model building, around the loop only. In
+a separate test script that entered it before the tokenizer training, the training steps
+faulted *more* pages than with glibc's defaults (not explained yet): the benefit depends on
+the heap's layout and has been measured only for the loop as ``qkv train`` runs it.
 
 Not used for the attention weights: asking for transparent huge pages
 (``madvise(MADV_HUGEPAGE)``) made a repeated 512 MiB fill 5x faster, but the first one, and
