@@ -42,7 +42,7 @@ def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     except (OSError, AttributeError):
         return None
@@ -50,7 +50,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 @contextlib.contextmanager
-def reuse_freed_memory(enabled: bool = True) -> Iterator[None]:
+def reuse_freed_memory() -> Iterator[None]:
     """Within the block, glibc serves every allocation from its heap and keeps freed memory.
 
     Sets ``M_MMAP_MAX = 0`` (no ``mmap`` per large allocation) and a trim threshold of
@@ -59,7 +59,7 @@ def reuse_freed_memory(enabled: bool = True) -> Iterator[None]:
     kept by the process rather than returned to the system; the glibc defaults are restored
     on exit.
     """
-    libc = _libc() if enabled else None
+    libc = _libc()
     if libc is None:
         yield
         return
