@@ -137,6 +137,15 @@ def qkv_decode(checkpoint: Path, src: list[str]) -> tuple[list[str], float]:
     return [nbest[0].text for nbest in out], len(src) / seconds
 
 
+def qkv_precision(recipe: Recipe) -> str:
+    """How ``qkv train`` runs the recipe on this CPU: ``bf16 autocast`` or ``fp32``."""
+    from qkv.distributed import native_bf16
+
+    bf16 = recipe.train.bf16
+    on = native_bf16(torch.device("cpu")) if bf16 == "auto" else bool(bf16)
+    return "bf16 autocast" if on else "fp32"
+
+
 # --- JoeyNMT -----------------------------------------------------------------------------
 
 
@@ -302,7 +311,8 @@ def run(
     j["bleu"] = score.score
 
     notes = (
-        f"CPU fp32, {threads} torch threads each, one system after the other (load average "
+        f"CPU, qkv training in {qkv_precision(recipe)} and JoeyNMT in fp32 (both decode in fp32), "
+        f"{threads} torch threads each, one system after the other (load average "
         f"{load:.1f} before the run). Budget "
         f"{minutes:g} min of training each (qkv {q['steps']} steps, JoeyNMT {j['steps']}), "
         f"validation included; weights at the end of the budget; {len(src)} test sentences, "

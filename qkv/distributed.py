@@ -16,7 +16,7 @@ import torch
 import torch.distributed as td
 from torch import nn
 
-__all__ = ["Dist"]
+__all__ = ["Dist", "native_bf16"]
 
 
 @dataclass
@@ -83,3 +83,13 @@ class Dist:
         t = torch.tensor(int(flag), device=self.device)
         td.broadcast(t, 0)
         return bool(t)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware, so that bf16 autocast
+    pays off: a CUDA device with bf16 support, or a CPU with AMX tiles or AVX-512 BF16
+    (oneDNN's bf16 kernels; elsewhere torch emulates bf16 and it runs slower than fp32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)

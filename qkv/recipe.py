@@ -103,7 +103,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     label_smoothing: float = 0.1
     clip_norm: float = 1.0
-    bf16: bool = False
+    bf16: bool | str = False  # bf16 autocast: true, false or "auto" (where bf16 is native)
     eval_every: int = 250
     save_every: int = 250
     patience: int = 0
@@ -126,6 +126,8 @@ class OptimConfig:
             )
         _choice(self, "schedule", ("inverse_sqrt", "cosine", "constant"), section="train")
         _choice(self, "device", ("auto", "cpu", "cuda"), section="train")
+        if not isinstance(self.bf16, bool) and self.bf16 != "auto":
+            raise ConfigError(f"train.bf16: must be true, false or 'auto', got {self.bf16!r}")
 
 
 @dataclass(frozen=True)

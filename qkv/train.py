@@ -24,7 +24,7 @@ from torch import nn
 
 from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
-from qkv.distributed import Dist
+from qkv.distributed import Dist, native_bf16
 from qkv.evaluate import bleu, translate_texts
 from qkv.memory import reuse_freed_memory
 from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -46,6 +46,7 @@ class TrainResult:
     last_valid_loss: float
     seconds: float
     target_tokens_per_s: float
+    bf16: bool = False  # whether the forward passes ran under bf16 autocast
 
 
 @dataclass
@@ -171,6 +172,7 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
         betas=tuple(cfg.betas),
         eps=1e-9,
         weight_decay=cfg.weight_decay,
+        fused=dist.device.type in ("cpu", "cuda"),  # one kernel for all parameters: ~5% of a step
     )
     state = _State()
     if resume and (out / "last.safetensors").exists():
@@ -201,6 +203,8 @@ class _Loop:
         self.state, self.dist, self.out = state, dist, recipe.out_dir
         self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
         self.tokens_seen, self.started = 0, time.perf_counter()
+        auto = self.cfg.bf16 == "auto"
+        self.bf16 = native_bf16(dist.device) if auto else bool(self.cfg.bf16)
 
     def batches(self):
         """Batches from the saved position on, epoch after epoch (order fixed by the seed)."""
@@ -252,7 +256,7 @@ class _Loop:
             last = micro == cfg.accumulate - 1
             with (
                 self.dist.no_sync(self.wrapped, last),
-                torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=cfg.bf16),
+                torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.bf16),
             ):
                 loss, n = _loss(self.wrapped, batch, cfg.label_smoothing, pad)
             (loss / n / cfg.accumulate).backward()
@@ -335,6 +339,7 @@ class _Loop:
             st.valid_loss,
             seconds,
             self.tokens_seen / max(seconds, 1e-9),
+            self.bf16,
         )
 
 
@@ -372,7 +377,8 @@ def run_cli(args) -> int:
         raise UserError(str(err)) from None
     print(
         f"trained {result.steps} steps in {result.seconds:.0f} s "
-        f"({result.target_tokens_per_s:.0f} target tokens/s); best valid BLEU "
+        f"({result.target_tokens_per_s:.0f} target tokens/s{', bf16 autocast' * result.bf16}); "
+        f"best valid BLEU "
         f"{result.best_bleu:.2f} at step {result.best_step}; checkpoints in {result.out_dir}"
     )
     return 0

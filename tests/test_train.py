@@ -298,3 +298,27 @@ def test_cosine_follows_the_time_budget_when_it_runs_out_first():
     assert by_steps[20] > 0.99e-3  # no time spent: the steps decide
     ignored = _lrs("cosine", steps=1000, elapsed=lambda: 50.0, max_seconds=0)
     assert ignored[20] > 0.99e-3  # without a time budget the clock is not used
+
+
+def test_bf16_autocast_true_false_or_auto(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="train.bf16: must be true, false or 'auto'"):
+        recipe_from_dict({"train": {"bf16": "yes"}})
+    fp32 = train(_recipe(tmp_path / "fp32", steps=3), progress=False)
+    bf16 = train(_recipe(tmp_path / "bf16", steps=3, bf16=True), progress=False)
+    assert not fp32.bf16 and bf16.bf16
+    a, b = _losses(tmp_path / "fp32"), _losses(tmp_path / "bf16")
+    assert a[1] != b[1]  # the matrix products really ran in bf16 ...
+    assert b[1] == pytest.approx(a[1], rel=2e-2)  # ... to bf16's precision
+    for native, same_as in ((True, b), (False, a)):  # "auto" follows the hardware
+        monkeypatch.setattr(qkv.train, "native_bf16", lambda device, native=native: native)
+        out = tmp_path / f"auto-{native}"
+        assert train(_recipe(out, steps=3, bf16="auto"), progress=False).bf16 is native
+        assert _losses(out) == same_as
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux's /proc/cpuinfo")
+def test_native_bf16_matches_the_cpu_flags():
+    from qkv.distributed import native_bf16
+
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert native_bf16(torch.device("cpu")) == bool(flags & {"amx_tile", "avx512_bf16"})
