@@ -20,6 +20,14 @@ any after other work had fragmented memory, took 1-3 s while the kernel gathered
 
 Linux/glibc only, and only a policy: anywhere else, or if the call fails, it does nothing,
 and results are the same to the bit either way.
+
+:func:`bound_onednn_caches` is for bf16 autocast on a CPU, where every matrix product runs
+through oneDNN, which keeps each shape's prepared kernel (and its buffers) in caches of 1,024
+entries by default. Token-bucketed batches bring new shapes at every step, so the caches
+grew without end: a Multi30k Transformer run peaked at 3.1 GB after 25 minutes (1.08 GB in
+fp32). Measured in 80-second runs, 2 threads: default caches 1.69 GB and 5,590 target
+tokens/s, 128 entries 1.86 GB (no better), 32 entries 1.30 GB and 4,820 tokens/s (kernels
+are prepared again more often: 14% slower).
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import sys
 from collections.abc import Iterator
 
-__all__ = ["reuse_freed_memory"]
+__all__ = ["bound_onednn_caches", "reuse_freed_memory"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (glibc's malloc.h)
 _GLIBC_DEFAULTS = {_M_TRIM_THRESHOLD: 128 * 1024, _M_MMAP_MAX: 65536}
@@ -70,3 +79,14 @@ def reuse_freed_memory() -> Iterator[None]:
     finally:
         for param, value in _GLIBC_DEFAULTS.items():
             libc.mallopt(param, value)
+
+
+def bound_onednn_caches(capacity: int = 32) -> None:
+    """Bound oneDNN's kernel caches (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, and ideep's
+    ``LRU_CACHE_CAPACITY``) to ``capacity`` entries, unless the user has set them.
+
+    oneDNN reads them when it first builds a kernel, so this must run before the process's
+    first bf16 (oneDNN) matrix product; later calls change nothing.
+    """
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(capacity))

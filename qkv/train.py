@@ -26,7 +26,7 @@ from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
 from qkv.distributed import Dist, native_bf16
 from qkv.evaluate import bleu, translate_texts
-from qkv.memory import reuse_freed_memory
+from qkv.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from qkv.recipe import ConfigError, Recipe, load_yaml
 
@@ -205,6 +205,8 @@ class _Loop:
         self.tokens_seen, self.started = 0, time.perf_counter()
         auto = self.cfg.bf16 == "auto"
         self.bf16 = native_bf16(dist.device) if auto else bool(self.cfg.bf16)
+        if self.bf16 and dist.device.type == "cpu":
+            bound_onednn_caches()  # else they grow with every new batch shape (qkv/memory.py)
 
     def batches(self):
         """Batches from the saved position on, epoch after epoch (order fixed by the seed)."""

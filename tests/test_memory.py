@@ -45,3 +45,16 @@ with reuse_freed_memory():
     reused = churn()
 print(plain, reused)
 """
+
+
+def test_onednn_caches_are_bounded_unless_the_user_set_them():
+    script = """
+import os
+from qkv.memory import bound_onednn_caches
+os.environ.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
+os.environ["LRU_CACHE_CAPACITY"] = "7"
+bound_onednn_caches(16)
+print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], os.environ["LRU_CACHE_CAPACITY"])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["16", "7"]
