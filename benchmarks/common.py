@@ -49,8 +49,14 @@ def machine() -> dict:
     try:
         with open("/proc/meminfo") as f:
             info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+        with open("/proc/cpuinfo") as f:  # the machines differ from session to session
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        info["cpu_model"] = names[0] if names else None
     except OSError:
         pass
+    from qkv.distributed import native_bf16
+
+    info["native_bf16"] = native_bf16(torch.device("cpu"))
     return info
 
 
