@@ -139,11 +139,9 @@ def qkv_decode(checkpoint: Path, src: list[str]) -> tuple[list[str], float]:
 
 def qkv_precision(recipe: Recipe) -> str:
     """How ``qkv train`` runs the recipe on this CPU: ``bf16 autocast`` or ``fp32``."""
-    from qkv.distributed import native_bf16
+    from qkv.distributed import uses_bf16
 
-    bf16 = recipe.train.bf16
-    on = native_bf16(torch.device("cpu")) if bf16 == "auto" else bool(bf16)
-    return "bf16 autocast" if on else "fp32"
+    return "bf16 autocast" if uses_bf16(recipe.train.bf16, torch.device("cpu")) else "fp32"
 
 
 # --- JoeyNMT -----------------------------------------------------------------------------

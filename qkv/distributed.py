@@ -16,7 +16,7 @@ import torch
 import torch.distributed as td
 from torch import nn
 
-__all__ = ["Dist", "native_bf16"]
+__all__ = ["Dist", "native_bf16", "uses_bf16"]
 
 
 @dataclass
@@ -93,3 +93,8 @@ def native_bf16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def uses_bf16(setting: bool | str, device: torch.device) -> bool:
+    """Whether ``train.bf16`` (``True``, ``False`` or ``"auto"``) means bf16 on ``device``."""
+    return native_bf16(device) if setting == "auto" else bool(setting)

@@ -24,7 +24,7 @@ from torch import nn
 
 from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
-from qkv.distributed import Dist, native_bf16
+from qkv.distributed import Dist, uses_bf16
 from qkv.evaluate import bleu, translate_texts
 from qkv.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -203,8 +203,7 @@ class _Loop:
         self.state, self.dist, self.out = state, dist, recipe.out_dir
         self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
         self.tokens_seen, self.started = 0, time.perf_counter()
-        auto = self.cfg.bf16 == "auto"
-        self.bf16 = native_bf16(dist.device) if auto else bool(self.cfg.bf16)
+        self.bf16 = uses_bf16(self.cfg.bf16, dist.device)
         if self.bf16 and dist.device.type == "cpu":
             bound_onednn_caches()  # else they grow with every new batch shape (qkv/memory.py)
 
@@ -380,7 +379,7 @@ def run_cli(args) -> int:
     print(
         f"trained {result.steps} steps in {result.seconds:.0f} s "
         f"({result.target_tokens_per_s:.0f} target tokens/s{', bf16 autocast' * result.bf16}); "
-        f"best valid BLEU "
-        f"{result.best_bleu:.2f} at step {result.best_step}; checkpoints in {result.out_dir}"
+        f"best valid BLEU {result.best_bleu:.2f} at step {result.best_step}; "
+        f"checkpoints in {result.out_dir}"
     )
     return 0

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+import qkv.distributed
 import qkv.train
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
 from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
@@ -310,7 +311,7 @@ def test_bf16_autocast_true_false_or_auto(tmp_path, monkeypatch):
     assert a[1] != b[1]  # the matrix products really ran in bf16 ...
     assert b[1] == pytest.approx(a[1], rel=2e-2)  # ... to bf16's precision
     for native, same_as in ((True, b), (False, a)):  # "auto" follows the hardware
-        monkeypatch.setattr(qkv.train, "native_bf16", lambda device, native=native: native)
+        monkeypatch.setattr(qkv.distributed, "native_bf16", lambda device, native=native: native)
         out = tmp_path / f"auto-{native}"
         assert train(_recipe(out, steps=3, bf16="auto"), progress=False).bf16 is native
         assert _losses(out) == same_as
