@@ -4,6 +4,7 @@ The functional core (:mod:`qkv.functional`) computes attention on ``(B, H, T, D)
 tensors with several backends; :mod:`qkv.modules` holds the ``nn.Module`` s built on it.
 """
 
+from qkv import _vml
 from qkv.functional import (
     attention_lse,
     available_backends,
@@ -31,6 +32,8 @@ from qkv.modules import (
 )
 
 __version__ = "0.1.0"
+
+_vml.warm_up()  # before any multi-threaded exp/log/sqrt (see qkv/_vml.py)
 
 __all__ = [
     "ALiBi",
