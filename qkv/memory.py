@@ -14,9 +14,14 @@ a separate test script that entered it before the tokenizer training, the traini
 faulted *more* pages than with glibc's defaults (not explained yet): the benefit depends on
 the heap's layout and has been measured only for the loop as ``qkv train`` runs it.
 
-Not used for the attention weights: asking for transparent huge pages
-(``madvise(MADV_HUGEPAGE)``) made a repeated 512 MiB fill 5x faster, but the first one, and
-any after other work had fragmented memory, took 1-3 s while the kernel gathered 2 MiB pages.
+The attention weights beside a fused kernel are the other large, repeated allocation (512
+MiB at ``B=4, H=8, T=2048``): :data:`kept_results` hands their storage out again once the
+caller has let go of every tensor that refers to it, so a loop that asks for weights call
+after call faults them in once. Tried before it and not adopted: transparent huge pages
+(``madvise(MADV_HUGEPAGE)``) made a repeated 512 MiB fill 5x faster on the previous machine,
+but the first one, and any after other work had fragmented memory, took 1-3 s while the
+kernel gathered 2 MiB pages (this machine grants none); ``MADV_POPULATE_WRITE`` before the
+writes costs more than the faults it replaces (0.25 against 0.18 s for 512 MiB).
 
 Linux/glibc only, and only a policy: anywhere else, or if the call fails, it does nothing,
 and results are the same to the bit either way.
@@ -37,9 +42,13 @@ import ctypes
 import functools
 import os
 import sys
+import threading
 from collections.abc import Iterator
 
-__all__ = ["bound_onednn_caches", "reuse_freed_memory"]
+import torch
+from torch import Tensor
+
+__all__ = ["KeptResults", "bound_onednn_caches", "kept_results", "reuse_freed_memory"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (glibc's malloc.h)
 _GLIBC_DEFAULTS = {_M_TRIM_THRESHOLD: 128 * 1024, _M_MMAP_MAX: 65536}
@@ -90,3 +99,52 @@ def bound_onednn_caches(capacity: int = 32) -> None:
     """
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(name, str(capacity))
+
+
+class KeptResults:
+    """Large CPU result buffers, handed out again once nobody refers to them.
+
+    :meth:`empty` returns a tensor like ``torch.empty``; for a CPU tensor of at least
+    ``min_bytes`` it keeps the storage, and a later request of the same size and dtype gets
+    that storage back if no tensor (the caller's, or any view of it) still uses it, which
+    the storage's reference count says exactly. Its content is then stale, so callers must
+    write every element, as the attention weights do. At most ``limit_bytes`` are kept (the
+    oldest are let go first; ``limit_bytes = 0`` keeps nothing); :meth:`clear` lets go of
+    all of them. Set ``QKV_KEPT_RESULTS_MIB`` to change the default limit (1024 MiB).
+    """
+
+    def __init__(self, limit_bytes: int, min_bytes: int = 32 << 20) -> None:
+        self.limit_bytes, self.min_bytes = limit_bytes, min_bytes
+        self._kept: list[Tensor] = []  # flat tensors, oldest first
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        numel = 1
+        for n in shape:
+            numel *= n
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if torch.device(device).type != "cpu" or not self.min_bytes <= nbytes <= self.limit_bytes:
+            return torch.empty(shape, dtype=dtype, device=device)
+        with self._lock:
+            for i, flat in enumerate(self._kept):
+                if flat.dtype == dtype and flat.numel() == numel and _unused(flat):
+                    self._kept.append(self._kept.pop(i))  # the newest now
+                    return flat.view(shape)
+            flat = torch.empty(numel, dtype=dtype)
+            self._kept.append(flat)
+            while sum(t.numel() * t.element_size() for t in self._kept) > self.limit_bytes:
+                self._kept.pop(0)  # a caller still holding it keeps it alive, not us
+            return flat.view(shape)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+def _unused(flat: Tensor) -> bool:
+    """Whether only ``flat`` itself refers to its storage (the 2nd reference is the handle
+    that asking for the storage creates)."""
+    return torch._C._storage_Use_Count(flat.untyped_storage()._cdata) <= 2
+
+
+kept_results = KeptResults(int(os.environ.get("QKV_KEPT_RESULTS_MIB", "1024")) << 20)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from qkv import memory
 
@@ -58,3 +59,26 @@ print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], os.environ["LRU_CACHE_CAPAC
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["16", "7"]
+
+
+def test_kept_results_respect_size_dtype_limit_and_clear():
+    kept = memory.KeptResults(limit_bytes=3 * 4096, min_bytes=4096)
+    small = kept.empty((10,), torch.float32, torch.device("cpu"))  # below min_bytes
+    a = kept.empty((4, 256), torch.float32, "cpu")  # 4 KiB: kept
+    a_ptr = a.data_ptr()
+    assert len(kept._kept) == 1 and small.numel() == 10
+    del a
+    assert kept.empty((256, 4), torch.float32, "cpu").data_ptr() == a_ptr  # same size, free
+    b = kept.empty((1024,), torch.int32, "cpu")  # same bytes, another dtype: a new buffer
+    assert b.data_ptr() != a_ptr and b.dtype == torch.int32
+    held = [kept.empty((1024,), torch.float32, "cpu") for _ in range(3)]
+    assert sum(t.numel() * t.element_size() for t in kept._kept) <= 3 * 4096
+    assert len({t.data_ptr() for t in held}) == 3  # none handed out twice while held
+    too_big = kept.empty((4 * 1024,), torch.float32, "cpu")  # above the limit: never kept
+    assert all(t.data_ptr() != too_big.data_ptr() for t in kept._kept)
+    kept.clear()
+    assert kept._kept == []
+    off = memory.KeptResults(limit_bytes=0)
+    off.empty((1 << 20,), torch.float32, "cpu")
+    assert off._kept == []
+    assert kept.empty((1024,), torch.float32, "meta").device.type == "meta"  # CPU only

@@ -8,12 +8,22 @@ own dimension, so grouped-query attention never copies a key or value head.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from qkv.backends.base import AttentionRequest
 
-__all__ = ["grouped", "grouped_mask", "mask_tile", "masked_scores", "scores", "weighted_values"]
+__all__ = [
+    "exact_scale",
+    "grouped",
+    "grouped_mask",
+    "mask_tile",
+    "masked_scores",
+    "scores",
+    "weighted_values",
+]
 
 
 def grouped(x: Tensor, hkv: int) -> Tensor:
@@ -62,13 +72,22 @@ def scores(q: Tensor, k: Tensor, out: Tensor | None = None) -> Tensor:
     return s.view(b, hkv, g, rows, keys)
 
 
-def weighted_values(p: Tensor, v: Tensor) -> Tensor:
-    """``p @ v`` for 5-d ``p (B, Hkv, G, rows, keys)`` and ``v (B, Hkv, 1, keys, Dv)``."""
+def weighted_values(p: Tensor, v: Tensor, out: Tensor | None = None) -> Tensor:
+    """``p @ v`` for 5-d ``p (B, Hkv, G, rows, keys)`` and ``v (B, Hkv, 1, keys, Dv)``;
+    ``out`` (contiguous, the result's shape) receives it without a temporary."""
     b, hkv, g, rows, keys = p.shape
     if b * hkv == 1:
-        return torch.mm(p.reshape(g * rows, keys), v.reshape(keys, -1)).view(b, hkv, g, rows, -1)
-    out = torch.bmm(p.reshape(b * hkv, g * rows, keys), v.reshape(b * hkv, keys, -1))
-    return out.view(b, hkv, g, rows, -1)
+        dest = None if out is None else out.view(g * rows, -1)
+        pv = torch.mm(p.reshape(g * rows, keys), v.reshape(keys, -1), out=dest)
+        return pv.view(b, hkv, g, rows, -1)
+    dest = None if out is None else out.view(b * hkv, g * rows, -1)
+    pv = torch.bmm(p.reshape(b * hkv, g * rows, keys), v.reshape(b * hkv, keys, -1), out=dest)
+    return pv.view(b, hkv, g, rows, -1)
+
+
+def exact_scale(scale: float) -> bool:
+    """Whether multiplying by ``scale`` is exact in binary floating point (a power of two)."""
+    return scale > 0 and math.frexp(scale)[0] == 0.5
 
 
 def masked_scores(
@@ -84,8 +103,14 @@ def masked_scores(
 
     The fills are in place even under autograd: a product's backward needs its inputs only.
     """
-    # Scaled after the product (Hugging Face's order: pretrained models stay bit-exact).
-    s = scores(qb.to(compute), kb.to(compute), out).mul_(req.scale)
+    # Scaled after the product (Hugging Face's order: pretrained models stay bit-exact),
+    # except for a power of two (1/8 for D = 64), which scales every product and partial
+    # sum exactly: then the few queries are scaled instead of the many scores, same bits.
+    qb = qb.to(compute)
+    if exact_scale(req.scale):
+        s = scores(qb * req.scale, kb.to(compute), out)
+    else:
+        s = scores(qb, kb.to(compute), out).mul_(req.scale)
     tile = None if dense else mask_tile(user, qs, qe, ks, ke)
     if tile is not None:  # adding a 0/-inf bias is much faster than a broadcast masked_fill
         bias = torch.where(tile, 0.0, float("-inf")) if tile.dtype == torch.bool else tile

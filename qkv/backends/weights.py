@@ -16,11 +16,13 @@ output is instead taken from them block by block (``out = P V``), so the scores 
 computed once.
 
 Writing the weights is the expensive part at long lengths: at ``B=4, H=8, T=2048`` they
-are 512 MiB, and touching that much fresh memory costs about as much as the arithmetic
-(measured on the project's machine, one thread: 0.43 s to fault in 512 MiB, 0.72 s for the
-scores, softmax and ``P V`` written into memory already touched, 0.60 s for SDPA's output
-alone). Each block of rows is therefore written once, straight from the matrix product, and
-turned into probabilities while it is still in cache.
+are 512 MiB. Measured on the project's machine (one thread, fp32): faulting in 512 MiB of
+fresh memory takes 0.17 s, a fill of memory already touched 0.06 s, the score and value
+products 0.17 s, the softmax 0.10 s, SDPA's fused output alone 0.22 s. So each block of
+scores lands in a small scratch buffer that stays in cache, the softmax writes the
+probabilities once into the result, ``P V`` reads them back while they are still cached,
+and the result's storage comes from :data:`qkv.memory.kept_results`, which hands it out
+again once the caller has dropped the previous weights (no fresh pages call after call).
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from torch import Tensor
 
 from qkv.backends.base import AttentionRequest
 from qkv.backends.tiles import masked_scores, weighted_values
+from qkv.memory import kept_results
 
 __all__ = ["attention_weights"]
 
-# Scores per block of rows (8 MiB in float32). Measured, all weights at T=2048, 1 thread,
-# quiet, median of 5: 1.18 s with 1 << 21, 1.25 s with 1 << 19, 1.35 s with 1 << 18.
+# Scores per block of rows (8 MiB in float32). Measured, MultiHeadAttention with all weights
+# at B=4, T=2048, E=512, 1 thread, median of 5: 0.42 s with 1 << 21 or 1 << 22, 0.44 s with
+# 1 << 20 or 1 << 19, 0.47 s with 1 << 18, 0.54 s with 1 << 16 (the products repack the keys
+# or values for every block: fewer, taller blocks win although they outgrow the L2 cache).
 ROW_BLOCK_ELEMENTS = 1 << 21
 SMALL_ELEMENTS = 1 << 22  # below this many weights, one batched pass beats a loop
 
@@ -69,33 +74,59 @@ def attention_weights(
     r0, r1 = rows if rows is not None else (0, tq)
     q, k, v, mask, lse = _select_heads(req, heads, lse)  # 5-d (B, Hs, 1, T, D), no GQA left
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    weights = torch.empty((b, len(heads), r1 - r0, tk), dtype=req.q.dtype, device=req.q.device)
-    out = torch.empty(weights.shape[:-1] + v.shape[-1:], dtype=v.dtype, device=v.device)
-    grad = req.requires_grad  # then no `out=` products and no in-place arithmetic
-    direct = weights.dtype == compute and not grad  # scores written straight into the result
-    may_hide_rows = req.mask is not None or (req.causal and tq > tk)  # rows with no key
-    whole = weights.numel() <= SMALL_ELEMENTS
-    units = [(slice(None), slice(None))] if whole else _pairs(b, len(heads))
-    step = (r1 - r0) if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
-    for bs, hs in units:
-        mb = None if mask is None else mask[_sel(mask, 0, bs), _sel(mask, 1, hs)]
-        for qs in range(r0, r1, step):
-            qe = min(qs + step, r1)
-            dest = weights[bs, hs, qs - r0 : qe - r0]
-            s = masked_scores(req, q[bs, hs, :, qs:qe], k[bs, hs], mb, qs, qe, 0, tk, tk - tq,
-                              compute, out=dest.unsqueeze(2) if direct else None)  # fmt: skip
-            p = _probabilities(s, None if lse is None else lse[bs, hs, :, qs:qe], not grad,
-                               may_hide_rows)  # fmt: skip
-            if not direct:
-                dest.copy_(p.squeeze(2))
-            if with_output:
-                pv = weighted_values(p, v[bs, hs].to(compute)).squeeze(2)
-                out[bs, hs, qs - r0 : qe - r0] = pv
+    shape = (b, len(heads), r1 - r0, tk)
+    if req.requires_grad:
+        weights = torch.empty(shape, dtype=req.q.dtype, device=req.q.device)
+    else:  # every element is written below, so a kept buffer's old content never shows
+        weights = kept_results.empty(shape, req.q.dtype, req.q.device)
+    out = None
+    if with_output:
+        out = torch.empty(shape[:-1] + v.shape[-1:], dtype=v.dtype, device=v.device)
+    _fill(req, (q, k, v, mask, lse), weights, out, r0, compute)
     return (weights, out) if with_output else weights
 
 
-def _probabilities(s: Tensor, lse: Tensor | None, inplace: bool, may_hide_rows: bool) -> Tensor:
-    """Scores -> probabilities (in place unless autograd records); hidden rows get zeros.
+def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) -> None:
+    """Write ``weights`` (and ``out`` unless ``None``) for query rows from ``r0``, one
+    block of rows of one (batch, head) pair at a time (all at once when they are few)."""
+    q, k, v, mask, lse = qkvml
+    tq, tk = req.q.shape[-2], weights.shape[-1]
+    direct = weights.dtype == compute and not req.requires_grad  # no copies, no temporaries
+    may_hide_rows = req.mask is not None or (req.causal and tq > tk)  # rows with no key
+    whole = weights.numel() <= SMALL_ELEMENTS
+    units = [(slice(None), slice(None))] if whole else _pairs(*weights.shape[:2])
+    n_rows = weights.shape[2]
+    step = n_rows if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
+    scratch = None  # one block of scores, reused: it stays in cache (see ROW_BLOCK_ELEMENTS)
+    for bs, hs in units:
+        mb = None if mask is None else mask[_sel(mask, 0, bs), _sel(mask, 1, hs)]
+        # One head's keys and values, contiguous: a projection's views are strided, and the
+        # matrix products would gather them again for every block of rows (1.6x slower).
+        kh, vh = k[bs, hs].contiguous(), v[bs, hs].to(compute).contiguous()
+        for i in range(0, n_rows, step):
+            rs = slice(i, min(i + step, n_rows))  # rows of the result; queries r0 + rs
+            dest = weights[bs, hs, rs].unsqueeze(2)
+            target = None
+            if direct:
+                target = dest if whole else (scratch := _scratch(scratch, dest))
+            qs, qe = r0 + rs.start, r0 + rs.stop
+            s = masked_scores(req, q[bs, hs, :, qs:qe], kh, mb, qs, qe, 0, tk, tk - tq,
+                              compute, out=target)  # fmt: skip
+            lb = None if lse is None else lse[bs, hs, :, qs:qe]
+            p = _probabilities(s, lb, dest if direct else None, may_hide_rows)
+            if not direct:
+                dest.copy_(p)
+            if out is not None:
+                rows_out = out[bs, hs, rs].unsqueeze(2)
+                if direct:
+                    weighted_values(p, vh, out=rows_out)
+                else:
+                    rows_out.copy_(weighted_values(p, vh))
+
+
+def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_rows: bool):
+    """Scores -> probabilities, written into ``out`` (``None``: a new tensor, as autograd
+    needs); rows that see no key get zeros.
 
     Without an lse this is ``torch.softmax`` itself, so the weights equal the reference
     backend's (and Hugging Face's eager attention) to the last bit.
@@ -103,14 +134,22 @@ def _probabilities(s: Tensor, lse: Tensor | None, inplace: bool, may_hide_rows: 
     if lse is not None:
         lse = lse.unsqueeze(-1).to(s.dtype)
         lse = torch.where(torch.isinf(lse), float("inf"), lse)  # exp(-inf) = 0
-        return s.sub_(lse).exp_() if inplace else torch.exp(s - lse)
-    p = torch.softmax(s, dim=-1, out=s) if inplace else torch.softmax(s, dim=-1)
+        p = torch.exp(s.sub_(lse), out=out) if out is not None else torch.exp(s - lse)
+    else:
+        p = torch.softmax(s, dim=-1, out=out) if out is not None else torch.softmax(s, dim=-1)
     if not may_hide_rows:
         return p
     empty = torch.isnan(p[..., :1])  # a row whose every key is hidden: -inf - -inf = NaN
     if bool(empty.any()):
-        p = p.masked_fill_(empty, 0.0) if inplace else p.masked_fill(empty, 0.0)
+        p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
+
+
+def _scratch(scratch: Tensor | None, dest: Tensor) -> Tensor:
+    """A contiguous buffer shaped like ``dest`` (the last block may be shorter)."""
+    if scratch is None or scratch.numel() < dest.numel():
+        scratch = torch.empty(dest.numel(), dtype=dest.dtype, device=dest.device)
+    return scratch[: dest.numel()].view(dest.shape)
 
 
 def _select_heads(req: AttentionRequest, heads: list[int], lse: Tensor | None):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import qkv
 from qkv.backends import weights as weights_module
+from qkv.memory import KeptResults
 from tests.conftest import naive_attention
 
 BACKENDS = ["sdpa", "chunked", "reference"]
@@ -107,3 +108,38 @@ def test_module_returns_only_the_heads_asked_for():
     torch.testing.assert_close(out_two, out_all)
     torch.testing.assert_close(w_two, w_all[:, [2, 1]])
     assert mha(x, causal=True)[1] is None
+
+
+def _all_weights(q, k, v, mask):
+    return qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
+
+
+def test_large_weights_reuse_their_storage_only_once_released(monkeypatch):
+    """The weights' storage is handed out again only when no tensor refers to it."""
+    monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the blocked path
+    monkeypatch.setattr(weights_module, "kept_results", KeptResults(1 << 20, min_bytes=1))
+    cases = [_case("bool", torch.float32) for _ in range(3)]
+    _, w1 = _all_weights(*cases[0])
+    view = w1[1, 2]  # a view alone keeps the storage in use
+    expected = view.clone()
+    del w1
+    _, w2 = _all_weights(*cases[1])
+    assert w2.data_ptr() != view.data_ptr()
+    assert torch.equal(view, expected)  # the held weights were not overwritten
+    kept_ptrs = {view.data_ptr() - view.storage_offset() * 4, w2.data_ptr()}
+    del view, w2
+    out, w3 = _all_weights(*cases[2])
+    assert w3.data_ptr() in kept_ptrs  # an old storage again, every element rewritten
+    ref_out, ref_w = naive_attention(*(t.double() for t in cases[2][:3]), cases[2][3], False)
+    torch.testing.assert_close(w3.double(), ref_w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_under_autograd_are_never_kept(monkeypatch):
+    kept = KeptResults(1 << 20, min_bytes=1)
+    monkeypatch.setattr(weights_module, "kept_results", kept)
+    q, k, v, mask = _case("none", torch.float32)
+    q.requires_grad_(True)
+    _, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="chunked")
+    (w * torch.randn_like(w)).sum().backward()
+    assert kept._kept == [] and q.grad is not None
