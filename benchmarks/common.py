@@ -149,6 +149,13 @@ def peak_rss_mib(code: str) -> float:
     The code runs in a fresh interpreter. The setup before the marker runs first; then a
     thread samples the resident set size every 0.5 ms while the measured part runs, and
     the figure is the highest sample minus the size before it started.
+
+    glibc's mmap threshold is fixed at its initial 128 KiB for the run (and the heap is
+    trimmed as soon as 128 KiB are free at its top): by default the threshold grows to
+    the size of the largest block freed so far, so whether a later block of a similar size
+    arrives as fresh pages (counted) or as reused heap (not counted) depended on what
+    happened to be freed before, and an output could count for one side and not the other.
+    Fixed, every large block of the measured part counts, the result included.
     """
     setup, body = code.split("# --- measure ---")
     script = (
@@ -159,6 +166,7 @@ def peak_rss_mib(code: str) -> float:
         + "\n_stop.set(); time.sleep(0.01)\nprint((max(_peak[0], _rss()) - base) / 2**20)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.update(MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])

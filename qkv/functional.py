@@ -101,7 +101,9 @@ def attention_lse(
     return result.out, result.lse
 
 
-def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple:
+def merge_attention(
+    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, *, inplace: bool = False
+) -> tuple:
     """Merge attention over two disjoint key sets into attention over their union.
 
     .. math::
@@ -110,7 +112,8 @@ def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) 
 
     Shape:
         out ``(..., Tq, Dv)``, lse ``(..., Tq)``. Returns ``(out, lse)``. Rows that see no
-        key on either side stay zero with ``lse = -inf``.
+        key on either side stay zero with ``lse = -inf``. ``inplace`` writes the merged
+        output into ``out_a`` (and overwrites ``out_b``): no temporaries of their size.
     """
     compute = torch.promote_types(lse_a.dtype, torch.float32)
     lse_a, lse_b = lse_a.to(compute), lse_b.to(compute)
@@ -118,6 +121,8 @@ def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) 
     safe = torch.where(torch.isinf(lse), 0.0, lse)  # both sides empty: weights 0, not NaN
     w_a = torch.exp(lse_a - safe).unsqueeze(-1)
     w_b = torch.exp(lse_b - safe).unsqueeze(-1)
+    if inplace:
+        return out_a.mul_(w_a).add_(out_b.mul_(w_b)), lse
     out = w_a * out_a.to(compute) + w_b * out_b.to(compute)
     return out.to(out_a.dtype), lse
 

@@ -22,7 +22,10 @@ log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile 
   FlexAttention's block masks. A mask that differs per sequence gets ranges per sequence.
 - **A fused kernel inside each range.** Without the lse, every query block hands its range
   to torch's fused SDPA kernel (:func:`fused_blocks`), whose mask temporaries are then one
-  block in size instead of ``Tq x Tk``.
+  block in size instead of ``Tq x Tk``. Where a mask must go along, the range goes in
+  calls of about 192 x 512 scores to torch's CPU flash kernel, which returns each call's
+  lse, and the calls are merged in place (:func:`_masked_run`): a random boolean mask at
+  T=2048 then costs SDPA's time with a quarter of its memory.
 - **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
   once as fit in :data:`TILE_ELEMENTS` scores (usually the whole range: no rescaling),
   adds masks as ``0 / -inf`` biases, and applies the causal mask to diagonal columns only.
@@ -43,7 +46,9 @@ from qkv.backends.base import (
     AttentionResult,
     Backend,
     any_visible,
+    bool_to_bias,
     restrict,
+    visible_rows,
 )
 from qkv.backends.tiles import grouped, grouped_mask, masked_scores, weighted_values
 from qkv.backends.weights import attention_weights
@@ -53,6 +58,13 @@ __all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
 FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 151 vs 156 ms)
+# Masked calls: the float copy of the mask is most of the memory beside the output. Split
+# calls (random mask, T=2048, 1 thread, B=1, H=8; peak beside SDPA's 20.5 MiB): 192 x 512
+# scores 70.1 ms and 5.07 MiB, 256 x 512 68.3 ms and 5.54 MiB, 192 x 1024 67.9 ms and 5.42
+# MiB; whole key ranges, 64 x 2048, 76.5 ms and 4.44 MiB (SDPA alone: 76.4 ms). torch's
+# kernel takes 64-row query tiles from 192 rows on (32 below) and 512-key tiles.
+SPLIT_ROWS, SPLIT_KEYS = 192, 512
+FUSED_MASK_ELEMENTS = 1 << 17  # most scores per unsplit masked call (its bias: 512 KiB)
 MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
 
@@ -218,38 +230,102 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
     one query block and just the keys of its range skips what the mask hides in whole
     blocks, and its mask temporaries shrink to one block.
     """
-    from qkv.backends.sdpa import SDPABackend
-
-    fused, tq = SDPABackend(), req.q.shape[-2]
+    tq, shift = req.q.shape[-2], req.k.shape[-2] - req.q.shape[-2]
     per_sequence = len(ranges.lo) > 1
     out = req.q.new_zeros(req.q.shape[:-1] + req.v.shape[-1:])  # blocks without keys stay 0
     for g in range(len(ranges.lo)):
         sel = slice(g, g + 1) if per_sequence else slice(None)
-        for qs, qe, lo, hi, dense in _runs(ranges, g, tq):
+        # split calls cut runs themselves: longer runs leave fewer short remainders
+        for run in _runs(ranges, g, tq, tq if _splittable(req) else FUSED_ROWS):
+            qs, qe, lo, hi, dense = run
             if hi <= lo:  # the block sees no key at all
                 continue
-            mask = _block_mask(req, sel, qs, qe, lo, hi, dense)
-            k, v = req.k[sel, :, lo:hi], req.v[sel, :, lo:hi]
-            block = AttentionRequest(req.q[sel, :, qs:qe], k, v, mask, False, req.scale, 0.0,
-                                     False, False)  # fmt: skip
-            out[sel, :, qs:qe] = fused(block).out
+            if not dense or (req.causal and hi > qs + shift + 1):  # as in _block_mask
+                _masked_run(req, sel, run, out)
+            else:
+                out[sel, :, qs:qe] = _fused_call(req, sel, qs, qe, run)
     return out
 
 
-def _runs(ranges: KeyRanges, g: int, tq: int) -> list[tuple[int, int, int, int, bool]]:
+def _runs(
+    ranges: KeyRanges, g: int, tq: int, most_rows: int = FUSED_ROWS
+) -> list[tuple[int, int, int, int, bool]]:
     """``(qs, qe, lo, hi, dense)``: consecutive query blocks with the same key range merged,
-    up to :data:`FUSED_ROWS` rows (SDPA's CPU kernel is slower on short calls), and for a
-    masked range up to :data:`TILE_ELEMENTS` scores (the size of the mask's bias block)."""
+    up to ``most_rows`` rows (SDPA's CPU kernel is slower on short calls)."""
     runs: list[tuple[int, int, int, int, bool]] = []
     for i, key in enumerate(zip(ranges.lo[g], ranges.hi[g], ranges.dense[g])):
         qs, qe = i * ranges.block_q, min((i + 1) * ranges.block_q, tq)
-        rows = qe - runs[-1][0] if runs else 0
-        fits = rows <= FUSED_ROWS and (key[2] or rows * (key[1] - key[0]) <= TILE_ELEMENTS)
-        if runs and runs[-1][2:] == key and fits:
+        if runs and runs[-1][2:] == key and qe - runs[-1][0] <= most_rows:
             runs[-1] = (runs[-1][0], qe, *key)
         else:
             runs.append((qs, qe, *key))
     return runs
+
+
+def _masked_run(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> None:
+    """A run whose tiles carry a mask, in calls whose masks stay small.
+
+    SDPA copies a boolean mask into a float bias of the call's size. Where it can, the run
+    goes in calls of :data:`SPLIT_ROWS` x :data:`SPLIT_KEYS` scores, whose outputs are
+    merged in place by their log-sum-exp (:func:`qkv.functional.merge_attention`); else
+    (autograd, grouped heads, half precision) in calls of whole key ranges and at most
+    :data:`FUSED_MASK_ELEMENTS` scores.
+    """
+    qs, qe, lo, hi, dense = run
+    if not _splittable(req):
+        rows = max(1, FUSED_MASK_ELEMENTS // (hi - lo))
+        for a in range(qs, qe, rows):
+            out[sel, :, a : min(a + rows, qe)] = _fused_call(req, sel, a, min(a + rows, qe), run)
+        return
+    from qkv.functional import merge_attention
+
+    step = -(-(qe - qs) // max(1, (qe - qs) // SPLIT_ROWS))  # >= SPLIT_ROWS rows, if it can
+    for a in range(qs, qe, step):
+        b = min(a + step, qe)
+        dst, total = out[sel, :, a:b], None
+        for ks in range(lo, hi, SPLIT_KEYS):
+            o, lse = _flash_with_lse(req, sel, a, b, ks, min(ks + SPLIT_KEYS, hi), dense)
+            if total is None:
+                dst.copy_(o)
+                total = lse
+            else:
+                total = merge_attention(dst, total, o, lse, inplace=True)[1]
+            del o  # before the next call makes its own
+
+
+def _splittable(req: AttentionRequest) -> bool:
+    return (
+        not req.requires_grad
+        and req.groups == 1
+        and req.q.device.type == "cpu"
+        and req.q.dtype in (torch.float32, torch.float64)
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )
+
+
+def _flash_with_lse(req, sel, qs, qe, ks, ke, dense) -> tuple[Tensor, Tensor]:
+    """Output and lse of queries [qs, qe) over keys [ks, ke) from torch's CPU flash kernel."""
+    mask = _block_mask(req, sel, qs, qe, ks, ke, dense)
+    bias = None
+    if mask is not None:
+        bias = bool_to_bias(mask, req.q.dtype) if mask.dtype == torch.bool else mask.to(req.q.dtype)
+    q, k, v = req.q[sel, :, qs:qe], req.k[sel, :, ks:ke], req.v[sel, :, ks:ke]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(q, k, v, attn_mask=bias, scale=req.scale)
+    if mask is not None:  # the kernel reports lse 0 (and out 0) for a row that sees nothing
+        lse = lse.masked_fill(~visible_rows(mask).squeeze(-1), float("-inf"))
+    return out, lse
+
+
+def _fused_call(req: AttentionRequest, sel: slice, qs: int, qe: int, run: tuple) -> Tensor:
+    """SDPA (qkv's backend) on queries [qs, qe) and the run's keys."""
+    from qkv.backends.sdpa import SDPABackend
+
+    lo, hi, dense = run[2:]
+    mask = _block_mask(req, sel, qs, qe, lo, hi, dense)
+    k, v = req.k[sel, :, lo:hi], req.v[sel, :, lo:hi]
+    block = AttentionRequest(req.q[sel, :, qs:qe], k, v, mask, False, req.scale, 0.0, False, False)
+    return SDPABackend()(block).out
 
 
 def _block_mask(req: AttentionRequest, sel: slice, qs: int, qe: int, lo: int, hi: int, dense):
