@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import qkv
 from qkv.backends.tiles import exact_scale, scores
 
 
@@ -31,3 +32,12 @@ def test_power_of_two_scale_of_the_queries_is_bit_exact(rows, keys, d, heads, se
 def test_exact_scale_is_true_for_powers_of_two_only():
     assert all(exact_scale(2.0**e) for e in range(-12, 4))
     assert not any(exact_scale(s) for s in (128**-0.5, 0.1, 3.0, 0.0, -0.5, math.inf))
+
+
+def test_reference_backend_keeps_the_bits_of_scaling_the_scores():
+    """The reference backend scales the queries for D = 64; its weights are still those of
+    Hugging Face's order (product first, then the scale), bit for bit."""
+    q, k, v = (torch.randn(2, 3, 37, 64) for _ in range(3))
+    _, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="reference")
+    expected = torch.softmax(torch.matmul(q, k.transpose(-2, -1)).mul_(64**-0.5), dim=-1)
+    assert torch.equal(w, expected)
