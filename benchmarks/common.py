@@ -8,6 +8,7 @@ their ratio, so a number is never read without the one it is compared with.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -76,19 +77,35 @@ def versions() -> dict:
     return out
 
 
+MIN_SAMPLE_S = 0.02  # one sample of a short call repeats it until it lasts about this long
+
+
+def _batched(fn: Callable[[], object]) -> tuple[Callable[[], object], int]:
+    """``fn`` repeated ``n`` times per sample so that a sample lasts ``MIN_SAMPLE_S``.
+
+    A single call of a millisecond is at the mercy of the timer and of whatever else ran
+    on the machine in that millisecond; a median of such calls moved by 5% between runs.
+    """
+    t0 = time.perf_counter()
+    fn()
+    n = max(1, math.ceil(MIN_SAMPLE_S / max(time.perf_counter() - t0, 1e-9)))
+    if n == 1:
+        return fn, 1
+
+    def repeated() -> None:
+        for _ in range(n):
+            fn()
+
+    return repeated, n
+
+
 def measure(
     fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, budget_s: float = 20
 ) -> float:
     """Median wall time of ``fn()`` in seconds (fewer repeats when one call is slow)."""
     for _ in range(warmup):
         fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeat and (not times or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return measure_turns({"fn": fn}, repeat=repeat, budget_s=budget_s, warm=False)["fn"]
 
 
 _SAMPLER = """
@@ -114,32 +131,32 @@ def measure_pair(
     Alternating cancels slow drifts of a shared machine that would otherwise favour
     whichever side ran in the quieter moment.
     """
-    fn_a(), fn_b()
-    times: tuple[list[float], list[float]] = ([], [])
-    start = time.perf_counter()
-    while len(times[1]) < repeat and (not times[1] or time.perf_counter() - start < budget_s):
-        for fn, bucket in ((fn_a, times[0]), (fn_b, times[1])):
-            t0 = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+    s = measure_turns({"a": fn_a, "b": fn_b}, repeat=repeat, budget_s=budget_s)
+    return s["a"], s["b"]
 
 
 def measure_turns(
-    fns: dict[str, Callable[[], object]], *, repeat: int = 5, budget_s: float = 60
+    fns: dict[str, Callable[[], object]],
+    *,
+    repeat: int = 5,
+    budget_s: float = 60,
+    warm: bool = True,
 ) -> dict[str, float]:
-    """Median wall time of each function, all called in turns (see :func:`measure_pair`)."""
-    for fn in fns.values():
-        fn()
+    """Median wall time of each function, all called in turns (see :func:`measure_pair`);
+    a short function is timed over several calls per sample (:func:`_batched`)."""
+    if warm:
+        for fn in fns.values():
+            fn()
+    batched = {name: _batched(fn) for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
     start = time.perf_counter()
     while min(map(len, times.values())) < repeat and (
         not times[next(iter(fns))] or time.perf_counter() - start < budget_s
     ):
-        for name, fn in fns.items():
+        for name, (fn, n) in batched.items():
             t0 = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append((time.perf_counter() - t0) / n)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from benchmarks import common, gpu
 from qkv.bench import MARK, update_markdown
@@ -52,11 +53,26 @@ def test_every_benchmark_lands_in_benchmarks_md(tmp_path):
 
 def test_measure_turns_alternates_the_functions():
     calls = []
-    medians = common.measure_turns(
-        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat=3
-    )
-    assert set(medians) == {"a", "b"} and all(v >= 0 for v in medians.values())
-    assert calls == ["a", "b"] * 4  # one warm-up each, then three turns
+
+    def call(name):
+        calls.append(name)
+        time.sleep(common.MIN_SAMPLE_S * 1.2)  # long enough to be timed one call a sample
+
+    medians = common.measure_turns({"a": lambda: call("a"), "b": lambda: call("b")}, repeat=3)
+    assert set(medians) == {"a", "b"} and all(v >= common.MIN_SAMPLE_S for v in medians.values())
+    assert calls == ["a", "b"] * 5  # one warm-up and one timing call each, then three turns
+
+
+def test_short_calls_are_timed_in_batches():
+    calls = []
+
+    def short():
+        calls.append(1)
+        time.sleep(common.MIN_SAMPLE_S / 10)
+
+    median = common.measure_turns({"s": short}, repeat=3)["s"]
+    assert len(calls) >= 2 + 3 * 5  # warm-up, timing call, then samples of several calls
+    assert common.MIN_SAMPLE_S / 10 <= median < common.MIN_SAMPLE_S / 2  # per call, not sample
 
 
 def test_bench_updates_benchmarks_md_only_from_its_own_results(tmp_path, monkeypatch):
