@@ -381,7 +381,9 @@ class TritonBackend(Backend):
         reasons = _input_problems(req.q, req.k, req.v)
         if req.dropout_p > 0:
             reasons.append("does not implement attention dropout")
-        if req.mask is not None:
+        # The mask is read (a device sync) only when nothing else rules the kernel out: on
+        # a CPU that check cost 40 us of every 600-us decoding step of a small GPT.
+        if req.mask is not None and not reasons:
             if _lengths(req) is None:
                 reasons.append(
                     "only key-padding masks given as lengths (a boolean (B, 1, 1, Tk) "
