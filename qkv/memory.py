@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import os
 import sys
 import threading
@@ -119,10 +120,8 @@ class KeptResults:
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        numel = 1
-        for n in shape:
-            numel *= n
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        numel = math.prod(shape)
+        nbytes = numel * dtype.itemsize
         if torch.device(device).type != "cpu" or not self.min_bytes <= nbytes <= self.limit_bytes:
             return torch.empty(shape, dtype=dtype, device=device)
         with self._lock:
@@ -132,7 +131,7 @@ class KeptResults:
                     return flat.view(shape)
             flat = torch.empty(numel, dtype=dtype)
             self._kept.append(flat)
-            while sum(t.numel() * t.element_size() for t in self._kept) > self.limit_bytes:
+            while sum(t.nbytes for t in self._kept) > self.limit_bytes:
                 self._kept.pop(0)  # a caller still holding it keeps it alive, not us
             return flat.view(shape)
 

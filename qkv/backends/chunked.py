@@ -230,7 +230,7 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
     one query block and just the keys of its range skips what the mask hides in whole
     blocks, and its mask temporaries shrink to one block.
     """
-    tq, shift = req.q.shape[-2], req.k.shape[-2] - req.q.shape[-2]
+    tq = req.q.shape[-2]
     per_sequence = len(ranges.lo) > 1
     out = req.q.new_zeros(req.q.shape[:-1] + req.v.shape[-1:])  # blocks without keys stay 0
     for g in range(len(ranges.lo)):
@@ -240,7 +240,7 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
             qs, qe, lo, hi, dense = run
             if hi <= lo:  # the block sees no key at all
                 continue
-            if not dense or (req.causal and hi > qs + shift + 1):  # as in _block_mask
+            if _carries_mask(req, qs, hi, dense):
                 _masked_run(req, sel, run, out)
             else:
                 out[sel, :, qs:qe] = _fused_call(req, sel, qs, qe, run)
@@ -275,7 +275,8 @@ def _masked_run(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> N
     if not _splittable(req):
         rows = max(1, FUSED_MASK_ELEMENTS // (hi - lo))
         for a in range(qs, qe, rows):
-            out[sel, :, a : min(a + rows, qe)] = _fused_call(req, sel, a, min(a + rows, qe), run)
+            b = min(a + rows, qe)
+            out[sel, :, a:b] = _fused_call(req, sel, a, b, run)
         return
     from qkv.functional import merge_attention
 
@@ -328,6 +329,16 @@ def _fused_call(req: AttentionRequest, sel: slice, qs: int, qe: int, run: tuple)
     return SDPABackend()(block).out
 
 
+def _carries_mask(req: AttentionRequest, qs: int, hi: int, dense: bool) -> bool:
+    """Whether queries from ``qs`` over keys up to ``hi`` need a mask: the user's hides some
+    key in range, or some key is in some row's future."""
+    return not dense or _causal_cut(req, qs, hi)
+
+
+def _causal_cut(req: AttentionRequest, qs: int, hi: int) -> bool:
+    return req.causal and hi > qs + req.k.shape[-2] - req.q.shape[-2] + 1
+
+
 def _block_mask(req: AttentionRequest, sel: slice, qs: int, qe: int, lo: int, hi: int, dense):
     """The user mask of queries [qs, qe) and keys [lo, hi), with the causal part folded in."""
     mask = None
@@ -336,8 +347,8 @@ def _block_mask(req: AttentionRequest, sel: slice, qs: int, qe: int, lo: int, hi
         m = m[sel] if m.shape[0] > 1 else m
         m = m[:, :, qs:qe] if m.shape[2] > 1 else m
         mask = m[..., lo:hi] if m.shape[3] > 1 else m
-    shift = req.k.shape[-2] - req.q.shape[-2]
-    if req.causal and hi > qs + shift + 1:  # some key of the range is in some row's future
+    if _causal_cut(req, qs, hi):  # some key of the range is in some row's future
+        shift = req.k.shape[-2] - req.q.shape[-2]
         rows = torch.arange(qs, qe, device=req.q.device).unsqueeze(1)
         cols = torch.arange(lo, hi, device=req.q.device).unsqueeze(0)
         mask = restrict(mask, cols <= rows + shift)

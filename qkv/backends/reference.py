@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
-from qkv.backends.tiles import exact_scale
+from qkv.backends.tiles import prescaled
 
 __all__ = ["ReferenceBackend", "reference_attention"]
 
@@ -28,14 +28,13 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
         v = v.repeat_interleave(req.groups, dim=1)  # (B, H, Tk, Dv)
 
     # 1) compare every query with every key: (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk).
-    #    Scaling after the product (not q before it) is the order Hugging Face uses, which
-    #    keeps pretrained models bit-exact; the in-place multiply adds no allocation. A
-    #    power-of-two scale (1/8 for D = 64) gives the same bits either way, and scaling
-    #    the queries then spares a pass over the scores (and one in the backward).
-    if exact_scale(req.scale):
-        scores = torch.matmul(q * req.scale, k.transpose(-2, -1))
-    else:
-        scores = torch.matmul(q, k.transpose(-2, -1)).mul_(req.scale)
+    #    Scaled after the product, the order Hugging Face uses, which keeps pretrained
+    #    models bit-exact (a power-of-two scale goes on the queries: the same bits, see
+    #    `prescaled`); the in-place multiply adds no allocation.
+    q, post = prescaled(q, req.scale)
+    scores = torch.matmul(q, k.transpose(-2, -1))
+    if post is not None:
+        scores = scores.mul_(post)
 
     # 2) hide what may not be seen: boolean masks remove keys, float masks are added.
     mask = req.full_mask()

@@ -21,6 +21,7 @@ __all__ = [
     "grouped_mask",
     "mask_tile",
     "masked_scores",
+    "prescaled",
     "scores",
     "weighted_values",
 ]
@@ -90,6 +91,17 @@ def exact_scale(scale: float) -> bool:
     return scale > 0 and math.frexp(scale)[0] == 0.5
 
 
+def prescaled(q: Tensor, scale: float) -> tuple[Tensor, float | None]:
+    """``(queries, scale still to apply to the scores)``.
+
+    Scores are scaled after the product (Hugging Face's order: pretrained models stay
+    bit-exact), except for a power of two (1/8 for D = 64), which scales every product and
+    partial sum exactly: then the few queries are scaled instead of the many scores, with
+    the same bits, one pass fewer, and none in the backward.
+    """
+    return (q * scale, None) if exact_scale(scale) else (q, scale)
+
+
 def masked_scores(
     req: AttentionRequest, qb, kb, user, qs, qe, ks, ke, shift, compute, dense=False, out=None
 ) -> Tensor:
@@ -103,14 +115,10 @@ def masked_scores(
 
     The fills are in place even under autograd: a product's backward needs its inputs only.
     """
-    # Scaled after the product (Hugging Face's order: pretrained models stay bit-exact),
-    # except for a power of two (1/8 for D = 64), which scales every product and partial
-    # sum exactly: then the few queries are scaled instead of the many scores, same bits.
-    qb = qb.to(compute)
-    if exact_scale(req.scale):
-        s = scores(qb * req.scale, kb.to(compute), out)
-    else:
-        s = scores(qb, kb.to(compute), out).mul_(req.scale)
+    qb, post = prescaled(qb.to(compute), req.scale)
+    s = scores(qb, kb.to(compute), out)
+    if post is not None:
+        s.mul_(post)
     tile = None if dense else mask_tile(user, qs, qe, ks, ke)
     if tile is not None:  # adding a 0/-inf bias is much faster than a broadcast masked_fill
         bias = torch.where(tile, 0.0, float("-inf")) if tile.dtype == torch.bool else tile
