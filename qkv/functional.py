@@ -113,16 +113,16 @@ def merge_attention(
     Shape:
         out ``(..., Tq, Dv)``, lse ``(..., Tq)``. Returns ``(out, lse)``. Rows that see no
         key on either side stay zero with ``lse = -inf``. ``inplace`` writes the merged
-        output into ``out_a`` (and overwrites ``out_b``): no temporaries of their size.
+        output into ``out_a``: no temporaries of their size.
     """
     compute = torch.promote_types(lse_a.dtype, torch.float32)
     lse_a, lse_b = lse_a.to(compute), lse_b.to(compute)
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isinf(lse), 0.0, lse)  # both sides empty: weights 0, not NaN
-    w_a = torch.exp(lse_a - safe).unsqueeze(-1)
-    w_b = torch.exp(lse_b - safe).unsqueeze(-1)
-    if inplace:
-        return out_a.mul_(w_a).add_(out_b.mul_(w_b)), lse
+    w_a = (lse_a - safe).exp_().unsqueeze(-1)
+    w_b = (lse_b - safe).exp_().unsqueeze(-1)
+    if inplace:  # one pass over each output
+        return out_a.mul_(w_a).addcmul_(out_b, w_b), lse
     out = w_a * out_a.to(compute) + w_b * out_b.to(compute)
     return out.to(out_a.dtype), lse
 

@@ -48,7 +48,6 @@ from qkv.backends.base import (
     any_visible,
     bool_to_bias,
     restrict,
-    visible_rows,
 )
 from qkv.backends.tiles import grouped, grouped_mask, masked_scores, weighted_values
 from qkv.backends.weights import attention_weights
@@ -313,8 +312,12 @@ def _flash_with_lse(req, sel, qs, qe, ks, ke, dense) -> tuple[Tensor, Tensor]:
     q, k, v = req.q[sel, :, qs:qe], req.k[sel, :, ks:ke], req.v[sel, :, ks:ke]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k, v, attn_mask=bias, scale=req.scale)
-    if mask is not None:  # the kernel reports lse 0 (and out 0) for a row that sees nothing
-        lse = lse.masked_fill(~visible_rows(mask).squeeze(-1), float("-inf"))
+    if bias is not None:  # the kernel reports lse 0 (and out 0) for a row that sees nothing
+        top = bias.amax(-1)  # -inf exactly for the rows that see no key
+        if mask.dtype == torch.bool:  # then 0 for every other row
+            lse.add_(top)
+        else:
+            lse.masked_fill_(top == float("-inf"), float("-inf"))
     return out, lse
 
 
