@@ -23,7 +23,7 @@ log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile 
 - **A fused kernel inside each range.** Without the lse, every query block hands its range
   to torch's fused SDPA kernel (:func:`fused_blocks`), whose mask temporaries are then one
   block in size instead of ``Tq x Tk``. Where a mask must go along, the range goes in
-  calls of about 192 x 512 scores to torch's CPU flash kernel, which returns each call's
+  calls of about 256 x 512 scores to torch's CPU flash kernel, which returns each call's
   lse, and the calls are merged in place (:func:`_masked_run`): a random boolean mask at
   T=2048 then costs SDPA's time with a quarter of its memory.
 - **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
@@ -58,11 +58,11 @@ BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
 FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 151 vs 156 ms)
 # Masked calls: the float copy of the mask is most of the memory beside the output. Split
-# calls (random mask, T=2048, 1 thread, B=1, H=8; peak beside SDPA's 20.5 MiB): 192 x 512
-# scores 70.1 ms and 5.07 MiB, 256 x 512 68.3 ms and 5.54 MiB, 192 x 1024 67.9 ms and 5.42
-# MiB; whole key ranges, 64 x 2048, 76.5 ms and 4.44 MiB (SDPA alone: 76.4 ms). torch's
-# kernel takes 64-row query tiles from 192 rows on (32 below) and 512-key tiles.
-SPLIT_ROWS, SPLIT_KEYS = 192, 512
+# calls, random mask, T=2048, B=1, H=8, 1 thread, thread time against SDPA's 74 ms (peak
+# beside SDPA's 20.5 MiB): 256 x 512 scores 70 ms (5.04 MiB), 205 x 512 73 ms (4.98 MiB),
+# 256 x 384 74 ms, 256 x 256 79 ms, 128 x 1024 74 ms, 64 x 2048 78 ms. torch's kernel
+# takes 64-row query tiles from 192 rows on (32 below) and 512-key tiles.
+SPLIT_ROWS, SPLIT_KEYS = 256, 512
 FUSED_MASK_ELEMENTS = 1 << 17  # most scores per unsplit masked call (its bias: 512 KiB)
 MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
