@@ -5,11 +5,16 @@ is slow, so shapes are tiny and blocks are 16-32 wide: several blocks per sequen
 exercise the unmasked, diagonal and boundary paths. With a GPU the same tests run compiled.
 
 Accuracy criterion (as flash-attn's tests): the kernel's error against a float64 reference
-is at most twice the error of plain PyTorch in the same dtype, plus a small ``atol``.
+is at most twice the error of plain PyTorch in the same dtype, plus a small ``atol`` and
+half an ulp of the largest exact value in the output's dtype. That last term is the final
+rounding, which no kernel escapes however exact it is before it: without it the test
+failed about one run in fifty (fp16 dv: 2.73e-3 against PyTorch's 1.20e-3 at a value of
+4.04, whose fp16 ulp is 3.9e-3; the kernel had rounded its float32 sum up, PyTorch down).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -94,8 +99,17 @@ def check_against_reference(gen, q, k, v, blocks=(16, 16), atol=None, **kw) -> t
         finite = torch.isfinite(e)
         err = (g.double() - e)[finite].abs().max().item() if finite.any() else 0.0
         ref_err = (p.double() - e)[finite].abs().max().item() if finite.any() else 0.0
-        assert err <= 2 * ref_err + atol, f"{name}: error {err:.2e}, PyTorch {ref_err:.2e}"
+        bound = 2 * ref_err + atol + _final_rounding(e[finite], g.dtype)
+        assert err <= bound, f"{name}: error {err:.2e}, PyTorch {ref_err:.2e}"
     return got
+
+
+def _final_rounding(exact: torch.Tensor, dtype: torch.dtype) -> float:
+    """Half an ulp, in ``dtype``, of the largest value of ``exact`` (0 when all are 0)."""
+    top = exact.abs().max().item() if exact.numel() else 0.0
+    if top == 0:
+        return 0.0
+    return 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
 
 
 # --- accuracy ---------------------------------------------------------------------------------
