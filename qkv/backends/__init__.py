@@ -101,16 +101,15 @@ def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
     if chosen in ("sdpa", "reference"):
-        blocked = reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req)
-        why = None if blocked else _chunked_is_faster(req)
-        if why:
+        why = _chunked_is_faster(req)  # first: without a mask it answers at once
+        if why and not (reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req)):
             reasons[chosen] = [why]
             chosen = "chunked"
     return Dispatch(chosen=chosen, reasons=reasons)
 
 
 def _why_not(name: str, req: AttentionRequest) -> list[str]:
-    why = list(get_backend(name).why_not(req))
+    why = list(_REGISTRY[name].why_not(req))  # a name from available_backends()
     if name == "reference" and not why:
         why = _reference_too_large(req)
     return why

@@ -336,14 +336,15 @@ def flash_attention(
 
 def _input_problems(q: Tensor, k: Tensor, v: Tensor) -> list[str]:
     """What about these tensors the kernel cannot handle (empty when it can)."""
-    problems = []
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        return [f"q, k, v must be 4-d (B, H, T, D), got {q.ndim}, {k.ndim}, {v.ndim} dims"]
     if q.device.type != "cuda" and not (_BUILT_FOR_INTERPRETER and _interpreting()):
-        problems.append(
+        # alone: nothing else matters there, and `auto` asks on every CPU call
+        return [
             f"needs a CUDA device (tensors are on {q.device.type}; the CPU works only with "
             "TRITON_INTERPRET=1 set before qkv.backends.triton_flash is imported)"
-        )
+        ]
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return [f"q, k, v must be 4-d (B, H, T, D), got {q.ndim}, {k.ndim}, {v.ndim} dims"]
+    problems = []
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
         problems.append(f"dtype {q.dtype} not supported (float16, bfloat16, float32)")
     if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
