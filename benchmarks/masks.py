@@ -4,7 +4,8 @@ Two peers. FlexAttention (``torch.nn.attention.flex_attention`` under ``torch.co
 skips the blocks a structured mask hides; its compile time is reported in its own rows.
 SDPA takes any mask, computes every score and masks afterwards. qkv runs ``auto`` (which
 takes the ``chunked`` backend when a mask hides most blocks, SDPA otherwise) with no
-compile step. B=1, H=8, D=64, float32, forward only (inference).
+compile step. B=1, H=8, D=64, float32, forward only (inference); at T=4096 every case
+again in bfloat16 (the CPU's AMX/AVX-512 BF16 units, where it has them).
 
 Each row also gives the fraction of this machine's measured float32 matmul throughput
 that a call reaches, counting only the scores a mask leaves visible (4·B·H·D FLOPs per
@@ -31,9 +32,9 @@ B, H, D = 1, 8, 64
 WINDOW = 256
 
 
-def matmul_gflops(n: int = 2048) -> float:
-    """This machine's float32 matmul throughput (GFLOP/s) at the current thread count."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's matmul throughput (GFLOP/s) in ``dtype`` at the current thread count."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     best = float("inf")
     for _ in range(4):
         t0 = time.perf_counter()
@@ -75,9 +76,13 @@ def _flex(q, k, v, mod, t):
     return (lambda: compiled(q, k, v, block_mask=block)), time.perf_counter() - start
 
 
-def structured_rows(t: int, peak: float) -> list[dict]:
+def _suffix(dtype: torch.dtype) -> str:
+    return "" if dtype == torch.float32 else f", {str(dtype).removeprefix('torch.')}"
+
+
+def structured_rows(t: int, peak: float, dtype: torch.dtype = torch.float32) -> list[dict]:
     rows = []
-    q, k, v = (torch.randn(B, H, t, D) for _ in range(3))
+    q, k, v = (torch.randn(B, H, t, D).to(dtype) for _ in range(3))
     for name, (mask, mod) in structured(t).items():
         causal = mask is None
         flex, compile_s = _flex(q, k, v, mod, t)
@@ -89,7 +94,8 @@ def structured_rows(t: int, peak: float) -> list[dict]:
             s = measure_turns(fns, repeat=5)
         visible = (t * (t + 1) / 2) if causal else float(mask.sum())
         flops = 4 * B * H * D * visible
-        rows.append(result(f"{name}, T={t}", s["qkv"], "FlexAttention (compiled)", s["flex"],
+        rows.append(result(f"{name}, T={t}{_suffix(dtype)}", s["qkv"], "FlexAttention (compiled)",
+                           s["flex"],
                            target="≤ 1.25×", met=s["qkv"] <= 1.25 * s["flex"],
                            qkv_matmul_fraction=flops / s["qkv"] / 1e9 / peak,
                            peer_matmul_fraction=flops / s["flex"] / 1e9 / peak,
@@ -108,8 +114,9 @@ MEMORY = """
 import torch, qkv
 torch.set_num_threads({threads})
 t = {t}
-q, k, v = (torch.randn(1, {h}, t, {d}) for _ in range(3))
+q, k, v = (torch.randn(1, {h}, t, {d}).to({dtype}) for _ in range(3))
 mask = {mask}
+mask = mask if mask.dtype == torch.bool else mask.to(q.dtype)
 with torch.no_grad():  # a first call, so that one-time allocations are not counted
     {call}
 # --- measure ---
@@ -118,34 +125,37 @@ with torch.no_grad():
 """
 
 
-def _memory(t: int, mask: str, call: str) -> float:
-    code = MEMORY.format(threads=torch.get_num_threads(), t=t, h=H, d=D, mask=mask, call=call)
+def _memory(t: int, mask: str, call: str, dtype: torch.dtype) -> float:
+    threads = torch.get_num_threads()
+    code = MEMORY.format(threads=threads, t=t, h=H, d=D, dtype=dtype, mask=mask, call=call)
     return peak_rss_mib(code)
 
 
-def arbitrary_rows(t: int, peak: float) -> list[dict]:
+def arbitrary_rows(t: int, peak: float, dtype: torch.dtype = torch.float32) -> list[dict]:
     rows = []
-    q, k, v = (torch.randn(B, H, t, D) for _ in range(3))
+    q, k, v = (torch.randn(B, H, t, D).to(dtype) for _ in range(3))
     dist = "(torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs()"
     alibi = f"-qkv.modules.positional.alibi_slopes({H})[:, None, None] * {dist}"
     sources = {"random boolean (50%)": "torch.rand(t, t) > 0.5", "ALiBi bias": alibi}
     ours = 'qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked")'
     theirs = "torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)"
     for name, mask in arbitrary(t).items():
+        mask = mask if mask.dtype == torch.bool else mask.to(dtype)
         fns = {
             "chunked": lambda: qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked"),
             "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
         }
         with torch.no_grad():
             s = measure_turns(fns, repeat=3)
-        mem_q, mem_p = _memory(t, sources[name], ours), _memory(t, sources[name], theirs)
+        mem_q, mem_p = (_memory(t, sources[name], call, dtype) for call in (ours, theirs))
+        name = f"{name}, T={t}{_suffix(dtype)}"
         flops = 4 * B * H * D * t * t
-        rows.append(result(f"{name}, T={t}, qkv chunked", s["chunked"], "torch SDPA with the mask",
+        rows.append(result(f"{name}, qkv chunked", s["chunked"], "torch SDPA with the mask",
                            s["sdpa"], target="≤ 1.0×", met=s["chunked"] <= s["sdpa"],
                            qkv_matmul_fraction=flops / s["chunked"] / 1e9 / peak,
                            peer_matmul_fraction=flops / s["sdpa"] / 1e9 / peak))  # fmt: skip
         met = mem_q <= 0.25 * mem_p
-        rows.append(result(f"{name}, T={t}, peak memory", mem_q, "torch SDPA with the mask",
+        rows.append(result(f"{name}, peak memory", mem_q, "torch SDPA with the mask",
                            mem_p, unit="MiB", target="≤ 0.25×", met=met))  # fmt: skip
     return rows
 
@@ -153,13 +163,16 @@ def arbitrary_rows(t: int, peak: float) -> list[dict]:
 def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict:
     """Run every case; write ``out_dir/masks.json``; return the rows."""
     torch.manual_seed(0)
-    peak = matmul_gflops()
+    peak, peak_bf16 = matmul_gflops(), matmul_gflops(dtype=torch.bfloat16)
     ts = [1024] if quick else [2048, 4096]
     rows = [r for t in ts for r in structured_rows(t, peak) + arbitrary_rows(t, peak)]
+    bf16 = torch.bfloat16
+    rows += structured_rows(ts[-1], peak_bf16, bf16) + arbitrary_rows(ts[-1], peak_bf16, bf16)
     notes = (
-        f"CPU fp32, forward (no grad), B={B}, H={H}, D={D}; qkv and peer called in turns. "
-        f"Measured float32 matmul throughput: {peak:.1f} GFLOP/s (2048×2048×2048). "
-        "Share of it reached (qkv / peer), counting only visible scores: "
+        f"CPU, forward (no grad), B={B}, H={H}, D={D}, fp32 (and bf16 at T={ts[-1]}); qkv and "
+        "peer called in turns. Measured matmul throughput (2048×2048×2048): "
+        f"{peak:.1f} GFLOP/s in fp32, {peak_bf16:.1f} in bf16. "
+        "Share of its dtype's throughput reached (qkv / peer), counting only visible scores: "
         + "; ".join(_fraction(r) for r in rows if "qkv_matmul_fraction" in r)
         + ". FlexAttention's first call (compile) took "
         + ", ".join(f"{r['peer_compile_s']:.0f} s" for r in rows if "peer_compile_s" in r)

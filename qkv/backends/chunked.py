@@ -63,7 +63,10 @@ FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 15
 # 256 x 384 74 ms, 256 x 256 79 ms, 128 x 1024 74 ms, 64 x 2048 78 ms. torch's kernel
 # takes 64-row query tiles from 192 rows on (32 below) and 512-key tiles.
 SPLIT_ROWS, SPLIT_KEYS = 256, 512
-FUSED_MASK_ELEMENTS = 1 << 17  # most scores per unsplit masked call (its bias: 512 KiB)
+# Most bytes of bias per unsplit masked call: 2^17 float32 scores, twice as many in bf16
+# (sliding window +-256, T=4096, bf16, 1 thread: 170 rows a call 33.7 ms, 341 rows 27.6 ms;
+# torch's kernel takes 64-row tiles from 192 rows on).
+FUSED_MASK_BYTES = 512 << 10
 MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
 
@@ -268,11 +271,11 @@ def _masked_run(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> N
     goes in calls of :data:`SPLIT_ROWS` x :data:`SPLIT_KEYS` scores, whose outputs are
     merged in place by their log-sum-exp (:func:`qkv.functional.merge_attention`); else
     (autograd, grouped heads, half precision) in calls of whole key ranges and at most
-    :data:`FUSED_MASK_ELEMENTS` scores.
+    :data:`FUSED_MASK_BYTES` of bias.
     """
     qs, qe, lo, hi, dense = run
     if not _splittable(req):
-        rows = max(1, FUSED_MASK_ELEMENTS // (hi - lo))
+        rows = max(1, FUSED_MASK_BYTES // ((hi - lo) * req.q.element_size()))
         for a in range(qs, qe, rows):
             b = min(a + rows, qe)
             out[sel, :, a:b] = _fused_call(req, sel, a, b, run)
