@@ -61,9 +61,33 @@ def test_masked_runs_split_into_small_calls_merge_exactly(kind, dtype, monkeypat
     _check_skipping(kind, "fused", 2, 3, 3, 70, 90, dtype)
 
 
-def _check_skipping(kind, path, b, h, hkv, tq, tk, dtype=torch.float64):
-    q = torch.randn(b, h, tq, 8, dtype=dtype)
-    k, v = (torch.randn(b, hkv, tk, 8, dtype=dtype) for _ in range(2))
+@pytest.mark.parametrize("kind", ["band", "padding", "rows-hidden", "alibi", "random-causal"])
+def test_bf16_masked_runs_in_calls_bounded_by_bias_bytes(kind, monkeypatch):
+    """bf16 is not split (merging would round at every step): its masked runs go in calls
+    of at most FUSED_MASK_BYTES of bias, here a few rows each. The output is as accurate
+    as torch's own bf16 SDPA on the same inputs, against a float64 reference."""
+    monkeypatch.setattr(chunked, "FUSED_MASK_BYTES", 90 * 2 * 7)  # 7 bf16 rows of 90 keys
+    q, k, v, mask, causal = _inputs(kind, 2, 3, 3, 70, 90, torch.bfloat16)
+    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+    out = chunked.chunked_attention(req, block_q=16).out
+    assert out.dtype == torch.bfloat16
+    ref, ref_w = naive_attention(q.double(), k.double(), v.double(), _double(mask), causal)
+    full = req.full_mask()
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full).double()
+    seen = ref_w.sum(-1, keepdim=True).expand_as(ref) > 0  # torch gives NaN for the others
+    err, peer_err = ((x - ref)[seen].abs().max().item() for x in (out.double(), peer))
+    assert err <= 2 * peer_err + 1e-3, (err, peer_err)
+    assert (out.double()[~seen] == 0).all()
+
+
+def _double(mask):
+    return mask if mask is None or mask.dtype == torch.bool else mask.double()
+
+
+def _inputs(kind, b, h, hkv, tq, tk, dtype):
+    """q, k, v, a mask of ``kind`` and the causal flag."""
+    q = torch.randn(b, h, tq, 8, dtype=torch.float64).to(dtype)
+    k, v = (torch.randn(b, hkv, tk, 8, dtype=torch.float64).to(dtype) for _ in range(2))
     mask, causal = _band(tq, tk, 9), kind.endswith("-causal")
     if kind.startswith("random"):  # no structure: blocks with equal ranges share one call
         mask = torch.rand(b, 1, tq, tk) > 0.5
@@ -76,6 +100,11 @@ def _check_skipping(kind, path, b, h, hkv, tq, tk, dtype=torch.float64):
         slopes = qkv.modules.positional.alibi_slopes(h)[:, None, None].to(dtype)
         dist = (torch.arange(tq)[:, None] + tk - tq - torch.arange(tk)[None, :]).abs()
         mask = (-slopes * dist).masked_fill(~mask, float("-inf"))[None]
+    return q, k, v, mask, causal
+
+
+def _check_skipping(kind, path, b, h, hkv, tq, tk, dtype=torch.float64):
+    q, k, v, mask, causal = _inputs(kind, b, h, hkv, tq, tk, dtype)
     req = _request(q, k, v, mask, causal, None, 0.0, True, path != "fused")
     result = chunked.chunked_attention(req, block_q=16)
     ref_out, ref_w = naive_attention(q, k, v, mask, causal)
