@@ -61,21 +61,29 @@ def test_masked_runs_split_into_small_calls_merge_exactly(kind, dtype, monkeypat
     _check_skipping(kind, "fused", 2, 3, 3, 70, 90, dtype)
 
 
+@pytest.mark.parametrize("path", ["split", "whole-ranges"])
 @pytest.mark.parametrize("kind", ["band", "padding", "rows-hidden", "alibi", "random-causal"])
-def test_bf16_masked_runs_in_calls_bounded_by_bias_bytes(kind, monkeypatch):
-    """bf16 is not split (merging would round at every step): its masked runs go in calls
-    of at most FUSED_MASK_BYTES of bias, here a few rows each. The output is as accurate
-    as torch's own bf16 SDPA on the same inputs, against a float64 reference."""
+def test_bf16_masked_runs(kind, path, monkeypatch):
+    """bf16 masked runs, split into small calls merged in float32 (no grouped heads) or in
+    calls of whole key ranges and at most FUSED_MASK_BYTES of bias (grouped heads), here a
+    few rows each: within twice the error of torch's bf16 SDPA on the same inputs (plus
+    1e-3), against a float64 reference."""
+    monkeypatch.setattr(chunked, "SPLIT_ROWS", 12)
+    monkeypatch.setattr(chunked, "SPLIT_KEYS", 16)  # 32 keys a call in bf16
     monkeypatch.setattr(chunked, "FUSED_MASK_BYTES", 90 * 2 * 7)  # 7 bf16 rows of 90 keys
-    q, k, v, mask, causal = _inputs(kind, 2, 3, 3, 70, 90, torch.bfloat16)
+    hkv = 3 if path == "split" else 1
+    q, k, v, mask, causal = _inputs(kind, 2, 3, hkv, 70, 90, torch.bfloat16)
+    assert chunked._splittable(_request(q, k, v, None, False, None, 0.0, False, False)) == (
+        path == "split"
+    )
     req = _request(q, k, v, mask, causal, None, 0.0, False, False)
     out = chunked.chunked_attention(req, block_q=16).out
     assert out.dtype == torch.bfloat16
     ref, ref_w = naive_attention(q.double(), k.double(), v.double(), _double(mask), causal)
     full = req.full_mask()
-    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full).double()
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full, enable_gqa=hkv < 3)
     seen = ref_w.sum(-1, keepdim=True).expand_as(ref) > 0  # torch gives NaN for the others
-    err, peer_err = ((x - ref)[seen].abs().max().item() for x in (out.double(), peer))
+    err, peer_err = ((x.double() - ref)[seen].abs().max().item() for x in (out, peer))
     assert err <= 2 * peer_err + 1e-3, (err, peer_err)
     assert (out.double()[~seen] == 0).all()
 
