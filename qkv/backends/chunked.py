@@ -23,7 +23,7 @@ log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile 
 - **A fused kernel inside each range.** Without the lse, every query block hands its range
   to torch's fused SDPA kernel (:func:`fused_blocks`), whose mask temporaries are then one
   block in size instead of ``Tq x Tk``. Where a mask must go along, the range goes in
-  calls of about 256 x 512 scores to torch's CPU flash kernel, which returns each call's
+  calls of about 224 x 512 scores to torch's CPU flash kernel, which returns each call's
   lse, and the calls are merged in place (:func:`_masked_run`): a random boolean mask at
   T=2048 then costs SDPA's time with a quarter of its memory.
 - **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
@@ -58,11 +58,12 @@ BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
 FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 151 vs 156 ms)
 # Masked calls: the float copy of the mask is most of the memory beside the output. Split
-# calls, random mask, T=2048, B=1, H=8, 1 thread, thread time against SDPA's 74 ms (peak
-# beside SDPA's 20.5 MiB): 256 x 512 scores 70 ms (5.04 MiB), 205 x 512 73 ms (4.98 MiB),
-# 256 x 384 74 ms, 256 x 256 79 ms, 128 x 1024 74 ms, 64 x 2048 78 ms. torch's kernel
-# takes 64-row query tiles from 192 rows on (32 below) and 512-key tiles.
-SPLIT_ROWS, SPLIT_KEYS = 256, 512
+# calls, random mask, T=2048, B=1, H=8, 1 thread, thread time against SDPA's (peak memory
+# beside SDPA's 20.5 MiB, whose quarter is 5.13): 256 x 512 scores 0.94-0.99x (5.14-5.18
+# MiB), 224 x 512 1.01x (5.06 MiB), 205 x 512 0.99-1.02x (4.98 MiB), 256 x 384 1.0x,
+# 256 x 256 1.06x, 128 x 1024 1.0x, 64 x 2048 1.05x. torch's kernel takes 64-row query
+# tiles from 192 rows on (32 below) and 512-key tiles.
+SPLIT_ROWS, SPLIT_KEYS = 224, 512
 # Most bytes of bias per unsplit masked call: 2^17 float32 scores, twice as many in bf16
 # (sliding window +-256, T=4096, bf16, 1 thread: 170 rows a call 33.7 ms, 341 rows 27.6 ms;
 # torch's kernel takes 64-row tiles from 192 rows on).
