@@ -69,6 +69,9 @@ def _flex(q, k, v, mod, t):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch._dynamo.config.recompile_limit = 64  # one compiled graph per mask and length
+    # a cold compile every time: with inductor's on-disk caches warm from an earlier run,
+    # the first call took 0-2 s instead of what a new user waits for
+    torch._inductor.config.force_disable_caches = True
     compiled = torch.compile(flex_attention, dynamic=False)
     block = create_block_mask(mod, None, None, t, t, device="cpu")
     start = time.perf_counter()
