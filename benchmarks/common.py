@@ -123,6 +123,22 @@ def _watch():
 """
 
 
+def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's matmul throughput (GFLOP/s) in ``dtype`` at the current thread count."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    best = float("inf")
+    for _ in range(4):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def matmul_share(row: dict) -> str:
+    """``"case qkv% / peer%"``: the shares of the matmul peak in a row (see ``result``)."""
+    return f"{row['case']} {row['qkv_matmul_fraction']:.0%} / {row['peer_matmul_fraction']:.0%}"
+
+
 def measure_pair(
     fn_a: Callable[[], object], fn_b: Callable[[], object], *, repeat: int = 7, budget_s: float = 30
 ) -> tuple[float, float]:

@@ -26,21 +26,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import qkv  # noqa: E402
-from benchmarks.common import cli, measure_turns, peak_rss_mib, report, result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    cli,
+    matmul_gflops,
+    matmul_share,
+    measure_turns,
+    peak_rss_mib,
+    report,
+    result,
+)
 
 B, H, D = 1, 8, 64
 WINDOW = 256
-
-
-def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
-    """This machine's matmul throughput (GFLOP/s) in ``dtype`` at the current thread count."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    best = float("inf")
-    for _ in range(4):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
 
 
 def structured(t: int) -> dict[str, tuple]:
@@ -176,7 +173,7 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
         "peer called in turns. Measured matmul throughput (2048×2048×2048): "
         f"{peak:.1f} GFLOP/s in fp32, {peak_bf16:.1f} in bf16. "
         "Share of its dtype's throughput reached (qkv / peer), counting only visible scores: "
-        + "; ".join(_fraction(r) for r in rows if "qkv_matmul_fraction" in r)
+        + "; ".join(matmul_share(r) for r in rows if "qkv_matmul_fraction" in r)
         + ". FlexAttention's first call (compile) took "
         + ", ".join(f"{r['peer_compile_s']:.0f} s" for r in rows if "peer_compile_s" in r)
         + ". Peak memory: extra resident memory of one call in a fresh process after a first "
@@ -184,10 +181,6 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
         "the output included."
     )
     return report(out_dir, "masks", rows, notes=notes)
-
-
-def _fraction(row: dict) -> str:
-    return f"{row['case']} {row['qkv_matmul_fraction']:.0%} / {row['peer_matmul_fraction']:.0%}"
 
 
 if __name__ == "__main__":
