@@ -64,9 +64,10 @@ FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 15
 # 256 x 256 1.06x, 128 x 1024 1.0x, 64 x 2048 1.05x. torch's kernel takes 64-row query
 # tiles from 192 rows on (32 below) and 512-key tiles.
 SPLIT_ROWS, SPLIT_KEYS = 224, 512
-# Most bytes of bias per unsplit masked call: 2^17 float32 scores, twice as many in bf16
-# (sliding window +-256, T=4096, bf16, 1 thread: 170 rows a call 33.7 ms, 341 rows 27.6 ms;
-# torch's kernel takes 64-row tiles from 192 rows on).
+# Most bytes of bias per unsplit masked call (autograd, grouped heads): 2^17 float32 scores,
+# twice as many in bf16 (measured when bf16 inference went this way too: sliding window
+# +-256, T=4096, 1 thread, 170 rows a call 33.7 ms, 341 rows 27.6 ms; torch's kernel takes
+# 64-row tiles from 192 rows on).
 FUSED_MASK_BYTES = 512 << 10
 MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
