@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -12,6 +13,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def half_ulp(values: torch.Tensor, dtype: torch.dtype) -> float:
+    """Half an ulp, in ``dtype``, of the largest magnitude in ``values`` (0 if all are 0):
+    what one rounding to ``dtype`` may cost at most."""
+    top = values.abs().max().item() if values.numel() else 0.0
+    if top == 0:
+        return 0.0
+    return 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
 
 
 def naive_attention(q, k, v, mask=None, causal=False, scale=None):

@@ -102,7 +102,8 @@ def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
         chosen = "reference"
     if chosen in ("sdpa", "reference"):
         why = _chunked_is_faster(req)  # first: without a mask it answers at once
-        if why and not (reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req)):
+        blocked = why and (reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req))
+        if why and not blocked:
             reasons[chosen] = [why]
             chosen = "chunked"
     return Dispatch(chosen=chosen, reasons=reasons)

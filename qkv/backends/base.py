@@ -23,6 +23,7 @@ __all__ = [
     "AttentionResult",
     "Backend",
     "any_visible",
+    "as_bias",
     "bool_to_bias",
     "causal_mask",
     "float_bits",
@@ -161,6 +162,11 @@ def bool_to_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """
     ints, bits = float_bits(float("-inf"), dtype)
     return mask.to(ints).sub_(1).bitwise_and_(bits).view(dtype)
+
+
+def as_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A mask as the additive bias of a fused kernel in ``dtype`` (booleans: 0 / -inf)."""
+    return bool_to_bias(mask, dtype) if mask.dtype == torch.bool else mask.to(dtype)
 
 
 @functools.lru_cache(maxsize=64)

@@ -46,7 +46,7 @@ from qkv.backends.base import (
     AttentionResult,
     Backend,
     any_visible,
-    bool_to_bias,
+    as_bias,
     restrict,
 )
 from qkv.backends.tiles import grouped, grouped_mask, masked_scores, weighted_values
@@ -297,7 +297,7 @@ def _split_calls(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> 
     from qkv.functional import merge_attention
 
     qs, qe, lo, hi, dense = run
-    size = out.element_size()
+    size = req.q.element_size()
     keys = SPLIT_KEYS * max(1, 4 // size)
     rows = max(SPLIT_ROWS, SPLIT_ROWS * SPLIT_KEYS * 4 // (min(hi - lo, keys) * size))
     step = -(-(qe - qs) // max(1, (qe - qs) // rows))  # >= rows rows, if it can
@@ -333,9 +333,7 @@ def _flash_with_lse(req, sel, qs, qe, ks, ke, dense, exact_lse=True) -> tuple[Te
     """Output and lse of queries [qs, qe) over keys [ks, ke) from torch's CPU flash kernel;
     without ``exact_lse``, rows that see no key keep the kernel's lse of 0."""
     mask = _block_mask(req, sel, qs, qe, ks, ke, dense)
-    bias = None
-    if mask is not None:
-        bias = bool_to_bias(mask, req.q.dtype) if mask.dtype == torch.bool else mask.to(req.q.dtype)
+    bias = None if mask is None else as_bias(mask, req.q.dtype)
     q, k, v = req.q[sel, :, qs:qe], req.k[sel, :, ks:ke], req.v[sel, :, ks:ke]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k, v, attn_mask=bias, scale=req.scale)

@@ -15,7 +15,7 @@ from qkv.backends.base import (
     AttentionRequest,
     AttentionResult,
     Backend,
-    bool_to_bias,
+    as_bias,
     visible_rows,
 )
 from qkv.backends.weights import attention_weights
@@ -57,10 +57,8 @@ class SDPABackend(Backend):
                     mask = mask | ~visible
                 else:
                     mask = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype))
-        if mask is not None and mask.dtype == torch.bool:
-            mask = bool_to_bias(mask, q.dtype)  # what SDPA would do, in fewer passes
-        elif mask is not None:
-            mask = mask.to(q.dtype)
+        if mask is not None:
+            mask = as_bias(mask, q.dtype)  # what SDPA would do, in fewer passes
         out = F.scaled_dot_product_attention(
             q,
             k,

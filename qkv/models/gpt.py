@@ -233,8 +233,8 @@ class GPT(nn.Module):
         ids = input_ids
         # Without padding no mask at all (the same positions and attention; each step then
         # skips building and checking an all-true one, ~15% of a cached step here).
-        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
-        mask = None if mask is None else mask.bool()
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        mask = attention_mask.bool() if padded else None
         cache = self.new_cache() if use_cache else None
         step_ids = ids
         for _ in range(max_new_tokens):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import qkv
 from qkv.backends import chunked
 from qkv.functional import _request
-from tests.conftest import naive_attention
+from tests.conftest import half_ulp, naive_attention
 
 
 def _band(tq: int, tk: int, width: int) -> torch.Tensor:
@@ -91,8 +89,7 @@ def test_half_masked_runs(kind, path, dtype, monkeypatch):
     bound = 2 * peer_err + {torch.bfloat16: 1e-3, torch.float16: 2e-4}[dtype]
     if path == "split":  # each call's output is rounded to dtype before the merge; the
         # merge averages them (weights summing to 1): at most half an ulp of max |v| more
-        top = v.double().abs().max().item()
-        bound += 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
+        bound += half_ulp(v.double(), dtype)
     assert err <= bound, (err, peer_err)
     assert (out.double()[~seen] == 0).all()
 

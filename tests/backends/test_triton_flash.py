@@ -14,7 +14,6 @@ failed about one run in fifty (fp16 dv: 2.73e-3 against PyTorch's 1.20e-3 at a v
 
 from __future__ import annotations
 
-import math
 import os
 import random
 
@@ -30,6 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 import qkv  # noqa: E402
 from qkv.backends import AttentionRequest  # noqa: E402
+from tests.conftest import half_ulp  # noqa: E402
 
 INTERPRET = not torch.cuda.is_available()
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -99,17 +99,9 @@ def check_against_reference(gen, q, k, v, blocks=(16, 16), atol=None, **kw) -> t
         finite = torch.isfinite(e)
         err = (g.double() - e)[finite].abs().max().item() if finite.any() else 0.0
         ref_err = (p.double() - e)[finite].abs().max().item() if finite.any() else 0.0
-        bound = 2 * ref_err + atol + _final_rounding(e[finite], g.dtype)
+        bound = 2 * ref_err + atol + half_ulp(e[finite], g.dtype)
         assert err <= bound, f"{name}: error {err:.2e}, PyTorch {ref_err:.2e}"
     return got
-
-
-def _final_rounding(exact: torch.Tensor, dtype: torch.dtype) -> float:
-    """Half an ulp, in ``dtype``, of the largest value of ``exact`` (0 when all are 0)."""
-    top = exact.abs().max().item() if exact.numel() else 0.0
-    if top == 0:
-        return 0.0
-    return 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
 
 
 # --- accuracy ---------------------------------------------------------------------------------
