@@ -4,6 +4,9 @@ A tile is the block of scaled scores of query rows ``[qs, qe)`` against keys ``[
 with the user's mask and the causal mask already applied. Tensors here are 5-d,
 ``(B, Hkv, G, T, D)``: the ``G`` query heads that share one key/value head sit in their
 own dimension, so grouped-query attention never copies a key or value head.
+
+:class:`RunningMerge` folds outputs over disjoint key sets (with their log-sum-exp) into
+one, for backends that call a kernel on a few keys at a time.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from torch import Tensor
 from qkv.backends.base import AttentionRequest
 
 __all__ = [
+    "RunningMerge",
     "exact_scale",
     "grouped",
     "grouped_mask",
@@ -131,3 +135,41 @@ def masked_scores(
         future = torch.where(cols > rows + shift, float("-inf"), 0.0).to(compute)
         s[..., c0 - ks :].add_(future)
     return s
+
+
+class RunningMerge:
+    """Outputs over disjoint key sets folded into ``acc`` one by one, normalised once.
+
+    The same sum as :func:`qkv.functional.merge_attention` applied pairwise, in fewer
+    passes: ``acc`` holds ``sum_i exp(lse_i - ref) out_i`` for a per-row reference ``ref``
+    (the first finite lse), and ``w`` the sum of those weights; :meth:`finish` divides.
+    ``ref`` moves up only when a later lse exceeds it by more than :data:`RESCALE_ABOVE`,
+    so the weights stay far from overflow. Rows no key reaches end as zeros.
+    """
+
+    RESCALE_ABOVE = 40.0  # exp(40) ~ 2e17: sums of such weights stay finite in float32
+
+    def __init__(self, acc: Tensor):
+        self.acc, self.ref, self.w = acc, None, None
+
+    def add(self, out: Tensor, lse: Tensor) -> None:
+        lse = lse.to(torch.promote_types(lse.dtype, torch.float32))
+        if self.ref is None:  # the first part: copied, weight 1 (0 for rows it hides)
+            self.acc.copy_(out)
+            self.ref = torch.where(torch.isinf(lse), 0.0, lse)
+            self.w = (lse - self.ref).exp_()
+            return
+        gap = lse - self.ref  # -inf for rows this part hides: weight 0
+        if bool(gap.amax() > self.RESCALE_ABOVE):
+            top = torch.maximum(self.ref, lse)
+            shrink = (self.ref - top).exp_()
+            self.acc.mul_(shrink.unsqueeze(-1))
+            self.w.mul_(shrink)
+            self.ref, gap = top, lse - top
+        weight = gap.exp_()
+        self.acc.addcmul_(out, weight.unsqueeze(-1))
+        self.w.add_(weight)
+
+    def finish(self) -> None:
+        if self.w is not None:  # rows of total weight 0 saw no key: they stay 0, not NaN
+            self.acc.div_(torch.where(self.w > 0, self.w, 1.0).unsqueeze(-1))
