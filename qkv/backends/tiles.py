@@ -150,10 +150,11 @@ class RunningMerge:
     RESCALE_ABOVE = 40.0  # exp(40) ~ 2e17: sums of such weights stay finite in float32
 
     def __init__(self, acc: Tensor):
-        self.acc, self.ref, self.w = acc, None, None
+        self.acc, self.ref, self.w, self.parts = acc, None, None, 0
 
     def add(self, out: Tensor, lse: Tensor) -> None:
         lse = lse.to(torch.promote_types(lse.dtype, torch.float32))
+        self.parts += 1
         if self.ref is None:  # the first part: copied, weight 1 (0 for rows it hides)
             self.acc.copy_(out)
             self.ref = torch.where(torch.isinf(lse), 0.0, lse)
@@ -171,5 +172,6 @@ class RunningMerge:
         self.w.add_(weight)
 
     def finish(self) -> None:
-        if self.w is not None:  # rows of total weight 0 saw no key: they stay 0, not NaN
+        """Divide by the total weight; one part alone is already normalised (kept as is)."""
+        if self.parts > 1:  # rows of total weight 0 saw no key: they stay 0, not NaN
             self.acc.div_(torch.where(self.w > 0, self.w, 1.0).unsqueeze(-1))
