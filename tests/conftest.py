@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,18 @@ def half_ulp(values: torch.Tensor, dtype: torch.dtype) -> float:
     if top == 0:
         return 0.0
     return 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
+
+
+@contextmanager
+def uninitialised_is_nan():
+    """Within: ``torch.empty`` and its kin return memory filled with NaN (torch's
+    deterministic mode), so an output element that code forgets to write shows up."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def naive_attention(q, k, v, mask=None, causal=False, scale=None):

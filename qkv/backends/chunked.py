@@ -242,13 +242,16 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
     """
     tq = req.q.shape[-2]
     per_sequence = len(ranges.lo) > 1
-    out = req.q.new_zeros(req.q.shape[:-1] + req.v.shape[-1:])  # blocks without keys stay 0
+    # Every row is written below (zeros for blocks without keys), so the output starts
+    # empty: a zero fill of fresh pages cost 1.3 of 30 ms (bf16 sliding window, T=4096).
+    out = req.q.new_empty(req.q.shape[:-1] + req.v.shape[-1:])
     for g in range(len(ranges.lo)):
         sel = slice(g, g + 1) if per_sequence else slice(None)
         # split calls cut runs themselves: longer runs leave fewer short remainders
         for run in _runs(ranges, g, tq, tq if _splittable(req) else FUSED_ROWS):
             qs, qe, lo, hi, dense = run
             if hi <= lo:  # the block sees no key at all
+                out[sel, :, qs:qe] = 0
                 continue
             if _carries_mask(req, qs, hi, dense):
                 _masked_run(req, sel, run, out)
