@@ -140,6 +140,33 @@ def module_rows(ts: list[int]) -> list[dict]:
     return rows
 
 
+def half_training_rows(ts: list[int]) -> list[dict]:
+    """bf16 forward+backward with a padding mask, 4,096 tokens a batch (training-like), where
+    auto takes the explicit backward for short rows (``qkv.backends.SHORT_HALF_SCORES``)."""
+    rows = []
+    for t in ts:
+        b = max(1, 4096 // t)
+        q, k, v = (
+            torch.randn(b, H, t, D, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
+        lengths = torch.randint(t // 2, t + 1, (b,))
+        lengths[0] = t
+        mask = qkv.padding_mask(lengths, t)[:, None, None, :]
+
+        def peer():
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        def auto():
+            return qkv.scaled_dot_product_attention(q, k, v, mask)
+
+        auto_s, sdpa_s = _pair(auto, peer, True, (q, k, v))
+        chosen = qkv.explain_dispatch(q, k, v, mask).chosen
+        case = f"qkv auto, bf16 padded T={t} B={b} fwd+bwd ({chosen})"
+        met = auto_s <= 1.05 * sdpa_s
+        rows.append(result(case, auto_s, "torch SDPA", sdpa_s, target="≤ 1.05×", met=met))
+    return rows
+
+
 MEMORY = """
 import torch, qkv
 torch.manual_seed(0)
@@ -169,10 +196,13 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     torch.manual_seed(0)
     peak = matmul_gflops()
     ts = [128, 512] if quick else [128, 512, 2048]
-    rows = functional_rows(ts, peak) + module_rows(ts) + memory_rows(2048 if quick else 8192)
+    rows = functional_rows(ts, peak) + module_rows(ts)
+    rows += half_training_rows([32, 512] if quick else [32, 128, 512])
+    rows += memory_rows(2048 if quick else 8192)
     notes = (
-        f"CPU fp32, B={B}, H={H}, D={D} (E={H * D} for the modules); qkv and peer called "
-        "in turns, median of up to 7 runs each. Share of the measured float32 matmul "
+        f"CPU fp32, B={B}, H={H}, D={D} (E={H * D} for the modules), except the bf16 rows "
+        "(4,096 tokens a batch, a padding mask; the backend auto chose in brackets); qkv and "
+        "peer called in turns, median of up to 7 runs each. Share of the measured float32 matmul "
         f"throughput ({peak:.1f} GFLOP/s, 2048×2048×2048) reached (qkv / SDPA), counting "
         "4·B·H·T²·D FLOPs forward, 2.5× that with the backward, half when causal: "
         + "; ".join(matmul_share(r) for r in rows if "qkv_matmul_fraction" in r)

@@ -2,10 +2,11 @@
 
 Every backend declares what it cannot do (:meth:`Backend.why_not`); ``auto`` takes the
 first backend in :data:`PREFERENCE` that can serve a request, and
-:func:`explain` says why each other one was not taken. One measured exception: on the CPU,
-``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at least
-half of a large score matrix in whole blocks, or a per-head float mask; see
-``qkv bench masks``).
+:func:`explain` says why each other one was not taken. Two measured exceptions, both on
+the CPU: ``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at
+least half of a large score matrix in whole blocks, or a per-head float mask; see
+``qkv bench masks``), and ``reference`` when SDPA's half-precision backward would cost
+more than the explicit one (short sequences under autograd; see ``qkv bench attention``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ REFERENCE_MAX_BYTES = 1 << 30
 # computes those blocks, while SDPA's CPU kernel computes every score and then masks it.
 SKIP_SHARE = 0.5
 SKIP_MIN_SCORES = 1 << 20  # Tq * Tk; below this the bookkeeping costs more than it saves
+# On the CPU, torch's bf16/fp16 flash backward pays a fixed cost for every (batch, head)
+# pair, about 60 us, however short the rows: under autograd the explicit math is faster up
+# to this many scores per pair. Measured (bf16, fwd+bwd, 1,024 tokens a batch, padding
+# mask or none, causal or not, 1 thread; reference / SDPA time): T=16 0.12-0.19, T=64
+# 0.28-0.48, T=128 0.52-0.82 (0.64-0.94 on 2 threads), T=192 0.91-1.31, T=256 0.71-1.8.
+# With dropout SDPA takes its own explicit path, which is as fast: no exception there.
+SHORT_HALF_SCORES = 128 * 128
 
 
 def register_backend(backend: Backend) -> None:
@@ -100,6 +108,12 @@ def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
             chosen = name
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
+    if chosen == "sdpa":
+        why = _reference_is_faster(req)
+        blocked = why and (reasons.get("reference") or _why_not("reference", req))
+        if why and not blocked:
+            reasons["sdpa"] = [why]
+            chosen = "reference"
     if chosen in ("sdpa", "reference"):
         why = _chunked_is_faster(req)  # first: without a mask it answers at once
         blocked = why and (reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req))
@@ -132,6 +146,21 @@ def _chunked_is_faster(req: AttentionRequest) -> str | None:
     if skipped >= SKIP_SHARE:
         return f"chunked skips the {skipped:.0%} of the scores the mask hides"
     return None
+
+
+def _reference_is_faster(req: AttentionRequest) -> str | None:
+    """Why the explicit math beats SDPA on this CPU training request (see
+    :data:`SHORT_HALF_SCORES`), or None."""
+    if not req.requires_grad or req.dropout_p > 0 or req.q.device.type != "cpu":
+        return None
+    if req.q.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if req.q.shape[-2] * req.k.shape[-2] > SHORT_HALF_SCORES:
+        return None
+    return (
+        "its half-precision backward on the CPU costs more than the explicit one for "
+        f"rows this short (Tq * Tk <= {SHORT_HALF_SCORES})"
+    )
 
 
 def _reference_too_large(req: AttentionRequest) -> list[str]:

@@ -116,6 +116,32 @@ def test_explain_dispatch_names_every_backend():
     assert qkv.explain_dispatch(q, k, v).chosen in ("sdpa", "triton")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_half_precision_training_takes_the_explicit_backward_on_the_cpu(dtype):
+    """torch's half-precision flash backward on the CPU has a fixed cost per (batch, head):
+    for short rows under autograd, auto takes the reference backend (measured in
+    ``qkv bench attention``); inference, float32, dropout and long rows stay with SDPA."""
+    from qkv.backends import SHORT_HALF_SCORES
+
+    def choice(t, tk=None, grad=True, dt=dtype, dropout_p=0.0):
+        q = torch.randn(2, 4, t, 16, dtype=dt, requires_grad=grad)
+        k, v = (torch.randn(2, 4, tk or t, 16, dtype=dt) for _ in range(2))
+        return qkv.explain_dispatch(q, k, v, dropout_p=dropout_p)
+
+    short = choice(32)
+    assert short.chosen == "reference"
+    assert "half-precision backward" in " ".join(short.reasons["sdpa"])
+    side = int(SHORT_HALF_SCORES**0.5)
+    assert choice(side).chosen == "reference"  # the limit is inclusive
+    assert choice(side, side + 1).chosen == "sdpa"  # cross-attention counts Tq * Tk
+    assert choice(32, grad=False).chosen == "sdpa"
+    assert choice(32, dt=torch.float32).chosen == "sdpa"
+    assert choice(32, dropout_p=0.1).chosen == "sdpa"
+    q, k, v = (torch.randn(2, 4, 32, 16, dtype=dtype, requires_grad=True) for _ in range(3))
+    with torch.no_grad():
+        assert qkv.explain_dispatch(q, k, v).chosen == "sdpa"
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     t=st.sampled_from([1, 4, 1100]),
@@ -125,14 +151,15 @@ def test_explain_dispatch_names_every_backend():
     weights=st.booleans(),
     lse=st.booleans(),
     grad=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
 )
 def test_auto_choice_equals_the_full_explanation(t, mask_kind, causal, dropout, weights, lse,
-                                                 grad):  # fmt: skip
+                                                 grad, dtype):  # fmt: skip
     """Every call stops at the first backend that fits; explain_dispatch asks them all."""
     from qkv.backends import explain
     from qkv.functional import _request
 
-    q, k, v = (torch.randn(1, 2, t, 8, requires_grad=grad) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, t, 8, dtype=dtype, requires_grad=grad) for _ in range(3))
     i = torch.arange(t)
     masks = {
         "none": None,
