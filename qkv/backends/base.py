@@ -137,7 +137,8 @@ def visible_rows(mask: Tensor | None) -> Tensor | None:
     if mask is None:
         return None
     visible = mask if mask.dtype == torch.bool else mask > float("-inf")
-    return any_visible(visible, -1, keepdim=True)
+    rows = any_visible(visible, -1, keepdim=True)
+    return None if bool(rows.all()) else rows  # one sync; spares two passes when all see
 
 
 def any_visible(visible: Tensor, dim: int | tuple[int, ...], keepdim: bool = False) -> Tensor:

@@ -13,7 +13,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qkv.backends.base import AttentionRequest, AttentionResult, Backend, visible_rows
+from qkv.backends.base import (
+    AttentionRequest,
+    AttentionResult,
+    Backend,
+    as_bias,
+    visible_rows,
+)
 from qkv.backends.tiles import prescaled
 
 __all__ = ["ReferenceBackend", "reference_attention"]
@@ -36,14 +42,14 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
     if post is not None:
         scores = scores.mul_(post)
 
-    # 2) hide what may not be seen: boolean masks remove keys, float masks are added.
+    # 2) hide what may not be seen: a boolean mask becomes a bias of 0 (keep) or -inf
+    #    (remove), which is added like a float mask (an add is one vectorised pass, and
+    #    its backward none; a masked_fill is neither).
     mask = req.full_mask()
-    visible = visible_rows(mask)  # (B?, H?, Tq, 1): rows that see at least one key
+    visible = visible_rows(mask)  # (B?, H?, Tq, 1): rows that see some key; None: all do
     if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.to(scores.dtype)
+        scores = scores + as_bias(mask, scores.dtype)
+    if visible is not None:
         # A row that sees nothing gets finite scores here and zero weights below, so that
         # neither the output nor any gradient becomes NaN.
         scores = torch.where(visible, scores, torch.zeros((), dtype=scores.dtype))

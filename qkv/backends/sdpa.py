@@ -48,15 +48,11 @@ class SDPABackend(Backend):
         use_flag = req.causal and req.mask is None and tq == tk
         mask = None if use_flag else req.full_mask()
         visible = visible_rows(mask)
-        if visible is not None:
-            if bool(visible.all()):
-                visible = None
+        if visible is not None:  # let empty rows attend to everything; zeroed afterwards
+            if mask.dtype == torch.bool:
+                mask = mask | ~visible
             else:
-                # Let empty rows attend to everything; their output is zeroed afterwards.
-                if mask.dtype == torch.bool:
-                    mask = mask | ~visible
-                else:
-                    mask = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype))
+                mask = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype))
         if mask is not None:
             mask = as_bias(mask, q.dtype)  # what SDPA would do, in fewer passes
         out = F.scaled_dot_product_attention(
