@@ -29,13 +29,18 @@ B, H, D = 4, 8, 64
 
 
 def _step(fn, backward: bool, inputs):
-    """One call of ``fn``: forward only (no grad), or forward and backward."""
+    """One call of ``fn``: forward only (no grad), or forward and backward with a random
+    upstream gradient (drawn once; ``sum()``'s gradient would be a stride-0 view of one
+    value, which is cheaper to multiply than any real gradient)."""
+    grads: list[torch.Tensor] = []
 
     def step():
         if backward:
             out = fn()
             out = out[0] if isinstance(out, tuple) else out
-            out.sum().backward()
+            if not grads:
+                grads.append(torch.randn_like(out))
+            out.backward(grads[0])
             for t in inputs:
                 t.grad = None
         else:
