@@ -5,8 +5,10 @@ first backend in :data:`PREFERENCE` that can serve a request, and
 :func:`explain` says why each other one was not taken. Two measured exceptions, both on
 the CPU: ``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at
 least half of a large score matrix in whole blocks, or a per-head float mask; see
-``qkv bench masks``), and ``reference`` when SDPA's half-precision backward would cost
-more than the explicit one (short sequences under autograd; see ``qkv bench attention``).
+``qkv bench masks``), and ``reference`` where SDPA's CPU paths are slower than it: with
+dropout (SDPA then runs torch's own explicit math), and for short rows in half precision
+under autograd (its flash backward has a fixed cost per batch and head; see
+``qkv bench attention``).
 """
 
 from __future__ import annotations
