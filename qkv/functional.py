@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from qkv.backends import AttentionRequest, Dispatch, available_backends, explain, get_backend
+from qkv.backends import (
+    AttentionRequest,
+    Dispatch,
+    available_backends,
+    choose,
+    explain,
+    get_backend,
+)
 from qkv.backends.base import causal_mask, shape_problem
 
 __all__ = [
@@ -218,7 +225,7 @@ def explain_dispatch(
 
 def _run(req: AttentionRequest, backend: str):
     if backend == "auto":  # the choice fits by construction: no second check
-        return get_backend(explain(req, complete=False).chosen)(req)
+        return get_backend(choose(req))(req)
     impl = get_backend(backend)
     why = impl.why_not(req)
     if why:

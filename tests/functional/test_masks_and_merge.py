@@ -160,7 +160,7 @@ def test_cpu_training_takes_the_reference_backend_where_it_is_faster(dtype):
 def test_auto_choice_equals_the_full_explanation(t, mask_kind, causal, dropout, weights, lse,
                                                  grad, dtype):  # fmt: skip
     """Every call stops at the first backend that fits; explain_dispatch asks them all."""
-    from qkv.backends import explain
+    from qkv.backends import choose, explain
     from qkv.functional import _request
 
     q, k, v = (torch.randn(1, 2, t, 8, dtype=dtype, requires_grad=grad) for _ in range(3))
@@ -177,6 +177,36 @@ def test_auto_choice_equals_the_full_explanation(t, mask_kind, causal, dropout, 
     assert short.chosen == full.chosen
     for name, why in short.reasons.items():
         assert why == full.reasons[name]
+    assert choose(req) == choose(req) == full.chosen  # the second from memory, if mask-free
+
+
+def test_a_remembered_choice_is_forgotten_when_a_backend_is_registered(monkeypatch):
+    """``choose`` remembers mask-free choices; registering a backend must not leave them
+    stale."""
+    from qkv import backends
+    from qkv.backends import Backend, choose
+    from qkv.functional import _request
+
+    class Eager(Backend):
+        name = "triton"  # first in PREFERENCE: serves everything once registered
+
+        def why_not(self, req):
+            return []
+
+        def __call__(self, req):
+            raise AssertionError("not called")
+
+    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
+    monkeypatch.setattr(backends, "_CHOICES", {})
+    q = k = v = torch.randn(1, 2, 4, 8)
+    req = _request(q, k, v, None, False, None, 0.0, False, False)
+    assert choose(req) in ("sdpa", "triton") and len(backends._CHOICES) == 1
+    backends.register_backend(Eager())
+    assert not backends._CHOICES
+    assert choose(req) == "triton"
+    masked = _request(q, k, v, torch.rand(4, 4) > 0.5, False, None, 0.0, False, False)
+    choose(masked)
+    assert len(backends._CHOICES) == 1  # requests with a mask are never remembered
 
 
 def test_one_query_row_sees_every_key_under_causal():
