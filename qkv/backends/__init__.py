@@ -50,7 +50,9 @@ SKIP_MIN_SCORES = 1 << 20  # Tq * Tk; below this the bookkeeping costs more than
 # pair, about 60 us, however short the rows: under autograd the explicit math is faster up
 # to this many scores per pair. Measured (bf16, fwd+bwd, H=8, D=64, 4,096 tokens a batch,
 # padding mask, causal or not, 1 thread; reference / SDPA time): T=32 0.31, T=128
-# 0.58-0.66, T=192 1.11-1.24, T=256 1.52-1.56.
+# 0.58-0.66, T=192 1.11-1.24, T=256 1.52-1.56. The price: the reference keeps each
+# (Tq, Tk) probability matrix for the backward (SDPA's flash kernel only out and lse),
+# which this limit bounds at twice the size of the queries for D=64.
 SHORT_HALF_SCORES = 128 * 128
 # With dropout, SDPA's CPU kernels step aside for torch's explicit math, which takes more
 # passes than the reference backend: reference / SDPA fwd+bwd with dropout 0.1 (same
