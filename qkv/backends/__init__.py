@@ -125,18 +125,14 @@ def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
             chosen = name
     if chosen is None:  # nothing else fits: the reference serves everything
         chosen = "reference"
-    if chosen == "sdpa":
-        why = _reference_is_faster(req)
-        blocked = why and (reasons.get("reference") or _why_not("reference", req))
-        if why and not blocked:
-            reasons["sdpa"] = [why]
-            chosen = "reference"
-    if chosen in ("sdpa", "reference"):
-        why = _chunked_is_faster(req)  # first: without a mask it answers at once
-        blocked = why and (reasons["chunked"] if "chunked" in reasons else _why_not("chunked", req))
+    for over, winner, faster in _EXCEPTIONS:
+        if chosen not in over:
+            continue
+        why = faster(req)  # first: it answers at once for most requests
+        blocked = why and (reasons[winner] if winner in reasons else _why_not(winner, req))
         if why and not blocked:
             reasons[chosen] = [why]
-            chosen = "chunked"
+            chosen = winner
     return Dispatch(chosen=chosen, reasons=reasons)
 
 
@@ -206,6 +202,14 @@ def _reference_is_faster(req: AttentionRequest) -> str | None:
         "its half-precision backward on the CPU costs more than the explicit one for "
         f"rows this short (Tq * Tk <= {SHORT_HALF_SCORES})"
     )
+
+
+# The measured exceptions to PREFERENCE, in order: (backends it overrides, the backend it
+# prefers, why that one is faster for a request or None).
+_EXCEPTIONS = (
+    (("sdpa",), "reference", _reference_is_faster),
+    (("sdpa", "reference"), "chunked", _chunked_is_faster),
+)
 
 
 def _reference_too_large(req: AttentionRequest) -> list[str]:

@@ -48,6 +48,7 @@ from qkv.backends.base import (
     any_visible,
     as_bias,
     restrict,
+    visible_rows,
 )
 from qkv.backends.tiles import (
     RunningMerge,
@@ -343,17 +344,10 @@ def _flash_with_lse(req, sel, qs, qe, ks, ke, dense, exact_lse=True) -> tuple[Te
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k, v, attn_mask=bias, scale=req.scale)
     if bias is not None and exact_lse:  # the kernel reports lse 0 (and out 0) for a row
-        hidden = ~_sees_a_key(mask)  # that sees nothing: make it -inf
-        if bool(hidden.any()):
-            lse.masked_fill_(hidden, float("-inf"))
+        seen = visible_rows(mask)  # that sees nothing: make it -inf (None: every row sees)
+        if seen is not None:
+            lse.masked_fill_(~seen.squeeze(-1), float("-inf"))
     return out, lse
-
-
-def _sees_a_key(mask: Tensor) -> Tensor:
-    """Per row (keys reduced): whether the row's mask leaves some key visible."""
-    if mask.dtype == torch.bool:
-        return any_visible(mask, -1)  # a byte maximum: a quarter of the float bias's bytes
-    return mask.amax(-1) > float("-inf")
 
 
 def _fused_call(req: AttentionRequest, sel: slice, qs: int, qe: int, run: tuple) -> Tensor:
