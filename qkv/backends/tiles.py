@@ -144,22 +144,27 @@ class RunningMerge:
     passes: ``acc`` holds ``sum_i exp(lse_i - ref) out_i`` for a per-row reference ``ref``
     (the first finite lse), and ``w`` the sum of those weights; :meth:`finish` divides.
     ``ref`` moves up only when a later lse exceeds it by more than :data:`RESCALE_ABOVE`,
-    so the weights stay far from overflow. Rows no key reaches end as zeros.
+    so the weights stay far from overflow. Rows no key reaches end as zeros. A lone part
+    costs only its copy: the first part's weights are made when a second one arrives.
     """
 
     RESCALE_ABOVE = 40.0  # exp(40) ~ 2e17: sums of such weights stay finite in float32
 
     def __init__(self, acc: Tensor):
         self.acc, self.ref, self.w, self.parts = acc, None, None, 0
+        self.first_lse: Tensor | None = None
 
     def add(self, out: Tensor, lse: Tensor) -> None:
-        lse = lse.to(torch.promote_types(lse.dtype, torch.float32))
         self.parts += 1
-        if self.ref is None:  # the first part: copied, weight 1 (0 for rows it hides)
+        if self.parts == 1:  # copied as it is; its weights wait for a second part
             self.acc.copy_(out)
-            self.ref = torch.where(torch.isinf(lse), 0.0, lse)
-            self.w = (lse - self.ref).exp_()
+            self.first_lse = lse
             return
+        if self.parts == 2:  # the first part's weight: 1 (0 for rows it hides)
+            first = self.first_lse.to(torch.promote_types(self.first_lse.dtype, torch.float32))
+            self.ref = torch.where(torch.isinf(first), 0.0, first)
+            self.w = (first - self.ref).exp_()
+        lse = lse.to(torch.promote_types(lse.dtype, torch.float32))
         gap = lse - self.ref  # -inf for rows this part hides: weight 0
         if bool(gap.amax() > self.RESCALE_ABOVE):
             top = torch.maximum(self.ref, lse)
