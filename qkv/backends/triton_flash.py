@@ -34,7 +34,8 @@ from torch import Tensor
 
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, shape_problem
 from qkv.backends.reference import reference_attention
-from qkv.backends.triton_bwd import (
+from qkv.backends.triton_bwd import flash_backward
+from qkv.backends.triton_tiles import (
     LOG2E,
     _cast,
     _dot,
@@ -42,7 +43,6 @@ from qkv.backends.triton_bwd import (
     _load_tile,
     _store_tile,
     autotuned,
-    flash_backward,
     hopper_configs,
 )
 from qkv.backends.weights import attention_weights
@@ -200,7 +200,7 @@ _BUILT_FOR_INTERPRETER = _interpreting()
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    """How ``_dot`` multiplies tiles of this dtype (see :func:`qkv.backends.triton_bwd._dot`)."""
+    """How ``_dot`` multiplies tiles of this dtype (see :func:`qkv.backends.triton_tiles._dot`)."""
     if dtype == torch.float32:
         return "ieee"  # plain PyTorch does not use TF32 for float32 matmuls by default
     if dtype == torch.bfloat16 and _BUILT_FOR_INTERPRETER:

@@ -41,9 +41,11 @@ def _import_kernels_for_interpreter() -> None:
             return
         import qkv.backends.triton_bwd as bwd
         import qkv.backends.triton_flash as flash
+        import qkv.backends.triton_tiles as tiles
         from qkv.backends import register_backend
 
         if not flash._BUILT_FOR_INTERPRETER:  # imported earlier for the compiler: rebuild
+            importlib.reload(tiles)
             importlib.reload(bwd)
             flash = importlib.reload(flash)
             register_backend(flash.TritonBackend())

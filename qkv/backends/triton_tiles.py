@@ -1,0 +1,116 @@
+"""Tile helpers and autotuning shared by the Triton kernels (forward and backward).
+
+Loads and stores of 2-d tiles that mask only where a tile may cross an edge, the tile
+product and cast under each precision (with the CPU interpreter's bfloat16 quirks
+emulated), the key bounds of a query block, and the autotuning candidates keyed on bucketed
+lengths. Imported by :mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.triton_bwd`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["LOG2E", "autotuned", "hopper_configs"]
+
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the fast hardware path
+
+
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, PAD_COLS: tl.constexpr):
+    """Load a 2-d tile; out-of-range rows/columns read as zero (masks only where needed)."""
+    if CHECK_ROWS:
+        if PAD_COLS:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if PAD_COLS:
+            x = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+# PRECISION, a constexpr string, says how tiles are multiplied and rounded:
+#   "ieee"   float32 inputs, exact float32 products (as PyTorch's default matmul);
+#   "tf32"   16-bit inputs (the setting is ignored for them: tensor cores multiply exactly);
+#   "interpret-bf16"  bfloat16 under Triton 3.9's CPU interpreter, whose tl.dot multiplies the
+#            raw bit patterns of bfloat16 operands and whose float32 -> bfloat16 cast truncates;
+#            _dot and _cast below emulate what the GPU does instead.
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """``a @ b`` accumulated in float32 (see PRECISION above)."""
+    if PRECISION == "interpret-bf16":
+        # bfloat16 products are exact in float32, so this matches the tensor cores.
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
+def _cast(x, dtype, PRECISION: tl.constexpr):
+    """``x.to(dtype)`` with round-to-nearest-even, also under the interpreter."""
+    if PRECISION == "interpret-bf16":
+        # Round the float32 bits to the nearest even bfloat16 first; truncation is then exact.
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _store_tile(ptrs, x, rows, n_rows, cols, n_cols, PAD_COLS: tl.constexpr):
+    """Store a 2-d tile, skipping rows past ``n_rows`` and padded head columns."""
+    if PAD_COLS:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    else:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+
+
+@triton.jit
+def _key_range(key_len, start_m, shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """Key bounds ``(full, hi)`` for the query block starting at ``start_m``.
+
+    Keys ``[0, full)`` are seen by every row of the block, so that loop carries no mask;
+    ``[full, hi)`` holds the causal diagonal and the padding boundary. Clamping at 0 before
+    dividing keeps the compiled kernel and the interpreter in agreement.
+    """
+    hi = key_len
+    full = key_len
+    if CAUSAL:
+        hi = tl.minimum(key_len, start_m + BLOCK_M + shift)
+        full = tl.minimum(key_len, start_m + 1 + shift)
+    hi = tl.maximum(hi, 0)
+    full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
+    return full, hi
+
+
+def hopper_configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    """Autotuning candidates from ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` tuples."""
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in shapes
+    ]
+
+
+def autotuned(kernel, configs: list[triton.Config], length_arg: str, block: str):
+    """``kernel`` autotuned over ``configs``, keyed on bucketed lengths and the constexprs.
+
+    The ``tune_tq``/``tune_tk`` arguments (read by nothing but this key) are lengths rounded
+    up to powers of two, so a new sequence length rarely re-runs the tuner. Short lengths
+    (decoding: a handful of queries against a cache) only try tiles of at most 64 along
+    ``block``, long ones only the wider tiles: half the configs to compile per case.
+    """
+
+    def prune(configs, named_args, **kwargs):
+        short = named_args[length_arg] <= 64
+        kept = [c for c in configs if (c.kwargs[block] <= 64) == short]
+        return kept or configs
+
+    key = ["tune_tq", "tune_tk", "GROUPS", "HEAD_D", "HEAD_DV", "CAUSAL", "HAS_LENGTHS"]
+    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
