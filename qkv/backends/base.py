@@ -13,6 +13,8 @@ the reasons it cannot serve a request (an empty list means it can). Dispatch and
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +24,7 @@ __all__ = [
     "AttentionRequest",
     "AttentionResult",
     "Backend",
+    "Scratch",
     "any_visible",
     "as_bias",
     "bool_to_bias",
@@ -153,21 +156,47 @@ def any_visible(visible: Tensor, dim: int | tuple[int, ...], keepdim: bool = Fal
     return visible.view(torch.uint8).amax(dim=dims, keepdim=keepdim).view(torch.bool)
 
 
-def bool_to_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
+def bool_to_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = None) -> Tensor:
     """A boolean mask as an additive bias: 0 where ``True``, ``-inf`` where ``False``.
 
     Equal to ``torch.where(mask, 0, -inf)``, built from the bit pattern of ``-inf``:
     ``mask - 1`` is all ones where hidden and zero where visible, and AND-ing it with the
     bits of ``-inf`` gives exactly ``-inf`` or ``+0.0``. Three vectorised integer passes
-    instead of a ``where`` (0.7 ms against 2.3 ms for 256 x 2048 in float32).
+    instead of a ``where`` (0.7 ms against 2.3 ms for 256 x 2048 in float32). With
+    ``scratch``, the bias is written into its buffer (valid until the next use).
     """
     ints, bits = float_bits(float("-inf"), dtype)
-    return mask.to(ints).sub_(1).bitwise_and_(bits).view(dtype)
+    if scratch is None:
+        out = mask.to(ints)
+    else:
+        out = scratch.take(mask.shape, ints, mask.device).copy_(mask)
+    return out.sub_(1).bitwise_and_(bits).view(dtype)
 
 
-def as_bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
+def as_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = None) -> Tensor:
     """A mask as the additive bias of a fused kernel in ``dtype`` (booleans: 0 / -inf)."""
-    return bool_to_bias(mask, dtype) if mask.dtype == torch.bool else mask.to(dtype)
+    return bool_to_bias(mask, dtype, scratch) if mask.dtype == torch.bool else mask.to(dtype)
+
+
+class Scratch:
+    """One buffer handed out again and again for a temporary of varying shape.
+
+    Blocked loops make a temporary per block; above glibc's mmap threshold each fresh one
+    arrives as new pages, and faulting them in can cost more than the work done in them
+    (a 456 KiB bias: 180 us of faults against 30 us of arithmetic). What ``take`` returns
+    is valid until the next ``take``.
+    """
+
+    def __init__(self) -> None:
+        self._buf: Tensor | None = None
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A contiguous tensor of ``shape`` (uninitialised), in the buffer when it fits."""
+        n = math.prod(shape)
+        buf = self._buf
+        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+            buf = self._buf = torch.empty(n, dtype=dtype, device=device)
+        return buf[:n].view(shape)
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,6 +45,7 @@ from qkv.backends.base import (
     AttentionRequest,
     AttentionResult,
     Backend,
+    Scratch,
     any_visible,
     as_bias,
     restrict,
@@ -311,13 +312,15 @@ def _split_calls(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> 
     step = -(-(qe - qs) // max(1, (qe - qs) // rows))  # >= rows rows, if it can
     wide = torch.promote_types(out.dtype, torch.float32)  # half types merge in float32
     single = hi - lo <= keys  # one call per block of rows: no lse, no merge
+    scratch = Scratch()  # every call's bias in one buffer
     for a in range(qs, qe, step):
         b = min(a + step, qe)
         dst = out[sel, :, a:b]
         acc = dst if dst.dtype == wide or single else torch.empty(dst.shape, dtype=wide)
         merge = RunningMerge(acc)
         for ks in range(lo, hi, keys):
-            o, lse = _flash_with_lse(req, sel, a, b, ks, min(ks + keys, hi), dense, not single)
+            ke = min(ks + keys, hi)
+            o, lse = _flash_with_lse(req, sel, a, b, ks, ke, dense, not single, scratch)
             merge.add(o, lse)
             del o  # before the next call makes its own
         merge.finish()
@@ -335,11 +338,14 @@ def _splittable(req: AttentionRequest) -> bool:
     )
 
 
-def _flash_with_lse(req, sel, qs, qe, ks, ke, dense, exact_lse=True) -> tuple[Tensor, Tensor]:
+def _flash_with_lse(
+    req, sel, qs, qe, ks, ke, dense, exact_lse=True, scratch=None
+) -> tuple[Tensor, Tensor]:
     """Output and lse of queries [qs, qe) over keys [ks, ke) from torch's CPU flash kernel;
-    without ``exact_lse``, rows that see no key keep the kernel's lse of 0."""
+    without ``exact_lse``, rows that see no key keep the kernel's lse of 0. A boolean
+    mask's bias goes in ``scratch`` when given."""
     mask = _block_mask(req, sel, qs, qe, ks, ke, dense)
-    bias = None if mask is None else as_bias(mask, req.q.dtype)
+    bias = None if mask is None else as_bias(mask, req.q.dtype, scratch)
     q, k, v = req.q[sel, :, qs:qe], req.k[sel, :, ks:ke], req.v[sel, :, ks:ke]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k, v, attn_mask=bias, scale=req.scale)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.backends.base import AttentionRequest
+from qkv.backends.base import AttentionRequest, Scratch
 from qkv.backends.tiles import masked_scores, weighted_values
 from qkv.memory import kept_results
 
@@ -97,7 +97,7 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
     units = [(slice(None), slice(None))] if whole else _pairs(*weights.shape[:2])
     n_rows = weights.shape[2]
     step = n_rows if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
-    scratch = None  # one block of scores, reused: it stays in cache (see ROW_BLOCK_ELEMENTS)
+    scratch = Scratch()  # one block of scores, reused: it stays in cache (ROW_BLOCK_ELEMENTS)
     for bs, hs in units:
         mb = None if mask is None else mask[_sel(mask, 0, bs), _sel(mask, 1, hs)]
         # One head's keys and values, contiguous: a projection's views are strided, and the
@@ -108,7 +108,7 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
             dest = weights[bs, hs, rs].unsqueeze(2)
             target = None
             if direct:
-                target = dest if whole else (scratch := _scratch(scratch, dest))
+                target = dest if whole else scratch.take(dest.shape, dest.dtype, dest.device)
             qs, qe = r0 + rs.start, r0 + rs.stop
             s = masked_scores(req, q[bs, hs, :, qs:qe], kh, mb, qs, qe, 0, tk, tk - tq,
                               compute, out=target)  # fmt: skip
@@ -143,13 +143,6 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     if bool(empty.any()):
         p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
-
-
-def _scratch(scratch: Tensor | None, dest: Tensor) -> Tensor:
-    """A contiguous buffer shaped like ``dest`` (the last block may be shorter)."""
-    if scratch is None or scratch.numel() < dest.numel():
-        scratch = torch.empty(dest.numel(), dtype=dest.dtype, device=dest.device)
-    return scratch[: dest.numel()].view(dest.shape)
 
 
 def _select_heads(req: AttentionRequest, heads: list[int], lse: Tensor | None):

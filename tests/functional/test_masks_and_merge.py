@@ -265,6 +265,18 @@ def test_causal_with_cache_alignment_matches_naive():
     torch.testing.assert_close(out, naive_attention(q, k, v, causal=True)[0])
 
 
+def test_scratch_hands_out_one_buffer_while_it_fits():
+    from qkv.backends.base import Scratch
+
+    scratch, cpu = Scratch(), torch.device("cpu")
+    first = scratch.take((4, 5), torch.int32, cpu)
+    smaller = scratch.take((3, 2), torch.int32, cpu)
+    assert smaller.shape == (3, 2) and smaller.is_contiguous()
+    assert smaller.data_ptr() == first.data_ptr()
+    assert scratch.take((30,), torch.int32, cpu).data_ptr() != first.data_ptr()  # grown
+    assert scratch.take((3,), torch.float32, cpu).dtype == torch.float32  # another dtype
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
@@ -273,8 +285,9 @@ def test_causal_with_cache_alignment_matches_naive():
     expand=st.booleans(),
 )
 def test_mask_helpers_equal_their_plain_torch_forms(seed, shape, dtype, expand):
-    """The byte-maximum ``any`` and the bit-pattern bias give what ``any``/``where`` give."""
-    from qkv.backends.base import any_visible, bool_to_bias
+    """The byte-maximum ``any`` and the bit-pattern bias give what ``any``/``where`` give,
+    also when the bias is written into a reused buffer that held something else."""
+    from qkv.backends.base import Scratch, any_visible, bool_to_bias
 
     g = torch.Generator().manual_seed(seed)
     mask = torch.rand(shape, generator=g) < torch.rand((), generator=g)
@@ -284,6 +297,11 @@ def test_mask_helpers_equal_their_plain_torch_forms(seed, shape, dtype, expand):
     want = torch.where(mask, torch.zeros((), dtype=dtype), float("-inf"))
     assert bias.dtype == dtype and torch.equal(bias, want)
     assert not torch.signbit(bias[mask]).any()  # +0.0, not -0.0
+    scratch = Scratch()
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    scratch.take((mask.numel() + 3,), ints, mask.device).fill_(-7)  # a used buffer
+    for _ in range(2):  # into that buffer, then into itself again
+        assert torch.equal(bool_to_bias(mask, dtype, scratch), want)
     for dim in range(mask.dim()):
         got = any_visible(mask, dim, keepdim=True)
         assert got.dtype == torch.bool and torch.equal(got, mask.any(dim=dim, keepdim=True))
