@@ -98,11 +98,13 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
     n_rows = weights.shape[2]
     step = n_rows if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
     scratch = Scratch()  # one block of scores, reused: it stays in cache (ROW_BLOCK_ELEMENTS)
+    # One head's keys and values, contiguous: a projection's views are strided, and the
+    # matrix products would gather them again for every block of rows (1.6x slower). Without
+    # autograd each pair's copies reuse the last pair's memory (no fresh pages per head).
+    heads_k, heads_v = (Scratch(), Scratch()) if direct else (None, None)
     for bs, hs in units:
         mb = None if mask is None else mask[_sel(mask, 0, bs), _sel(mask, 1, hs)]
-        # One head's keys and values, contiguous: a projection's views are strided, and the
-        # matrix products would gather them again for every block of rows (1.6x slower).
-        kh, vh = k[bs, hs].contiguous(), v[bs, hs].to(compute).contiguous()
+        kh, vh = _gathered(k[bs, hs], k.dtype, heads_k), _gathered(v[bs, hs], compute, heads_v)
         for i in range(0, n_rows, step):
             rs = slice(i, min(i + step, n_rows))  # rows of the result; queries r0 + rs
             dest = weights[bs, hs, rs].unsqueeze(2)
@@ -143,6 +145,13 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     if bool(empty.any()):
         p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
+
+
+def _gathered(x: Tensor, dtype: torch.dtype, scratch: Scratch | None) -> Tensor:
+    """``x`` in ``dtype`` and contiguous; a copy goes into ``scratch`` when given."""
+    if scratch is None or (x.dtype == dtype and x.is_contiguous()):
+        return x.to(dtype).contiguous()
+    return scratch.take(x.shape, dtype, x.device).copy_(x)
 
 
 def _select_heads(req: AttentionRequest, heads: list[int], lse: Tensor | None):
