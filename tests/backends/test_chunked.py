@@ -159,3 +159,26 @@ def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
     assert qkv.explain_dispatch(q, k, v, alibi[:1]).chosen == "sdpa"  # one map for all heads
     grad = q.clone().requires_grad_()
     assert qkv.explain_dispatch(grad, k, v, _band(t, t, 64)).chosen == "sdpa"
+
+
+def test_auto_prefers_chunked_where_sdpa_would_copy_a_boolean_mask_past_its_limit(monkeypatch):
+    """SDPA turns a boolean mask into a float bias of the mask's full broadcast size;
+    past SDPA_BIAS_MAX_BYTES `auto` takes chunked (a block at a time), with the same output."""
+    import qkv.backends as backends
+
+    t, h = 1024, 2
+    q, k, v = (torch.randn(1, h, t, 16) for _ in range(3))
+    mask = (torch.rand(t, t) > 0.5).expand(1, h, t, t)  # a view: 2 MiB of bias, 1 of bool
+    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 2 * t * t * 4 - 1)
+    d = qkv.explain_dispatch(q, k, v, mask)
+    assert d.chosen == "chunked" and "GiB float bias" in d.reasons["sdpa"][0]
+    out = qkv.scaled_dot_product_attention(q, k, v, mask)
+    ref = qkv.scaled_dot_product_attention(q, k, v, mask, backend="sdpa")
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 2 * t * t * 4)  # at the limit
+    assert qkv.explain_dispatch(q, k, v, mask).chosen == "sdpa"
+    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 1)
+    bias = mask[:, :1].float().log()  # a float mask is SDPA's bias as it is: no copy
+    assert qkv.explain_dispatch(q, k, v, bias).chosen == "sdpa"
+    grad = q.clone().requires_grad_()
+    assert qkv.explain_dispatch(grad, k, v, mask).chosen == "sdpa"  # no autograd in chunked
