@@ -24,8 +24,9 @@ log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile 
   to torch's fused SDPA kernel (:func:`fused_blocks`), whose mask temporaries are then one
   block in size instead of ``Tq x Tk``. Where a mask must go along, the range goes in
   calls of about 224 x 512 scores to torch's CPU flash kernel, which returns each call's
-  lse, and the calls are merged in place (:func:`_masked_run`): a random boolean mask at
-  T=2048 then costs SDPA's time with a quarter of its memory.
+  lse, and the calls are merged in place (:func:`_masked_run`), each call's bias in one
+  reused buffer: a random boolean mask at T=2048 then takes 0.98x SDPA's time (one
+  thread) with a quarter of its memory.
 - **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
   once as fit in :data:`TILE_ELEMENTS` scores (usually the whole range: no rescaling),
   adds masks as ``0 / -inf`` biases, and applies the causal mask to diagonal columns only.
