@@ -65,6 +65,23 @@ def test_large_problems_go_block_by_block(monkeypatch):
     torch.testing.assert_close(w, ref[:, [1, 2]], atol=1e-12, rtol=1e-10)
 
 
+def test_blocked_weights_of_strided_heads_match_the_reference(monkeypatch):
+    """Heads cut from a projection's (B, T, H, D) layout are strided: each (batch, head)
+    pair copies its keys and values into the same reused memory, which must hold that
+    pair's and no other's when its rows are computed."""
+    monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the per-pair loop
+    monkeypatch.setattr(weights_module, "ROW_BLOCK_ELEMENTS", 4 * 11)  # 4 rows per block
+    b, h, tq, tk, d = 2, 3, 10, 11, 8
+    q = torch.randn(b, tq, h, d, dtype=torch.float64).transpose(1, 2)
+    k, v = (torch.randn(b, tk, h, d, dtype=torch.float64).transpose(1, 2) for _ in range(2))
+    assert not k[0, 1].is_contiguous()
+    mask = torch.rand(b, 1, tq, tk) > 0.3
+    out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
+    ref_out, ref_w = naive_attention(q, k, v, mask)
+    torch.testing.assert_close(w, ref_w, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_low_precision_weights_sum_to_one(dtype):
     q, k, v, mask = _case("padding", dtype)
