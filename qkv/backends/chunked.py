@@ -248,6 +248,7 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
     # Every row is written below (zeros for blocks without keys), so the output starts
     # empty: a zero fill of fresh pages cost 1.3 of 30 ms (bf16 sliding window, T=4096).
     out = req.q.new_empty(req.q.shape[:-1] + req.v.shape[-1:])
+    scratch = Scratch()  # every masked call's bias in one buffer
     for g in range(len(ranges.lo)):
         sel = slice(g, g + 1) if per_sequence else slice(None)
         # split calls cut runs themselves: longer runs leave fewer short remainders
@@ -257,7 +258,7 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
                 out[sel, :, qs:qe] = 0
                 continue
             if _carries_mask(req, qs, hi, dense):
-                _masked_run(req, sel, run, out)
+                _masked_run(req, sel, run, out, scratch)
             else:
                 out[sel, :, qs:qe] = _fused_call(req, sel, qs, qe, run)
     return out
@@ -278,7 +279,9 @@ def _runs(
     return runs
 
 
-def _masked_run(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> None:
+def _masked_run(
+    req: AttentionRequest, sel: slice, run: tuple, out: Tensor, scratch: Scratch
+) -> None:
     """A run whose tiles carry a mask, in calls whose masks stay small.
 
     SDPA copies a boolean mask into a float bias of the call's size. Where it can, the run
@@ -288,7 +291,7 @@ def _masked_run(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> N
     """
     qs, qe, lo, hi, dense = run
     if _splittable(req):
-        _split_calls(req, sel, run, out)
+        _split_calls(req, sel, run, out, scratch)
         return
     rows = max(1, FUSED_MASK_BYTES // ((hi - lo) * req.q.element_size()))
     for a in range(qs, qe, rows):
@@ -296,7 +299,9 @@ def _masked_run(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> N
         out[sel, :, a:b] = _fused_call(req, sel, a, b, run)
 
 
-def _split_calls(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> None:
+def _split_calls(
+    req: AttentionRequest, sel: slice, run: tuple, out: Tensor, scratch: Scratch
+) -> None:
     """A masked run in calls of :data:`SPLIT_ROWS` x :data:`SPLIT_KEYS` scores to torch's
     CPU flash kernel, merged in place by their log-sum-exp (:class:`~.tiles.RunningMerge`).
 
@@ -313,7 +318,6 @@ def _split_calls(req: AttentionRequest, sel: slice, run: tuple, out: Tensor) -> 
     step = -(-(qe - qs) // max(1, (qe - qs) // rows))  # >= rows rows, if it can
     wide = torch.promote_types(out.dtype, torch.float32)  # half types merge in float32
     single = hi - lo <= keys  # one call per block of rows: no lse, no merge
-    scratch = Scratch()  # every call's bias in one buffer
     for a in range(qs, qe, step):
         b = min(a + step, qe)
         dst = out[sel, :, a:b]
