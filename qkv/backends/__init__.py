@@ -175,7 +175,8 @@ def _why_not(name: str, req: AttentionRequest) -> list[str]:
 
 
 def _chunked_is_faster(req: AttentionRequest) -> str | None:
-    """Why chunked beats SDPA on this CPU request (measured in ``qkv bench masks``), or None."""
+    """Why chunked beats SDPA on this CPU request, or None: faster (measured in ``qkv bench
+    masks``), or as fast without SDPA's float copy of a large boolean mask."""
     tq, tk = req.q.shape[-2], req.k.shape[-2]
     if req.mask is None or tq * tk < SKIP_MIN_SCORES:
         return None

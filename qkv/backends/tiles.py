@@ -155,16 +155,16 @@ class RunningMerge:
         self.first_lse: Tensor | None = None
 
     def add(self, out: Tensor, lse: Tensor) -> None:
+        lse = lse.to(torch.promote_types(lse.dtype, torch.float32))
         self.parts += 1
         if self.parts == 1:  # copied as it is; its weights wait for a second part
             self.acc.copy_(out)
             self.first_lse = lse
             return
         if self.parts == 2:  # the first part's weight: 1 (0 for rows it hides)
-            first = self.first_lse.to(torch.promote_types(self.first_lse.dtype, torch.float32))
+            first = self.first_lse
             self.ref = torch.where(torch.isinf(first), 0.0, first)
             self.w = (first - self.ref).exp_()
-        lse = lse.to(torch.promote_types(lse.dtype, torch.float32))
         gap = lse - self.ref  # -inf for rows this part hides: weight 0
         if bool(gap.amax() > self.RESCALE_ABOVE):
             top = torch.maximum(self.ref, lse)
