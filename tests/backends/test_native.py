@@ -1,0 +1,174 @@
+"""The C softmax kernel: against a float64 softmax, its layout checks, its build and cache."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+from qkv.backends import native
+from qkv.backends import weights as weights_module
+from tests.conftest import naive_attention
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        return " avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+needs_kernel = pytest.mark.skipif(
+    native.why_unavailable() is not None, reason=f"native kernel: {native.why_unavailable()}"
+)
+
+
+def _exact(s: torch.Tensor) -> torch.Tensor:
+    """float64 softmax with zeros for rows that see nothing."""
+    return native.softmax_rows_reference(s.double())
+
+
+@pytest.mark.skipif(
+    not (_cpu_has_avx512() and shutil.which("cc")), reason="needs AVX-512F and a C compiler"
+)
+def test_kernel_is_built_wherever_it_can_run():
+    """On a machine that can run it, a failed build must not pass silently as torch."""
+    assert native.why_unavailable() is None
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 300),
+    hidden=st.floats(0.0, 0.95),
+    spread=st.floats(0.1, 60.0),
+    offset=st.integers(0, 17),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_softmax_rows_into_matches_a_float64_softmax(rows, cols, hidden, spread, offset, threads,
+                                                     seed):  # fmt: skip
+    """Any width (the masked tail), any alignment of the result's rows (the streamed
+    middle starts at the first 64-byte boundary), hidden keys and whole hidden rows."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(rows, cols, generator=g) * spread
+    s[torch.rand(rows, cols, generator=g) < hidden] = float("-inf")
+    s[::7] = float("-inf")  # rows that see no key
+    backing = torch.full((rows, cols + offset + 3), 7.0)
+    dest = backing[:, offset : offset + cols]
+    src = s.clone()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert native.streams(s, dest)
+        assert native.softmax_rows_into(s, dest) is s
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(s, dest)
+    exact = _exact(src)
+    err = (dest.double() - exact).abs().max().item()
+    err_torch = (native.softmax_rows_reference(src).double() - exact).abs().max().item()
+    assert err <= 2 * err_torch + 1e-7
+    assert (dest[src == float("-inf")] == 0).all()
+    assert (backing[:, :offset] == 7).all() and (backing[:, offset + cols :] == 7).all()
+
+
+@needs_kernel
+def test_exponentials_hold_over_the_whole_float_range():
+    """Scores from -104 (exp underflows) to 88: every step of the range reduction."""
+    s = torch.linspace(-104.0, 0.0, 4096).view(4, 1024)
+    s[:, 0] = 0.0
+    s = torch.cat([s, s + 88.0])  # the same rows shifted: the kernel subtracts the max
+    dest = torch.empty_like(s)
+    got = native.softmax_rows_into(s.clone(), dest)
+    torch.testing.assert_close(got.double(), _exact(s), rtol=4e-6, atol=1e-30)
+
+
+@needs_kernel
+def test_nan_and_inf_propagate_as_in_torch():
+    s = torch.randn(4, 37)
+    s[0, 5] = float("nan")
+    s[1] = float("nan")  # no finite maximum at all: still NaN, not the zeros of a hidden row
+    s[2, 9] = float("inf")  # inf - inf
+    s[3] = float("-inf")
+    out = native.softmax_rows_into(s.clone(), torch.empty_like(s))
+    assert out[:3].isnan().all()
+    assert (out[3] == 0).all()
+
+
+def test_streams_only_where_the_layout_allows():
+    s = torch.randn(6, 32)
+    assert not native.streams(s.double(), s.double().clone())
+    assert not native.streams(s, s[:, :16].clone())  # shapes differ
+    assert not native.streams(s, s)  # the same memory
+    assert not native.streams(s[:, :16], s[:, 16:])  # rows interleaved in one buffer
+    assert not native.streams(s.t(), s.t().clone())  # rows not contiguous
+    assert not native.streams(s[:1].expand(6, 32), torch.empty(6, 32))  # rows overlap
+    assert not native.streams(s.view(2, 3, 32)[:, ::2], torch.empty(2, 2, 32))  # no grid
+    with pytest.raises(ValueError, match="float32 CPU rows"):
+        native.softmax_rows_into(s, s)
+
+
+def test_a_build_is_cached_and_written_atomically(tmp_path, monkeypatch):
+    compiler = shutil.which("cc") or pytest.skip("needs a C compiler")
+    first = native.build(compiler, tmp_path)
+    assert first.exists() and [p.name for p in tmp_path.iterdir()] == [first.name]
+    calls = []
+    real_run = subprocess.run
+    monkeypatch.setattr(
+        native.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or real_run(cmd, **kw)
+    )
+    assert native.build(compiler, tmp_path) == first
+    assert calls == [[compiler, "--version"]]  # no second compile
+
+
+def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo fake 1.0 && exit 0\n"
+                    "echo 'softmax_rows.c:1: no such compiler' >&2\nexit 1\n")  # fmt: skip
+    fake.chmod(0o755)
+    out = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="no such compiler"):
+        native.build(str(fake), out)
+    assert list(out.iterdir()) == []
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("QKV_NATIVE", "0")
+    native._load.cache_clear()
+    try:
+        assert native.why_unavailable() == "turned off by QKV_NATIVE=0"
+        assert not native.streams(torch.randn(2, 8), torch.empty(2, 8))
+    finally:
+        monkeypatch.delenv("QKV_NATIVE")
+        native._load.cache_clear()
+
+
+@needs_kernel
+def test_blocked_weights_stream_through_the_kernel(monkeypatch):
+    """The per-block path of the weights calls the kernel, and the probabilities it
+    leaves in the scratch block give the same output as the weights it returns."""
+    monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the per-pair loop
+    monkeypatch.setattr(weights_module, "ROW_BLOCK_ELEMENTS", 5 * 67)  # 5 rows per block
+    used = []
+    real = native.softmax_rows_into
+    monkeypatch.setattr(
+        native, "softmax_rows_into", lambda s, d: used.append(s.shape) or real(s, d)
+    )
+    q = torch.randn(2, 3, 23, 16)
+    k, v = (torch.randn(2, 3, 67, 16) for _ in range(2))
+    mask = torch.rand(2, 1, 23, 67) > 0.5
+    mask[0, 0, 4] = False  # a row that sees nothing
+    out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
+    assert len(used) == 2 * 3 * 5  # every block of every (batch, head) pair
+    ref_out, ref_w = naive_attention(q.double(), k.double(), v.double(), mask)
+    torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    assert (w[0, :, 4] == 0).all() and (out[0, :, 4] == 0).all()
