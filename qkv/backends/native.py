@@ -56,14 +56,15 @@ def softmax_rows_reference(s: Tensor) -> Tensor:
 
 def streams(s: Tensor, dest: Tensor) -> bool:
     """Whether :func:`softmax_rows_into` serves this pair: float32 CPU tensors of the same
-    shape, rows contiguous in both, no shared memory, and the kernel built here."""
+    shape, rows contiguous in both and laid out as grids of evenly spaced rows (any slice
+    of rows of a contiguous tensor is), no shared memory, and the kernel built here."""
     return (
         s.dtype == dest.dtype == torch.float32
         and s.device.type == dest.device.type == "cpu"
         and s.shape == dest.shape
         and s.dim() >= 1
-        and _row_stride(s) is not None
-        and _row_stride(dest) is not None
+        and _grids(s) is not None
+        and _grids(dest) is not None
         and not _overlap(s, dest)
         and why_unavailable() is None
     )
@@ -74,13 +75,14 @@ def softmax_rows_into(s: Tensor, dest: Tensor) -> Tensor:
     (non-temporal stores); returns ``s``. Requires :func:`streams` to be true."""
     if not streams(s, dest):
         raise ValueError("softmax_rows_into: needs float32 CPU rows, contiguous, apart")
-    n = s.shape[-1]
-    rows = s.numel() // max(n, 1)
-    if rows == 0 or n == 0:
+    if s.numel() == 0:
         return s
-    args = (s.data_ptr(), _row_stride(s), dest.data_ptr(), _row_stride(dest))
-    threads = min(torch.get_num_threads(), max(1, rows // MIN_ROWS_PER_THREAD))
-    _library().qkv_softmax_rows(*args, rows, n, threads)
+    (outer, rows, so, sr), (_, _, do, dr) = _grids(s), _grids(dest)
+    threads = min(torch.get_num_threads(), max(1, outer * rows // MIN_ROWS_PER_THREAD))
+    n = s.shape[-1]
+    _library().qkv_softmax_rows(
+        s.data_ptr(), so, sr, dest.data_ptr(), do, dr, outer, rows, n, threads
+    )
     return s
 
 
@@ -113,7 +115,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, "this CPU has no AVX-512F"
     lib.qkv_softmax_rows.restype = None
     lib.qkv_softmax_rows.argtypes = (
-        [ctypes.c_void_p, ctypes.c_long] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int]
+        [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] * 2 + [ctypes.c_long] * 3 + [ctypes.c_int]
     )
     return lib, None
 
@@ -150,19 +152,23 @@ def _cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "qkv" / "native"
 
 
-def _row_stride(t: Tensor) -> int | None:
-    """The step between consecutive rows of ``t`` seen as one 2-d grid of rows, each
-    contiguous and none overlapping the next; ``None`` when its layout is not that."""
+def _grids(t: Tensor) -> tuple[int, int, int, int] | None:
+    """``t`` as ``outer`` grids of ``rows`` rows: ``(outer, rows, grid stride, row
+    stride)``, each row contiguous and nothing overlapping; ``None`` for other layouts."""
     n = t.shape[-1]
     if t.numel() == 0:
-        return n
+        return 0, 0, 0, 0
     if n > 1 and t.stride(-1) != 1:
         return None
     try:
-        grid = t.view(-1, n)
+        g = t.view(-1, *t.shape[-2:]) if t.dim() >= 2 else t.view(1, 1, n)
     except RuntimeError:
         return None
-    return grid.stride(0) if grid.shape[0] == 1 or grid.stride(0) >= n else None
+    outer, rows, _ = g.shape
+    so, sr = g.stride(0), g.stride(1)
+    rows_apart = rows == 1 or sr >= n
+    grids_apart = outer == 1 or so >= (rows - 1) * sr + n
+    return (outer, rows, so, sr) if rows_apart and grids_apart else None
 
 
 def _overlap(a: Tensor, b: Tensor) -> bool:
@@ -171,5 +177,7 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
         last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
         return start, start + (last + 1) * t.element_size()
 
+    if a.numel() == 0 or b.numel() == 0:
+        return False
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1

@@ -94,14 +94,16 @@ static inline AVX512 void scale_both(float *x, float *y, long n, float c) {
     }
 }
 
-/* Rows [0, rows) of s (row stride ss) become their softmax, also written to d (stride
- * ds), split among `threads` OpenMP threads. Built with -fopenmp, this links the libgomp
- * that torch has loaded already (same soname), so the threads are torch's own. */
-AVX512 void qkv_softmax_rows(float *s, long ss, float *d, long ds, long rows, long n,
-                             int threads) {
+/* Each row of s becomes its softmax, also written to d. Both hold `outer` grids of `rows`
+ * rows of n floats (s: grid stride so, row stride sr; d: do_, dr). The rows are split
+ * among `threads` OpenMP threads. Built with -fopenmp, this links the libgomp that torch
+ * has loaded already (same soname), so the threads are torch's own. */
+AVX512 void qkv_softmax_rows(float *s, long so, long sr, float *d, long do_, long dr,
+                             long outer, long rows, long n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (long i = 0; i < rows; i++) {
-        float *x = s + i * ss, *y = d + i * ds;
+    for (long k = 0; k < outer * rows; k++) {
+        float *x = s + (k / rows) * so + (k % rows) * sr;
+        float *y = d + (k / rows) * do_ + (k % rows) * dr;
         float m = row_max(x, n);
         if (m == -INFINITY) {  /* no visible key: zeros, not NaN (unless a score is NaN) */
             float fill = 0.0f;

@@ -95,19 +95,20 @@ def attention_weights(
 
 def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) -> None:
     """Write ``weights`` (and ``out`` unless ``None``) for query rows from ``r0``, one
-    block of rows of one (batch, head) pair at a time (all at once when they are few)."""
+    block of rows of a sequence's few heads (:func:`_units`) at a time (all at once when
+    they are few)."""
     q, k, v, mask, lse = qkvml
     tq, tk = req.q.shape[-2], weights.shape[-1]
     direct = weights.dtype == compute and not req.requires_grad  # no copies, no temporaries
     may_hide_rows = req.mask is not None or (req.causal and tq > tk)  # rows with no key
     whole = weights.numel() <= SMALL_ELEMENTS
-    units = [(slice(None), slice(None))] if whole else _pairs(*weights.shape[:2])
+    units = [(slice(None), slice(None))] if whole else _units(*weights.shape[:2])
     n_rows = weights.shape[2]
     step = n_rows if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
     scratch = Scratch()  # one block of scores, reused: no fresh pages per block
-    # One head's keys and values, contiguous: a projection's views are strided, and the
+    # A unit's keys and values, contiguous: a projection's views are strided, and the
     # matrix products would gather them again for every block of rows (1.6x slower). Without
-    # autograd each pair's copies reuse the last pair's memory (no fresh pages per head).
+    # autograd each unit's copies reuse the last unit's memory (no fresh pages per head).
     heads_k, heads_v = (Scratch(), Scratch()) if direct else (None, None)
     for bs, hs in units:
         mb = None if mask is None else mask[_sel(mask, 0, bs), _sel(mask, 1, hs)]
@@ -192,8 +193,13 @@ def _take(t: Tensor, heads: slice | Tensor) -> Tensor:
     return t[:, heads] if isinstance(heads, slice) else t.index_select(1, heads)
 
 
-def _pairs(b: int, h: int) -> list[tuple[slice, slice]]:
-    return [(slice(i, i + 1), slice(j, j + 1)) for i in range(b) for j in range(h)]
+def _units(b: int, h: int) -> list[tuple[slice, slice]]:
+    """(batch, heads) slices that the loop serves one at a time: a sequence and as many
+    heads as torch has threads, so each batched product gives every thread a whole head.
+    Measured at T=2048 on two threads, all weights: 196 against 211 ms one head at a time
+    (four heads 212, eight 254); on one thread, one head (the same time as two)."""
+    group = max(1, min(h, torch.get_num_threads()))
+    return [(slice(i, i + 1), slice(j, j + group)) for i in range(b) for j in range(0, h, group)]
 
 
 def _sel(mask: Tensor, dim: int, want: slice) -> slice:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -45,24 +46,27 @@ def test_kernel_is_built_wherever_it_can_run():
 @needs_kernel
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.integers(1, 40),
+    outer=st.integers(1, 3),
+    rows=st.integers(1, 30),
     cols=st.integers(1, 300),
     hidden=st.floats(0.0, 0.95),
     spread=st.floats(0.1, 60.0),
     offset=st.integers(0, 17),
+    first_row=st.integers(0, 2),
     threads=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_softmax_rows_into_matches_a_float64_softmax(rows, cols, hidden, spread, offset, threads,
-                                                     seed):  # fmt: skip
+def test_softmax_rows_into_matches_a_float64_softmax(outer, rows, cols, hidden, spread, offset,
+                                                     first_row, threads, seed):  # fmt: skip
     """Any width (the masked tail), any alignment of the result's rows (the streamed
-    middle starts at the first 64-byte boundary), hidden keys and whole hidden rows."""
+    middle starts at the first 64-byte boundary), a block of rows cut from several grids
+    (as a block of rows of several heads is), hidden keys and whole hidden rows."""
     g = torch.Generator().manual_seed(seed)
-    s = torch.randn(rows, cols, generator=g) * spread
-    s[torch.rand(rows, cols, generator=g) < hidden] = float("-inf")
-    s[::7] = float("-inf")  # rows that see no key
-    backing = torch.full((rows, cols + offset + 3), 7.0)
-    dest = backing[:, offset : offset + cols]
+    s = torch.randn(outer, rows, cols, generator=g) * spread
+    s[torch.rand(outer, rows, cols, generator=g) < hidden] = float("-inf")
+    s[:, ::7] = float("-inf")  # rows that see no key
+    backing = torch.full((outer, rows + 3, cols + offset + 3), 7.0)
+    dest = backing[:, first_row : first_row + rows, offset : offset + cols]
     src = s.clone()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -77,7 +81,9 @@ def test_softmax_rows_into_matches_a_float64_softmax(rows, cols, hidden, spread,
     err_torch = (native.softmax_rows_reference(src).double() - exact).abs().max().item()
     assert err <= 2 * err_torch + 1e-7
     assert (dest[src == float("-inf")] == 0).all()
-    assert (backing[:, :offset] == 7).all() and (backing[:, offset + cols :] == 7).all()
+    untouched = torch.ones_like(backing, dtype=torch.bool)
+    untouched[:, first_row : first_row + rows, offset : offset + cols] = False
+    assert (backing[untouched] == 7).all()
 
 
 @needs_kernel
@@ -111,7 +117,10 @@ def test_streams_only_where_the_layout_allows():
     assert not native.streams(s[:, :16], s[:, 16:])  # rows interleaved in one buffer
     assert not native.streams(s.t(), s.t().clone())  # rows not contiguous
     assert not native.streams(s[:1].expand(6, 32), torch.empty(6, 32))  # rows overlap
-    assert not native.streams(s.view(2, 3, 32)[:, ::2], torch.empty(2, 2, 32))  # no grid
+    assert not native.streams(s.view(2, 3, 32).transpose(0, 1), torch.empty(3, 2, 32))  # grids
+    grids = torch.randn(2, 3, 4, 32)[:, :2]  # no one stride from grid to grid
+    assert not native.streams(grids, torch.empty_like(grids))
+    assert native.streams(torch.randn(0, 5), torch.empty(0, 5))
     with pytest.raises(ValueError, match="float32 CPU rows"):
         native.softmax_rows_into(s, s)
 
@@ -152,9 +161,11 @@ def test_turned_off_by_the_environment(monkeypatch):
 
 
 @needs_kernel
-def test_blocked_weights_stream_through_the_kernel(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_blocked_weights_stream_through_the_kernel(monkeypatch, threads):
     """The per-block path of the weights calls the kernel, and the probabilities it
-    leaves in the scratch block give the same output as the weights it returns."""
+    leaves in the scratch block give the same output as the weights it returns; with
+    threads, each block holds rows of several heads (3 heads: a last unit of 1 or 2)."""
     monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the per-pair loop
     monkeypatch.setattr(weights_module, "ROW_BLOCK_ELEMENTS", 5 * 67)  # 5 rows per block
     used = []
@@ -166,8 +177,13 @@ def test_blocked_weights_stream_through_the_kernel(monkeypatch):
     k, v = (torch.randn(2, 3, 67, 16) for _ in range(2))
     mask = torch.rand(2, 1, 23, 67) > 0.5
     mask[0, 0, 4] = False  # a row that sees nothing
-    out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
-    assert len(used) == 2 * 3 * 5  # every block of every (batch, head) pair
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
+    finally:
+        torch.set_num_threads(before)
+    assert sum(math.prod(shape) for shape in used) == w.numel()  # every weight, once
     ref_out, ref_w = naive_attention(q.double(), k.double(), v.double(), mask)
     torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
