@@ -182,7 +182,7 @@ def _chunked_is_faster(req: AttentionRequest) -> str | None:
         return None
     if req.q.device.type != "cpu" or req.requires_grad:
         return None
-    from qkv.backends.chunked import key_ranges
+    from qkv.backends.ranges import key_ranges
 
     if req.mask.dtype != torch.bool and req.mask.shape[1] > 1:
         return "chunked hands a per-head float mask to SDPA one block at a time (faster)"

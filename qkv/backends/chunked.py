@@ -17,16 +17,15 @@ log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile 
 
 - **Visible key ranges.** Before any arithmetic, the mask (causal, sliding window, key
   padding, documents, any boolean or ``-inf`` pattern) is reduced to one key range
-  ``[lo, hi)`` per block of queries (:func:`key_ranges`); keys outside it are never
+  ``[lo, hi)`` per block of queries (:mod:`qkv.backends.ranges`); keys outside it are never
   touched. A banded mask therefore costs what its visible area costs, as with
   FlexAttention's block masks. A mask that differs per sequence gets ranges per sequence.
 - **A fused kernel inside each range.** Without the lse, every query block hands its range
   to torch's fused SDPA kernel (:func:`fused_blocks`), whose mask temporaries are then one
-  block in size instead of ``Tq x Tk``. Where a mask must go along, the range goes in
-  calls of about 224 x 512 scores to torch's CPU flash kernel, which returns each call's
-  lse, and the calls are merged in place (:func:`_masked_run`), each call's bias in one
-  reused buffer: a random boolean mask at T=2048 then takes 0.98x SDPA's time (one
-  thread) with a quarter of its memory.
+  block in size instead of ``Tq x Tk``. Where a mask must go along (:func:`_masked_run`):
+  in float32, whole rows of scores with the mask read by one C softmax pass
+  (:mod:`qkv.backends.rows`); else calls of about 224 x 512 scores to torch's CPU flash
+  kernel, merged in place by the lse each returns, each call's bias in one reused buffer.
 - **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
   once as fit in :data:`TILE_ELEMENTS` scores (usually the whole range: no rescaling),
   adds masks as ``0 / -inf`` biases, and applies the causal mask to diagonal columns only.
@@ -37,21 +36,20 @@ Weights, when asked for, are recomputed block by block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from qkv.backends import rows as rows_path
 from qkv.backends.base import (
     AttentionRequest,
     AttentionResult,
     Backend,
     Scratch,
-    any_visible,
     as_bias,
     restrict,
     visible_rows,
 )
+from qkv.backends.ranges import BLOCK_Q, KeyRanges, key_ranges
 from qkv.backends.tiles import (
     RunningMerge,
     grouped,
@@ -63,7 +61,6 @@ from qkv.backends.weights import attention_weights
 
 __all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 
-BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
 FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 151 vs 156 ms)
 # Masked calls: the float copy of the mask is most of the memory beside the output. Split
@@ -80,72 +77,6 @@ SPLIT_ROWS, SPLIT_KEYS = 224, 512
 FUSED_MASK_BYTES = 512 << 10
 MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
-
-
-@dataclass
-class KeyRanges:
-    """Visible keys of every query block: ``lo[g][i] <= key < hi[g][i]``.
-
-    ``g`` runs over the sequences when the mask differs between them (one entry
-    otherwise); ``dense[g][i]`` is true when every key in the range is visible to every
-    row of the block, so the tile needs no mask.
-    """
-
-    block_q: int
-    lo: list[list[int]]
-    hi: list[list[int]]
-    dense: list[list[bool]]
-
-    def visible_share(self, tq: int, tk: int) -> float:
-        """The share of the ``Tq x Tk`` scores that lie inside the ranges."""
-        inside = 0
-        for lo, hi in zip(self.lo, self.hi):
-            for i, (a, b) in enumerate(zip(lo, hi)):
-                inside += (min((i + 1) * self.block_q, tq) - i * self.block_q) * max(b - a, 0)
-        return inside / (len(self.lo) * tq * tk)
-
-
-def key_ranges(req: AttentionRequest, block_q: int = BLOCK_Q) -> KeyRanges:
-    """Reduce the mask (user mask and causal) to a visible key range per query block.
-
-    The mask is read one query block at a time, so no mask-sized temporary is made.
-    """
-    tq, tk = req.q.shape[-2], req.k.shape[-2]
-    nq = -(-tq // block_q)
-    mask = req.mask
-    out = KeyRanges(block_q, [], [], [])
-    for b in range(1 if mask is None else mask.shape[0]):  # per sequence if the mask is
-        lo, hi, dense = [0] * nq, [tk] * nq, [True] * nq
-        if mask is not None and mask.shape[2] == 1:  # the same keys for every query row
-            lo, hi, dense = (list(x) for x in zip(*[_block_range(mask[b], tk)] * nq))
-        elif mask is not None:
-            for i in range(nq):
-                rows = mask[b, :, i * block_q : (i + 1) * block_q]
-                lo[i], hi[i], dense[i] = _block_range(rows, tk)
-        if req.causal:
-            for i in range(nq):
-                last = min(tk, min((i + 1) * block_q, tq) + tk - tq)  # the block's last row
-                hi[i] = max(min(hi[i], last), 0)
-        out.lo.append(lo)
-        out.hi.append(hi)
-        out.dense.append(dense)
-    return out
-
-
-def _block_range(block: Tensor, tk: int) -> tuple[int, int, bool]:
-    """``(lo, hi, dense)`` of one query block's mask ``(H?, rows?, Tk?)``.
-
-    A key is in range if any head and row sees it; dense means every head and row sees
-    every key in range (only for boolean masks: a float mask is always added).
-    """
-    visible = block if block.dtype == torch.bool else block > float("-inf")
-    cols = any_visible(visible, (0, 1)).expand(tk)
-    seen = cols.nonzero()  # one device sync per block
-    if len(seen) == 0:
-        return 0, 0, True
-    lo, hi = int(seen[0]), int(seen[-1]) + 1
-    keys = visible[..., lo:hi] if visible.shape[-1] > 1 else visible
-    return lo, hi, block.dtype == torch.bool and bool(keys.view(torch.uint8).amin())
 
 
 def _softmax_tile(s: Tensor, v: Tensor, state, inplace: bool):
@@ -290,6 +221,9 @@ def _masked_run(
     at most :data:`FUSED_MASK_BYTES` of bias.
     """
     qs, qe, lo, hi, dense = run
+    if rows_path.serves(req):  # float32 without autograd: whole rows, one C softmax pass
+        rows_path.masked_rows(req, sel, run, out, scratch)
+        return
     if _splittable(req):
         _split_calls(req, sel, run, out, scratch)
         return

@@ -39,51 +39,83 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["softmax_rows_into", "softmax_rows_reference", "streams", "why_unavailable"]
+__all__ = ["softmax_rows", "softmax_rows_reference", "supports", "why_unavailable"]
 
 SOURCE = Path(__file__).with_name("softmax_rows.c")
 FLAGS = ["-O2", "-shared", "-fPIC", "-fopenmp"]
 MIN_ROWS_PER_THREAD = 16  # fewer rows than this per thread: one thread does them all
 
 
-def softmax_rows_reference(s: Tensor) -> Tensor:
-    """What :func:`softmax_rows_into` computes: the softmax of each row, zeros for rows
-    whose every score is ``-inf``."""
-    p = torch.softmax(s, dim=-1)
-    empty = (s == float("-inf")).all(dim=-1, keepdim=True)
-    return p.masked_fill(empty, 0.0)
+def softmax_rows_reference(
+    s: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, scale: float = 1.0,
+    seen0: int | None = None,
+) -> Tensor:  # fmt: skip
+    """What :func:`softmax_rows` computes, in torch: the softmax of ``s * scale + bias``
+    over the last dimension with keys hidden where ``mask`` is False and, given
+    ``seen0``, every key from ``seen0 + r`` on in row ``r``; zeros for a row that sees no
+    key."""
+    x = s * scale if bias is None else s * scale + bias
+    hidden = torch.zeros(x.shape, dtype=torch.bool) if mask is None else ~mask.expand(x.shape)
+    if seen0 is not None:
+        rows, keys = torch.arange(x.shape[-2]).unsqueeze(1), torch.arange(x.shape[-1])
+        hidden = hidden | (keys >= seen0 + rows)
+    x = x.masked_fill(hidden, float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    return p.masked_fill((x == float("-inf")).all(dim=-1, keepdim=True), 0.0)
 
 
-def streams(s: Tensor, dest: Tensor) -> bool:
-    """Whether :func:`softmax_rows_into` serves this pair: float32 CPU tensors of the same
-    shape, rows contiguous in both and laid out as grids of evenly spaced rows (any slice
-    of rows of a contiguous tensor is), no shared memory, and the kernel built here."""
-    return (
-        s.dtype == dest.dtype == torch.float32
-        and s.device.type == dest.device.type == "cpu"
-        and s.shape == dest.shape
-        and s.dim() >= 1
-        and _grids(s) is not None
-        and _grids(dest) is not None
-        and not _overlap(s, dest)
-        and why_unavailable() is None
-    )
+def supports(s: Tensor, dest: Tensor | None = None, mask: Tensor | None = None,
+             bias: Tensor | None = None) -> bool:  # fmt: skip
+    """Whether :func:`softmax_rows` serves these tensors: float32 CPU scores whose rows
+    are contiguous and laid out as grids of evenly spaced rows (any slice of rows of a
+    contiguous tensor is); ``dest`` alike, of the same shape, apart from ``s``; a boolean
+    ``mask`` and a float32 ``bias`` that broadcast to ``s`` with contiguous keys; and the
+    kernel built here."""
+    return _layout(s, dest, mask, bias) is not None and why_unavailable() is None
 
 
-def softmax_rows_into(s: Tensor, dest: Tensor) -> Tensor:
-    """Softmax over the last dimension of ``s``, written into ``s`` and into ``dest``
-    (non-temporal stores); returns ``s``. Requires :func:`streams` to be true."""
-    if not streams(s, dest):
-        raise ValueError("softmax_rows_into: needs float32 CPU rows, contiguous, apart")
+def softmax_rows(
+    s: Tensor, dest: Tensor | None = None, mask: Tensor | None = None,
+    bias: Tensor | None = None, scale: float = 1.0, seen0: int | None = None,
+) -> Tensor:  # fmt: skip
+    """:func:`softmax_rows_reference` in place: ``s`` (``(..., rows, keys)``) becomes the
+    probabilities, and ``dest`` (unless ``None``) receives them too through non-temporal
+    stores; returns ``s``. Requires :func:`supports`."""
+    layout = _layout(s, dest, mask, bias)
+    if layout is None or why_unavailable() is not None:
+        raise ValueError("softmax_rows: needs float32 CPU rows, contiguous, apart")
     if s.numel() == 0:
         return s
-    (outer, rows, so, sr), (_, _, do, dr) = _grids(s), _grids(dest)
+    (outer, rows, _, _), n = _grids(s), s.shape[-1]
     threads = min(torch.get_num_threads(), max(1, outer * rows // MIN_ROWS_PER_THREAD))
-    n = s.shape[-1]
-    _library().qkv_softmax_rows(
-        s.data_ptr(), so, sr, dest.data_ptr(), do, dr, outer, rows, n, threads
-    )
+    seen = n if seen0 is None else min(seen0, n)  # row r sees its first seen + r keys
+    _library().qkv_softmax_rows(*layout, outer, rows, n, float(scale), seen, threads)
     return s
+
+
+def _layout(s: Tensor, dest, mask, bias) -> list | None:
+    """The kernel's first twelve arguments (address, grid and row stride of ``s``,
+    ``dest``, ``mask`` and ``bias``), or ``None`` when :func:`softmax_rows` cannot take
+    these tensors (see :func:`supports`)."""
+    g = _grids(s) if s.dtype == torch.float32 and s.device.type == "cpu" and s.dim() >= 2 else None
+    if g is None:
+        return None
+    args = [s.data_ptr(), g[2], g[3]]
+    for t, kind in ((dest, "result"), (mask, torch.bool), (bias, torch.float32)):
+        if t is None:
+            args += [None, 0, 0]
+            continue
+        if t.device != s.device:
+            return None
+        if kind == "result":  # written: a grid of its own, apart from s
+            fits = t.dtype == s.dtype and t.shape == s.shape and not _overlap(s, t)
+            g = _grids(t) if fits else None
+        else:  # read only: broadcast to s
+            g = _grids(t, s.shape) if t.dtype == kind else None
+        if g is None:
+            return None
+        args += [t.data_ptr(), g[2], g[3]]
+    return args
 
 
 def why_unavailable() -> str | None:
@@ -114,9 +146,10 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     if not lib.qkv_cpu_ok():
         return None, "this CPU has no AVX-512F"
     lib.qkv_softmax_rows.restype = None
-    lib.qkv_softmax_rows.argtypes = (
-        [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] * 2 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    )
+    grid = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # address, grid and row strides
+    lib.qkv_softmax_rows.argtypes = grid * 4 + [ctypes.c_long] * 3 + [
+        ctypes.c_float, ctypes.c_long, ctypes.c_int,
+    ]  # fmt: skip
     return lib, None
 
 
@@ -152,20 +185,29 @@ def _cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "qkv" / "native"
 
 
-def _grids(t: Tensor) -> tuple[int, int, int, int] | None:
-    """``t`` as ``outer`` grids of ``rows`` rows: ``(outer, rows, grid stride, row
-    stride)``, each row contiguous and nothing overlapping; ``None`` for other layouts."""
+def _grids(t: Tensor, shape: torch.Size | None = None) -> tuple[int, int, int, int] | None:
+    """``t`` (broadcast to ``shape`` when given: a read-only input) as ``outer`` grids of
+    ``rows`` rows: ``(outer, rows, grid stride, row stride)``, the keys of each row
+    contiguous; ``None`` for other layouts. Without ``shape``, rows and grids must not
+    overlap (the kernel writes them)."""
+    if shape is not None:
+        try:
+            t = t.expand(shape)
+        except RuntimeError:
+            return None
     n = t.shape[-1]
     if t.numel() == 0:
         return 0, 0, 0, 0
     if n > 1 and t.stride(-1) != 1:
         return None
     try:
-        g = t.view(-1, *t.shape[-2:]) if t.dim() >= 2 else t.view(1, 1, n)
+        g = t.view(-1, *t.shape[-2:])
     except RuntimeError:
         return None
     outer, rows, _ = g.shape
     so, sr = g.stride(0), g.stride(1)
+    if shape is not None:
+        return outer, rows, so, sr
     rows_apart = rows == 1 or sr >= n
     grids_apart = outer == 1 or so >= (rows - 1) * sr + n
     return (outer, rows, so, sr) if rows_apart and grids_apart else None

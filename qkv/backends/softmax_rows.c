@@ -1,15 +1,18 @@
-/* Row softmax for attention weights, written twice in one pass: back into the scores
- * (where the product P V reads it next, from cache) and into the caller's result with
- * non-temporal stores (the weights are kept, not read again soon, so each cache line is
- * written to memory without first being fetched).
+/* Row softmax for attention, in place over a block of scores, with what torch needs
+ * several passes for folded into one: the scale, a boolean mask (read as bytes, never
+ * made into a float bias), a float bias, a causal limit, and a second copy of the result
+ * written with non-temporal stores (attention weights that the caller keeps: each cache
+ * line goes to memory without first being fetched).
  *
- * Reference: torch.softmax(s, -1), with zeros for a row whose every score is -inf.
+ * Reference: torch.softmax(s * scale + bias, -1) with hidden scores at -inf and zeros for
+ * a row that sees no key (qkv/backends/native.py, softmax_rows_reference).
  * Built by qkv/backends/native.py with the system C compiler and called through ctypes.
  * The kernel needs AVX-512F; qkv_cpu_ok() tells the caller whether this CPU has it.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define AVX512 __attribute__((target("avx512f")))
 
@@ -20,8 +23,10 @@ int qkv_cpu_ok(void) {
 
 /* exp(x) for 16 floats: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact
  * product), exp(r) from a degree-7 polynomial (Cephes' expf coefficients), times 2^n.
- * About 1 ulp. exp(-inf) = 0 (x is clamped to -104, below the smallest denormal),
- * NaN stays NaN (max_ps returns its second operand when either is NaN). */
+ * About 1 ulp. Results below the smallest normal float (x < -87.33, 1.2e-38) are zero:
+ * making a denormal costs a microcode assist of ~100 cycles, and every hidden key (-inf)
+ * would pay it (a random mask ran 15x slower). NaN stays NaN (max_ps returns its second
+ * operand when either is NaN, and the comparison keeps NaN lanes). */
 static inline AVX512 __m512 exp16(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -35,10 +40,39 @@ static inline AVX512 __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-    return _mm512_scalef_ps(_mm512_add_ps(p, _mm512_set1_ps(1.0f)), n);
+    __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_NLT_UQ);
+    return _mm512_maskz_scalef_ps(normal, _mm512_add_ps(p, _mm512_set1_ps(1.0f)), n);
 }
 
 static inline __mmask16 first(long n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* Keys visible among the next min(16, left) mask bytes (nonzero = may attend). */
+static inline AVX512 __mmask16 visible16(const uint8_t *m, long left) {
+    __m128i bytes;
+    if (left >= 16) {
+        bytes = _mm_loadu_si128((const __m128i *)m);
+    } else {  /* never read past the mask's end */
+        uint8_t tail[16] = {0};
+        memcpy(tail, m, (size_t)left);
+        bytes = _mm_loadu_si128((const __m128i *)tail);
+    }
+    __m512i v = _mm512_cvtepu8_epi32(bytes);
+    return _mm512_test_epi32_mask(v, v);
+}
+
+/* x <- x * scale + bias, -inf where the mask hides a key; returns the maximum. */
+static inline AVX512 float prepare(float *x, const uint8_t *m, const float *b, long n, float c) {
+    __m512 vc = _mm512_set1_ps(c), ninf = _mm512_set1_ps(-INFINITY), mx = ninf;
+    for (long j = 0; j < n; j += 16) {
+        __mmask16 k = first(n - j);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), vc);
+        if (b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, b + j));
+        if (m) v = _mm512_mask_mov_ps(ninf, visible16(m + j, n - j), v);
+        _mm512_mask_storeu_ps(x + j, k, v);
+        mx = _mm512_mask_max_ps(mx, k, v, mx);
+    }
+    return _mm512_reduce_max_ps(mx);
+}
 
 static inline AVX512 float row_max(const float *x, long n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
@@ -66,11 +100,11 @@ static inline AVX512 float exp_shifted(float *x, long n, float m) {
     return _mm512_reduce_add_ps(sum);
 }
 
-/* x <- x * c and y <- x * c; y streamed where it is 64-byte aligned. */
+/* x <- x * c and, unless y is NULL, y <- x * c, streamed where y is 64-byte aligned. */
 static inline AVX512 void scale_both(float *x, float *y, long n, float c) {
     __m512 vc = _mm512_set1_ps(c);
     long j = 0;
-    if ((uintptr_t)y % 4 == 0) {  /* up to the first 64-byte boundary of y: masked stores */
+    if (y && (uintptr_t)y % 4 == 0) {  /* up to the first 64-byte boundary: masked stores */
         long head = (long)((64 - (uintptr_t)y % 64) % 64 / 4);
         head = head < n ? head : n;
         if (head) {
@@ -90,28 +124,47 @@ static inline AVX512 void scale_both(float *x, float *y, long n, float c) {
         __mmask16 k = first(n - j);
         __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), vc);
         _mm512_mask_storeu_ps(x + j, k, p);
-        _mm512_mask_storeu_ps(y + j, k, p);
+        if (y) _mm512_mask_storeu_ps(y + j, k, p);
     }
 }
 
-/* Each row of s becomes its softmax, also written to d. Both hold `outer` grids of `rows`
- * rows of n floats (s: grid stride so, row stride sr; d: do_, dr). The rows are split
- * among `threads` OpenMP threads. Built with -fopenmp, this links the libgomp that torch
- * has loaded already (same soname), so the threads are torch's own. */
+/* One row: n scores, of which the first `seen` may be visible (the rest are causal). */
+static inline AVX512 void softmax_row(float *x, float *y, const uint8_t *m, const float *b,
+                                      long n, long seen, float c) {
+    float mx = (m || b || c != 1.0f) ? prepare(x, m, b, seen, c) : row_max(x, seen);
+    if (mx == -INFINITY) {  /* no visible key: zeros, not NaN (unless a score is NaN) */
+        float fill = 0.0f;
+        for (long j = 0; j < seen; j++) fill = x[j] != x[j] ? x[j] : fill;
+        for (long j = 0; j < seen; j++) x[j] = fill;
+        if (y)
+            for (long j = 0; j < seen; j++) y[j] = fill;
+    } else {
+        scale_both(x, y, seen, 1.0f / exp_shifted(x, seen, mx));
+    }
+    for (long j = seen; j < n; j++) x[j] = 0.0f;
+    if (y)
+        for (long j = seen; j < n; j++) y[j] = 0.0f;
+}
+
+/* Each row of `outer` grids of `rows` rows of n scores becomes its softmax. A tensor's
+ * element (g, r, j) is at p[g * (grid stride) + r * (row stride) + j]:
+ *   s (so, sr): the scores, in place;   d (do_, dr): a streamed copy of the result, or NULL;
+ *   m (mo, mr): a boolean mask, or NULL; b (bo, br): a float bias, or NULL (strides of 0
+ *   broadcast them); scale: multiplies the scores first; row r sees at most its first
+ *   seen0 + r keys (a causal limit; seen0 >= n: none).
+ * The rows are split among `threads` OpenMP threads. Built with -fopenmp, this links the
+ * libgomp that torch has loaded already (same soname), so the threads are torch's own. */
 AVX512 void qkv_softmax_rows(float *s, long so, long sr, float *d, long do_, long dr,
-                             long outer, long rows, long n, int threads) {
+                             const uint8_t *m, long mo, long mr, const float *b, long bo,
+                             long br, long outer, long rows, long n, float scale, long seen0,
+                             int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (long k = 0; k < outer * rows; k++) {
-        float *x = s + (k / rows) * so + (k % rows) * sr;
-        float *y = d + (k / rows) * do_ + (k % rows) * dr;
-        float m = row_max(x, n);
-        if (m == -INFINITY) {  /* no visible key: zeros, not NaN (unless a score is NaN) */
-            float fill = 0.0f;
-            for (long j = 0; j < n; j++) fill = x[j] != x[j] ? x[j] : fill;
-            for (long j = 0; j < n; j++) x[j] = y[j] = fill;
-            continue;
-        }
-        scale_both(x, y, n, 1.0f / exp_shifted(x, n, m));
+        long g = k / rows, r = k % rows;
+        long seen = seen0 + r < n ? (seen0 + r > 0 ? seen0 + r : 0) : n;
+        softmax_row(s + g * so + r * sr, d ? d + g * do_ + r * dr : NULL,
+                    m ? m + g * mo + r * mr : NULL, b ? b + g * bo + r * br : NULL, n, seen,
+                    scale);
     }
     _mm_sfence();  /* streamed stores are visible before the caller reads d */
 }

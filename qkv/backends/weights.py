@@ -23,7 +23,7 @@ scores lands in a reused scratch buffer, the softmax writes the probabilities on
 result, ``P V`` reads them back while they are still cached, and the result's storage
 comes from :data:`qkv.memory.kept_results`, which hands it out again once the caller has
 dropped the previous weights (no fresh pages call after call). In float32 on a CPU with
-AVX-512 the softmax is :func:`qkv.backends.native.softmax_rows_into`, which leaves the
+AVX-512 the softmax is :func:`qkv.backends.native.softmax_rows`, which leaves the
 probabilities in the scratch block for ``P V`` and streams them into the result without
 reading its cache lines first (``MultiHeadAttention`` with all weights at T=2048: 378
 against 425 ms on one thread, 211 against 245 on two).
@@ -143,8 +143,8 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     a scratch block and :mod:`qkv.backends.native` can stream the result into ``out``
     (its own exp, about 1 ulp), which leaves the probabilities in ``s`` too and returns it.
     """
-    if lse is None and out is not None and native.streams(s, out):
-        return native.softmax_rows_into(s, out)  # rows that see no key: zeros already
+    if lse is None and out is not None and native.supports(s, out):
+        return native.softmax_rows(s, out)  # rows that see no key: zeros already
     if lse is not None:
         lse = lse.unsqueeze(-1).to(s.dtype)
         lse = torch.where(torch.isinf(lse), float("inf"), lse)  # exp(-inf) = 0

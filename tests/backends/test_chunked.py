@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.backends import chunked
+from qkv.backends import chunked, native, rows
 from qkv.functional import _request
 from tests.conftest import half_ulp, naive_attention, uninitialised_is_nan
 
@@ -35,6 +35,10 @@ def test_key_ranges_follow_the_mask_structure():
     none = _ranges(q, k, v, hidden)
     assert none.lo[0][1] == none.hi[0][1] == 0
     assert 0 < band.visible_share(64, 64) < 0.6
+    bias = _ranges(q, k, v, torch.randn(64, 64))  # finite everywhere: one reduction a block
+    assert bias.lo == [[0] * 4] and bias.hi == [[64] * 4] and bias.dense == [[False] * 4]
+    hiding = torch.randn(64, 64).masked_fill(~_band(64, 64, 5), float("-inf"))
+    assert _ranges(q, k, v, hiding).lo == band.lo and _ranges(q, k, v, hiding).hi == band.hi
 
 
 # fused: SDPA per block (no lse asked for); online: qkv's tiles (lse); 64: many key chunks
@@ -58,7 +62,30 @@ def test_masked_runs_split_into_small_calls_merge_exactly(kind, dtype, monkeypat
     merged by their lse; keys chunks where a row sees nothing must not count."""
     monkeypatch.setattr(chunked, "SPLIT_ROWS", 12)
     monkeypatch.setattr(chunked, "SPLIT_KEYS", 16)
+    monkeypatch.setattr(rows, "serves", lambda req: False)  # float32 would take whole rows
     _check_skipping(kind, "fused", 2, 3, 3, 70, 90, dtype)
+
+
+@pytest.mark.skipif(native.why_unavailable() is not None, reason="needs the native kernel")
+@pytest.mark.parametrize("hkv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize(
+    "kind", ["band", "band-causal", "padding", "rows-hidden", "alibi", "random", "random-causal"]
+)
+def test_float32_masked_runs_take_whole_rows_through_the_c_softmax(kind, hkv, monkeypatch):
+    """float32 masked runs without autograd: scores of whole key ranges, 5 rows at a time
+    here, through :func:`qkv.backends.native.softmax_rows` with the mask, the bias or the
+    causal limit (Tq < Tk, so the limit is bottom-right aligned)."""
+    monkeypatch.setattr(rows, "SCORES", 5 * 90)
+    calls = []
+    real = rows.masked_rows
+    monkeypatch.setattr(rows, "masked_rows", lambda *a: calls.append(a[2]) or real(*a))
+    q, k, v, mask, causal = _inputs(kind, 2, 4, hkv, 70, 90, torch.float32)
+    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+    with uninitialised_is_nan():  # a row the backend forgets to write shows as NaN
+        out = chunked.chunked_attention(req, block_q=16).out
+    assert bool(calls) == (kind != "padding")  # padding only shortens the ranges
+    ref, _ = naive_attention(q, k, v, _double(mask), causal)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
 
 
 @pytest.mark.parametrize("path", ["split", "whole-ranges"])

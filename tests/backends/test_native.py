@@ -56,7 +56,7 @@ def test_kernel_is_built_wherever_it_can_run():
     threads=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_softmax_rows_into_matches_a_float64_softmax(outer, rows, cols, hidden, spread, offset,
+def test_softmax_rows_matches_a_float64_softmax(outer, rows, cols, hidden, spread, offset,
                                                      first_row, threads, seed):  # fmt: skip
     """Any width (the masked tail), any alignment of the result's rows (the streamed
     middle starts at the first 64-byte boundary), a block of rows cut from several grids
@@ -71,8 +71,8 @@ def test_softmax_rows_into_matches_a_float64_softmax(outer, rows, cols, hidden, 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert native.streams(s, dest)
-        assert native.softmax_rows_into(s, dest) is s
+        assert native.supports(s, dest)
+        assert native.softmax_rows(s, dest) is s
     finally:
         torch.set_num_threads(before)
     assert torch.equal(s, dest)
@@ -87,14 +87,56 @@ def test_softmax_rows_into_matches_a_float64_softmax(outer, rows, cols, hidden, 
 
 
 @needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    heads=st.integers(1, 3),
+    rows=st.integers(1, 20),
+    cols=st.integers(1, 90),
+    kind=st.sampled_from(["bool", "bool per head", "padding", "bias", "none"]),
+    causal=st.booleans(),
+    seen0=st.integers(-5, 30),
+    scale=st.sampled_from([1.0, 0.125, 0.3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_masks_bias_scale_and_causal_limit_match_the_reference(
+    heads, rows, cols, kind, causal, seen0, scale, seed
+):
+    """Everything the kernel folds into its first pass against torch's ops in float64:
+    boolean masks (shared by the heads, per head, one row for every row: key padding), a
+    float bias, the scale, and a causal limit that may hide whole rows."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(heads, rows, cols, generator=g) * 4
+    mask = bias = None
+    if kind == "bool":
+        mask = torch.rand(rows, cols, generator=g) > 0.4
+    elif kind == "bool per head":
+        mask = torch.rand(heads, rows, cols, generator=g) > 0.6
+    elif kind == "padding":
+        mask = torch.arange(cols) < torch.randint(0, cols + 1, (1,), generator=g)
+        mask = mask.expand(rows, cols)[:1]  # (1, cols): every row the same
+    elif kind == "bias":
+        bias = torch.randn(heads, rows, cols, generator=g).neg_().exp_() * -3
+    seen = seen0 if causal else None
+    exact = native.softmax_rows_reference(
+        s.double(), mask, None if bias is None else bias.double(), scale, seen
+    )
+    got = native.softmax_rows(s.clone(), None, mask, bias, scale, seen)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-7)
+    if mask is not None:
+        assert (got[~mask.expand_as(got)] == 0).all()
+
+
+@needs_kernel
 def test_exponentials_hold_over_the_whole_float_range():
     """Scores from -104 (exp underflows) to 88: every step of the range reduction."""
     s = torch.linspace(-104.0, 0.0, 4096).view(4, 1024)
     s[:, 0] = 0.0
     s = torch.cat([s, s + 88.0])  # the same rows shifted: the kernel subtracts the max
     dest = torch.empty_like(s)
-    got = native.softmax_rows_into(s.clone(), dest)
-    torch.testing.assert_close(got.double(), _exact(s), rtol=4e-6, atol=1e-30)
+    got = native.softmax_rows(s.clone(), dest)
+    # below the smallest normal float (1.2e-38) the kernel gives zeros, not denormals
+    torch.testing.assert_close(got.double(), _exact(s), rtol=4e-6, atol=1.2e-38)
+    assert (got[s < -87.34] == 0).all()
 
 
 @needs_kernel
@@ -104,25 +146,29 @@ def test_nan_and_inf_propagate_as_in_torch():
     s[1] = float("nan")  # no finite maximum at all: still NaN, not the zeros of a hidden row
     s[2, 9] = float("inf")  # inf - inf
     s[3] = float("-inf")
-    out = native.softmax_rows_into(s.clone(), torch.empty_like(s))
+    out = native.softmax_rows(s.clone(), torch.empty_like(s))
     assert out[:3].isnan().all()
     assert (out[3] == 0).all()
 
 
 def test_streams_only_where_the_layout_allows():
     s = torch.randn(6, 32)
-    assert not native.streams(s.double(), s.double().clone())
-    assert not native.streams(s, s[:, :16].clone())  # shapes differ
-    assert not native.streams(s, s)  # the same memory
-    assert not native.streams(s[:, :16], s[:, 16:])  # rows interleaved in one buffer
-    assert not native.streams(s.t(), s.t().clone())  # rows not contiguous
-    assert not native.streams(s[:1].expand(6, 32), torch.empty(6, 32))  # rows overlap
-    assert not native.streams(s.view(2, 3, 32).transpose(0, 1), torch.empty(3, 2, 32))  # grids
+    assert not native.supports(s.double(), s.double().clone())
+    assert not native.supports(s, s[:, :16].clone())  # shapes differ
+    assert not native.supports(s, s)  # the same memory
+    assert not native.supports(s[:, :16], s[:, 16:])  # rows interleaved in one buffer
+    assert not native.supports(s.t(), s.t().clone())  # rows not contiguous
+    assert not native.supports(s[:1].expand(6, 32), torch.empty(6, 32))  # rows overlap
+    assert not native.supports(s.view(2, 3, 32).transpose(0, 1), torch.empty(3, 2, 32))  # grids
     grids = torch.randn(2, 3, 4, 32)[:, :2]  # no one stride from grid to grid
-    assert not native.streams(grids, torch.empty_like(grids))
-    assert native.streams(torch.randn(0, 5), torch.empty(0, 5))
+    assert not native.supports(grids, torch.empty_like(grids))
+    assert native.supports(torch.randn(0, 5), torch.empty(0, 5))
+    assert not native.supports(s, mask=torch.ones(6, 32))  # a float mask is a bias
+    assert not native.supports(s, bias=torch.zeros(6, 32, dtype=torch.float64))
+    assert not native.supports(s, mask=torch.ones(6, 1, dtype=torch.bool).expand(6, 32))
+    assert native.supports(s, mask=torch.ones(1, 32, dtype=torch.bool))  # broadcast rows
     with pytest.raises(ValueError, match="float32 CPU rows"):
-        native.softmax_rows_into(s, s)
+        native.softmax_rows(s, s)
 
 
 def test_a_build_is_cached_and_written_atomically(tmp_path, monkeypatch):
@@ -154,7 +200,7 @@ def test_turned_off_by_the_environment(monkeypatch):
     native._load.cache_clear()
     try:
         assert native.why_unavailable() == "turned off by QKV_NATIVE=0"
-        assert not native.streams(torch.randn(2, 8), torch.empty(2, 8))
+        assert not native.supports(torch.randn(2, 8), torch.empty(2, 8))
     finally:
         monkeypatch.delenv("QKV_NATIVE")
         native._load.cache_clear()
@@ -169,10 +215,8 @@ def test_blocked_weights_stream_through_the_kernel(monkeypatch, threads):
     monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the per-pair loop
     monkeypatch.setattr(weights_module, "ROW_BLOCK_ELEMENTS", 5 * 67)  # 5 rows per block
     used = []
-    real = native.softmax_rows_into
-    monkeypatch.setattr(
-        native, "softmax_rows_into", lambda s, d: used.append(s.shape) or real(s, d)
-    )
+    real = native.softmax_rows
+    monkeypatch.setattr(native, "softmax_rows", lambda s, d: used.append(s.shape) or real(s, d))
     q = torch.randn(2, 3, 23, 16)
     k, v = (torch.randn(2, 3, 67, 16) for _ in range(2))
     mask = torch.rand(2, 1, 23, 67) > 0.5

@@ -1,0 +1,82 @@
+"""Masked attention over whole key rows: ``S = Q Kᵀ``, one C softmax pass, ``out = P V``.
+
+For the ``chunked`` backend's masked runs in float32 on a CPU (no autograd): a block of
+query rows takes its whole visible key range at once, so no online rescaling and no merge
+is needed. The scores come from torch's matrix product into a reused scratch block;
+:func:`qkv.backends.native.softmax_rows` then scales them, reads the boolean mask as bytes
+(or adds a float bias such as ALiBi), applies the causal limit and normalises, all in one
+pass over the block while it is in cache; torch's product gives the output.
+
+The alternative, torch's CPU flash kernel on pieces of the range with a float bias each,
+pays for making every piece's bias from the mask and for merging the pieces by their
+log-sum-exp (:func:`qkv.backends.chunked._split_calls`), and a second thread helps those
+serial steps little. The reference is :func:`qkv.backends.chunked._query_block` (and the
+``reference`` backend): the same function of the same scores.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkv.backends import native
+from qkv.backends.base import AttentionRequest, Scratch
+
+__all__ = ["masked_rows", "serves"]
+
+# Scores per call (1 MiB in float32: 128 rows of 2,048 keys). Random boolean mask, T=2048,
+# median of 7 in turns: 1 thread 71/67/65 ms with 1 << 18/19/20 (SDPA 79), 2 threads
+# 49/44/41 (SDPA 44). Larger blocks pay the products' repacking of the keys less often,
+# but the masks benchmark asks for a quarter of SDPA's peak memory (its output and one
+# mask-sized bias), which at T=2048 leaves about 1 MiB beside the 4 MiB output. One head
+# per product: two heads of 64 rows each were slower on two threads (51 against 47 ms).
+SCORES = 1 << 18
+
+
+def serves(req: AttentionRequest) -> bool:
+    """Whether :func:`masked_rows` can take this request's masked runs."""
+    mask = req.mask
+    return (
+        req.q.dtype == torch.float32
+        and req.q.device.type == "cpu"
+        and not req.requires_grad
+        and (mask is None or mask.dtype in (torch.bool, torch.float32))
+        and native.why_unavailable() is None
+    )
+
+
+def masked_rows(req: AttentionRequest, sel: slice, run: tuple, out: Tensor, scratch: Scratch):
+    """Write ``out[sel, :, qs:qe]`` for the run ``(qs, qe, lo, hi, dense)``: queries
+    ``[qs, qe)`` over keys ``[lo, hi)``, the user mask applied unless ``dense``."""
+    qs, qe, lo, hi, dense = run
+    b, h = req.q[sel].shape[:2]
+    n = hi - lo
+    step = max(1, SCORES // n)
+    shift = req.k.shape[-2] - req.q.shape[-2]  # causal: query i sees keys up to i + shift
+    first = sel.start or 0
+    for bi in range(first, first + b):
+        for head in range(h):
+            k, v = (t[bi, head // req.groups, lo:hi] for t in (req.k, req.v))
+            for a in range(qs, qe, step):
+                e = min(a + step, qe)
+                s = torch.mm(
+                    req.q[bi, head, a:e], k.t(), out=scratch.take((e - a, n), k.dtype, k.device)
+                )
+                mask, bias = _mask_rows(req, None if dense else (bi, head, a, e, lo, hi))
+                seen0 = a + shift - lo + 1 if req.causal else None
+                native.softmax_rows(s, mask=mask, bias=bias, scale=req.scale, seen0=seen0)
+                torch.mm(s, v, out=out[bi, head, a:e])
+
+
+def _mask_rows(req: AttentionRequest, where) -> tuple[Tensor | None, Tensor | None]:
+    """The user mask of sequence ``bi``, head ``h``, queries ``[a, e)`` and keys
+    ``[lo, hi)`` (2-d, broadcastable) as a boolean mask or a float bias for
+    :func:`native.softmax_rows`."""
+    if where is None or req.mask is None:
+        return None, None
+    bi, h, a, e, lo, hi = where
+    m = req.mask
+    m = m[bi if m.shape[0] > 1 else 0, h if m.shape[1] > 1 else 0]
+    m = m[a:e] if m.shape[0] > 1 else m
+    m = m[:, lo:hi] if m.shape[1] > 1 else m.expand(m.shape[0], hi - lo).contiguous()
+    return (m, None) if m.dtype == torch.bool else (None, m)
