@@ -39,7 +39,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["softmax_rows", "softmax_rows_reference", "supports", "why_unavailable"]
+__all__ = [
+    "kernel",
+    "softmax_rows",
+    "softmax_rows_reference",
+    "supports",
+    "threads_for",
+    "why_unavailable",
+]
 
 SOURCE = Path(__file__).with_name("softmax_rows.c")
 FLAGS = ["-O2", "-shared", "-fPIC", "-fopenmp"]
@@ -87,10 +94,21 @@ def softmax_rows(
     if s.numel() == 0:
         return s
     (outer, rows, _, _), n = _grids(s), s.shape[-1]
-    threads = min(torch.get_num_threads(), max(1, outer * rows // MIN_ROWS_PER_THREAD))
     seen = n if seen0 is None else min(seen0, n)  # row r sees its first seen + r keys
-    _library().qkv_softmax_rows(*layout, outer, rows, n, float(scale), seen, threads)
+    kernel()(*layout, outer, rows, n, float(scale), seen, threads_for(outer * rows))
     return s
+
+
+def kernel():
+    """The C function itself (arguments as in ``softmax_rows.c``), unchecked: for a caller
+    that passed one block to :func:`softmax_rows` and calls it again on blocks of the same
+    layout, whose addresses it computes."""
+    return _library().qkv_softmax_rows
+
+
+def threads_for(rows: int) -> int:
+    """Threads for ``rows`` rows: torch's, but at least MIN_ROWS_PER_THREAD rows each."""
+    return min(torch.get_num_threads(), max(1, rows // MIN_ROWS_PER_THREAD))
 
 
 def _layout(s: Tensor, dest, mask, bias) -> list | None:

@@ -47,36 +47,60 @@ def serves(req: AttentionRequest) -> bool:
 
 def masked_rows(req: AttentionRequest, sel: slice, run: tuple, out: Tensor, scratch: Scratch):
     """Write ``out[sel, :, qs:qe]`` for the run ``(qs, qe, lo, hi, dense)``: queries
-    ``[qs, qe)`` over keys ``[lo, hi)``, the user mask applied unless ``dense``."""
+    ``[qs, qe)`` over keys ``[lo, hi)``, the user mask applied unless ``dense``.
+
+    Every block of a (sequence, head) has the layout of the first, which
+    :func:`native.softmax_rows` checks; the others go to the C function directly, their
+    mask rows found by address (the checks cost more than the kernel on two threads)."""
     qs, qe, lo, hi, dense = run
     b, h = req.q[sel].shape[:2]
     n = hi - lo
-    step = max(1, SCORES // n)
+    step = min(max(1, SCORES // n), qe - qs)
     shift = req.k.shape[-2] - req.q.shape[-2]  # causal: query i sees keys up to i + shift
+    kernel, threads = native.kernel(), native.threads_for(step)
     first = sel.start or 0
     for bi in range(first, first + b):
         for head in range(h):
+            q, o = req.q[bi, head], out[bi, head]
             k, v = (t[bi, head // req.groups, lo:hi] for t in (req.k, req.v))
+            mask, bias = _mask_rows(req, None if dense else (bi, head, qs, qe, lo, hi))
+            s = scratch.take((step, n), k.dtype, k.device)
             for a in range(qs, qe, step):
                 e = min(a + step, qe)
-                s = torch.mm(
-                    req.q[bi, head, a:e], k.t(), out=scratch.take((e - a, n), k.dtype, k.device)
-                )
-                mask, bias = _mask_rows(req, None if dense else (bi, head, a, e, lo, hi))
-                seen0 = a + shift - lo + 1 if req.causal else None
-                native.softmax_rows(s, mask=mask, bias=bias, scale=req.scale, seen0=seen0)
-                torch.mm(s, v, out=out[bi, head, a:e])
+                torch.mm(q[a:e], k.t(), out=s[: e - a])
+                seen0 = a + shift - lo + 1 if req.causal else n
+                if a == qs:  # checks the layout that the blocks below share
+                    native.softmax_rows(s, mask=_head(mask, step), bias=_head(bias, step),
+                                        scale=req.scale, seen0=seen0)  # fmt: skip
+                else:
+                    kernel(s.data_ptr(), 0, n, None, 0, 0, *_at(mask, a - qs), *_at(bias, a - qs),
+                           1, e - a, n, req.scale, min(seen0, n), threads)  # fmt: skip
+                torch.mm(s[: e - a], v, out=o[a:e])
+
+
+def _head(t: Tensor | None, rows: int) -> Tensor | None:
+    """The first ``rows`` rows of a run's mask (all of them when it broadcasts)."""
+    return t if t is None or t.shape[0] == 1 else t[:rows]
+
+
+def _at(t: Tensor | None, row: int) -> tuple[int | None, int, int]:
+    """Address, grid stride and row stride of ``t`` from ``row`` on, for the C function."""
+    if t is None:
+        return None, 0, 0
+    stride = t.stride(0) if t.shape[0] > 1 else 0
+    return t.data_ptr() + row * stride * t.element_size(), 0, stride
 
 
 def _mask_rows(req: AttentionRequest, where) -> tuple[Tensor | None, Tensor | None]:
     """The user mask of sequence ``bi``, head ``h``, queries ``[a, e)`` and keys
-    ``[lo, hi)`` (2-d, broadcastable) as a boolean mask or a float bias for
-    :func:`native.softmax_rows`."""
+    ``[lo, hi)`` (2-d, broadcastable, keys contiguous) as a boolean mask or a float bias
+    for :func:`native.softmax_rows`."""
     if where is None or req.mask is None:
         return None, None
     bi, h, a, e, lo, hi = where
     m = req.mask
     m = m[bi if m.shape[0] > 1 else 0, h if m.shape[1] > 1 else 0]
     m = m[a:e] if m.shape[0] > 1 else m
-    m = m[:, lo:hi] if m.shape[1] > 1 else m.expand(m.shape[0], hi - lo).contiguous()
+    m = m[:, lo:hi] if m.shape[1] > 1 else m.expand(m.shape[0], hi - lo)
+    m = m if m.stride(-1) == 1 else m.contiguous()
     return (m, None) if m.dtype == torch.bool else (None, m)
