@@ -82,18 +82,19 @@ static inline AVX512 float row_max(const float *x, long n) {
     return _mm512_reduce_max_ps(m);
 }
 
-/* x <- exp(x - m); returns the sum. */
-static inline AVX512 float exp_shifted(float *x, long n, float m) {
-    __m512 vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+/* x <- exp((x - m) * c); returns the sum. */
+static inline AVX512 float exp_shifted(float *x, long n, float m, float c) {
+    __m512 vm = _mm512_set1_ps(m), vc = _mm512_set1_ps(c), sum = _mm512_setzero_ps();
     long j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm));
+        __m512 e = exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm), vc));
         _mm512_storeu_ps(x + j, e);
         sum = _mm512_add_ps(sum, e);
     }
     if (j < n) {
         __mmask16 k = first(n - j);
-        __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm)));
+        __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm);
+        __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_mul_ps(d, vc)));
         _mm512_mask_storeu_ps(x + j, k, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -131,7 +132,10 @@ static inline AVX512 void scale_both(float *x, float *y, long n, float c) {
 /* One row: n scores, of which the first `seen` may be visible (the rest are causal). */
 static inline AVX512 void softmax_row(float *x, float *y, const uint8_t *m, const float *b,
                                       long n, long seen, float c) {
-    float mx = (m || b || c != 1.0f) ? prepare(x, m, b, seen, c) : row_max(x, seen);
+    /* Without a mask or bias a positive scale waits for the exponent: max(c x) = c max(x),
+     * and (x - max) c is exact for c a power of two. Else a first pass prepares the row. */
+    int later = !m && !b && c > 0.0f;
+    float mx = later ? row_max(x, seen) : prepare(x, m, b, seen, c);
     if (mx == -INFINITY) {  /* no visible key: zeros, not NaN (unless a score is NaN) */
         float fill = 0.0f;
         for (long j = 0; j < seen; j++) fill = x[j] != x[j] ? x[j] : fill;
@@ -139,7 +143,7 @@ static inline AVX512 void softmax_row(float *x, float *y, const uint8_t *m, cons
         if (y)
             for (long j = 0; j < seen; j++) y[j] = fill;
     } else {
-        scale_both(x, y, seen, 1.0f / exp_shifted(x, seen, mx));
+        scale_both(x, y, seen, 1.0f / exp_shifted(x, seen, mx, later ? c : 1.0f));
     }
     for (long j = seen; j < n; j++) x[j] = 0.0f;
     if (y)

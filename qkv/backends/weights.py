@@ -36,7 +36,7 @@ from torch import Tensor
 
 from qkv.backends import native
 from qkv.backends.base import AttentionRequest, Scratch
-from qkv.backends.tiles import masked_scores, weighted_values
+from qkv.backends.tiles import mask_tile, masked_scores, scores, weighted_values
 from qkv.memory import kept_results
 
 __all__ = ["attention_weights"]
@@ -120,10 +120,13 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
             if direct:
                 target = dest if whole else scratch.take(dest.shape, dest.dtype, dest.device)
             qs, qe = r0 + rs.start, r0 + rs.stop
-            s = masked_scores(req, q[bs, hs, :, qs:qe], kh, mb, qs, qe, 0, tk, tk - tq,
-                              compute, out=target)  # fmt: skip
-            lb = None if lse is None else lse[bs, hs, :, qs:qe]
-            p = _probabilities(s, lb, dest if direct else None, may_hide_rows)
+            qb, lb = q[bs, hs, :, qs:qe], None if lse is None else lse[bs, hs, :, qs:qe]
+            p = None
+            if direct and lb is None and not whole:  # the scores go to a scratch block
+                p = _streamed(req, qb, kh, mb, (qs, qe, tk - tq), target, dest)
+            if p is None:
+                s = masked_scores(req, qb, kh, mb, qs, qe, 0, tk, tk - tq, compute, out=target)
+                p = _probabilities(s, lb, dest if direct else None, may_hide_rows)
             if not direct:
                 dest.copy_(p)
             if out is not None:
@@ -139,12 +142,8 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     needs); rows that see no key get zeros.
 
     Without an lse this is ``torch.softmax`` itself, so the weights equal the reference
-    backend's (and Hugging Face's eager attention) to the last bit; except where ``s`` is
-    a scratch block and :mod:`qkv.backends.native` can stream the result into ``out``
-    (its own exp, about 1 ulp), which leaves the probabilities in ``s`` too and returns it.
+    backend's (and Hugging Face's eager attention) to the last bit.
     """
-    if lse is None and out is not None and native.supports(s, out):
-        return native.softmax_rows(s, out)  # rows that see no key: zeros already
     if lse is not None:
         lse = lse.unsqueeze(-1).to(s.dtype)
         lse = torch.where(torch.isinf(lse), float("inf"), lse)  # exp(-inf) = 0
@@ -157,6 +156,25 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     if bool(empty.any()):
         p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
+
+
+def _streamed(req: AttentionRequest, qb: Tensor, kh: Tensor, mask, rows, s: Tensor, dest):
+    """Probabilities of queries ``[qs, qe)`` from :func:`native.softmax_rows`, which
+    applies the scale, the user mask or bias and the causal limit in the same pass, leaves
+    them in the scratch block ``s`` (returned, for ``P V``) and streams them into ``dest``;
+    ``None`` where it cannot take these tensors (then torch's operations do it).
+
+    Its exp is its own (about 1 ulp), so the weights differ from ``torch.softmax``'s in the
+    last bits; the scale multiplies the scores, which for a power of two (D = 64) gives the
+    bits of scaling the queries."""
+    qs, qe, shift = rows
+    tile = mask_tile(mask, qs, qe, 0, s.shape[-1])
+    user, bias = (tile, None) if tile is None or tile.dtype == torch.bool else (None, tile)
+    if not native.supports(s, dest, user, bias):
+        return None
+    scores(qb, kh, out=s)
+    seen0 = qs + shift + 1 if req.causal else None  # row qs + r sees keys up to qs + r + shift
+    return native.softmax_rows(s, dest, user, bias, req.scale, seen0)
 
 
 def _gathered(x: Tensor, dtype: torch.dtype, scratch: Scratch | None) -> Tensor:

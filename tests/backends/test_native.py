@@ -208,27 +208,43 @@ def test_turned_off_by_the_environment(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_blocked_weights_stream_through_the_kernel(monkeypatch, threads):
-    """The per-block path of the weights calls the kernel, and the probabilities it
+@pytest.mark.parametrize("kind", ["bool", "bias", "causal", "padding-causal"])
+@pytest.mark.parametrize("d", [16, 24], ids=["scale-pow2", "scale-other"])
+def test_blocked_weights_stream_through_the_kernel(monkeypatch, threads, kind, d):
+    """The per-block path of the weights calls the kernel with the user's mask or bias,
+    the scale and the causal limit (Tq < Tk: bottom-right), and the probabilities it
     leaves in the scratch block give the same output as the weights it returns; with
     threads, each block holds rows of several heads (3 heads: a last unit of 1 or 2)."""
     monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the per-pair loop
     monkeypatch.setattr(weights_module, "ROW_BLOCK_ELEMENTS", 5 * 67)  # 5 rows per block
     used = []
     real = native.softmax_rows
-    monkeypatch.setattr(native, "softmax_rows", lambda s, d: used.append(s.shape) or real(s, d))
-    q = torch.randn(2, 3, 23, 16)
-    k, v = (torch.randn(2, 3, 67, 16) for _ in range(2))
+    monkeypatch.setattr(native, "softmax_rows", lambda s, *a: used.append(s.shape) or real(s, *a))
+    q = torch.randn(2, 3, 23, d)
+    k, v = (torch.randn(2, 3, 67, d) for _ in range(2))
     mask = torch.rand(2, 1, 23, 67) > 0.5
     mask[0, 0, 4] = False  # a row that sees nothing
+    if kind == "bias":
+        mask = torch.randn(1, 3, 23, 67).masked_fill(~mask[:1], float("-inf"))
+    elif kind == "padding-causal":
+        mask = qkv.padding_mask(torch.tensor([67, 40]), 67)[:, None, None, :]
+    causal = kind.endswith("causal")
+    mask = None if kind == "causal" else mask
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend="sdpa")
+        out, w = qkv.scaled_dot_product_attention(
+            q, k, v, mask, causal=causal, need_weights=True, backend="sdpa"
+        )
     finally:
         torch.set_num_threads(before)
     assert sum(math.prod(shape) for shape in used) == w.numel()  # every weight, once
-    ref_out, ref_w = naive_attention(q.double(), k.double(), v.double(), mask)
+    ref_out, ref_w = naive_attention(q, k, v, _as_double(mask), causal)
     torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
-    assert (w[0, :, 4] == 0).all() and (out[0, :, 4] == 0).all()
+    if kind in ("bool", "bias"):
+        assert (w[0, :, 4] == 0).all() and (out[0, :, 4] == 0).all()
+
+
+def _as_double(mask):
+    return mask if mask is None or mask.dtype == torch.bool else mask.double()
