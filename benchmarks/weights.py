@@ -8,7 +8,8 @@ moments of a shared machine:
   weights recomputed beside it), with the weights of one head only, and with the reference
   backend (explicit softmax);
 - ``torch.nn.MultiheadAttention`` with ``need_weights=True, average_attn_weights=False``
-  and without weights.
+  and without weights;
+- both with causal weights (qkv's ``causal=True``, torch's boolean ``attn_mask``).
 
 Run: ``python benchmarks/weights.py [--quick] [--out DIR] [--threads N]`` or
 ``qkv bench weights``.
@@ -37,6 +38,7 @@ def variants(t: int) -> dict:
     reference = qkv.MultiHeadAttention.from_torch(peer).eval()
     reference.backend = "reference"
     x = torch.randn(B, t, E)
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)  # torch's polarity: True = hidden
     return {
         "qkv": lambda: ours(x),
         "qkv weights": lambda: ours(x, need_weights=True),
@@ -44,6 +46,10 @@ def variants(t: int) -> dict:
         "qkv reference weights": lambda: reference(x, need_weights=True),
         "torch weights": lambda: peer(x, x, x, need_weights=True, average_attn_weights=False),
         "torch": lambda: peer(x, x, x, need_weights=False),
+        "qkv causal weights": lambda: ours(x, causal=True, need_weights=True),
+        "torch causal weights": lambda: peer(
+            x, x, x, attn_mask=future, need_weights=True, average_attn_weights=False
+        ),
     }
 
 
@@ -67,6 +73,8 @@ def rows_for(t: int) -> list[dict]:
                "nn.MultiheadAttention no weights", s["torch"]),
         result(f"qkv without weights vs torch without, {case}", s["qkv"],
                "nn.MultiheadAttention no weights", s["torch"]),
+        result(f"qkv causal weights vs torch causal weights, {case}", s["qkv causal weights"],
+               "nn.MultiheadAttention causal weights", s["torch causal weights"]),
     ]  # fmt: skip
 
 
@@ -75,7 +83,7 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     torch.manual_seed(0)
     rows = [row for t in ([256] if quick else [512, 2048]) for row in rows_for(t)]
     notes = (
-        f"CPU fp32, inference (no grad), forward only, B={B}, E={E}, H={H}; all six "
+        f"CPU fp32, inference (no grad), forward only, B={B}, E={E}, H={H}; all eight "
         "variants called in turns, median of 5 calls each."
     )
     return report(out_dir, "weights", rows, notes=notes)
