@@ -1,23 +1,27 @@
 """One small C kernel for what torch's operations cannot do in one pass.
 
-:func:`softmax_rows_into` turns a block of scores into probabilities in place *and*
-writes them into the caller's result with non-temporal stores, which send each cache
-line to memory without fetching it first. That is the step where attention weights
-beside a fused kernel spend their time (:mod:`qkv.backends.weights`): the 512 MiB of
-weights at ``B=4, H=8, T=2048`` have to reach memory once, and ``torch.softmax(s,
-out=weights)`` reads every line of the result in before it overwrites it. Measured on
-the project's machine (one thread, rows of 2,048 scores): 0.40-0.50 ns a weight against
-0.73-0.76 for ``torch.softmax`` into the result, and ``MultiHeadAttention`` with all
-weights at T=2048 378 against 425 ms.
+:func:`softmax_rows` turns a block of scores into probabilities in place, and folds into
+that one pass what torch needs several for: the scale, a boolean mask read as bytes
+(never made into a float bias), a float bias such as ALiBi, a causal limit, and a second
+copy of the result written with non-temporal stores, which send each cache line to
+memory without fetching it first. Two callers use it:
 
-The readable reference is :func:`softmax_rows_reference` (``torch.softmax`` with zeros
-for rows that see no key); the C source is ``softmax_rows.c`` beside this file. It is
+- the attention weights beside a fused kernel (:mod:`qkv.backends.weights`): the 512 MiB
+  of weights at ``B=4, H=8, T=2048`` have to reach memory once, and ``torch.softmax(s,
+  out=weights)`` reads every line of the result in before it overwrites it. Measured on
+  the project's machine (one thread, rows of 2,048 scores): 0.40-0.50 ns a weight against
+  0.73-0.76, and ``MultiHeadAttention`` with all weights at T=2048 378 against 425 ms;
+- masked runs of the ``chunked`` backend in float32 (:mod:`qkv.backends.rows`), whole rows
+  of scores at a time: a random boolean mask at T=2048 in 0.84x SDPA's time.
+
+The readable reference is :func:`softmax_rows_reference` (torch's operations, zeros for
+rows that see no key); the C source is ``softmax_rows.c`` beside this file. It is
 compiled on first use with the system C compiler into ``$XDG_CACHE_HOME/qkv/native``
 (``~/.cache/qkv/native``; ``QKV_NATIVE_DIR`` overrides), under a name made from the
 source and the compiler, written atomically, and loaded with ``ctypes``. It is built
 with OpenMP, which links the ``libgomp`` that torch has loaded already, so its rows are
 split among torch's own threads (``torch.get_num_threads()``). A pool of Python threads
-was 6% slower than torch's softmax on two threads: torch's idle workers spin on the
+was 9% slower than torch's softmax on two threads: torch's idle workers spin on the
 cores for a while after each matrix product.
 
 Where it cannot run, :func:`why_unavailable` says why and callers use torch: not
