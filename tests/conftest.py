@@ -62,6 +62,17 @@ def naive_attention(q, k, v, mask=None, causal=False, scale=None):
     return w @ v, w
 
 
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` inside the block, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: more intra-op threads only add overhead, and contention on busy CPUs."""

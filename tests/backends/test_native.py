@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import qkv
 from qkv.backends import native
 from qkv.backends import weights as weights_module
-from tests.conftest import naive_attention
+from tests.conftest import naive_attention, torch_threads
 
 
 def _cpu_has_avx512() -> bool:
@@ -68,13 +68,9 @@ def test_softmax_rows_matches_a_float64_softmax(outer, rows, cols, hidden, sprea
     backing = torch.full((outer, rows + 3, cols + offset + 3), 7.0)
     dest = backing[:, first_row : first_row + rows, offset : offset + cols]
     src = s.clone()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         assert native.supports(s, dest)
         assert native.softmax_rows(s, dest) is s
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(s, dest)
     exact = _exact(src)
     err = (dest.double() - exact).abs().max().item()
@@ -230,21 +226,13 @@ def test_blocked_weights_stream_through_the_kernel(monkeypatch, threads, kind, d
         mask = qkv.padding_mask(torch.tensor([67, 40]), 67)[:, None, None, :]
     causal = kind.endswith("causal")
     mask = None if kind == "causal" else mask
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         out, w = qkv.scaled_dot_product_attention(
             q, k, v, mask, causal=causal, need_weights=True, backend="sdpa"
         )
-    finally:
-        torch.set_num_threads(before)
     assert sum(math.prod(shape) for shape in used) == w.numel()  # every weight, once
-    ref_out, ref_w = naive_attention(q, k, v, _as_double(mask), causal)
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
     torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
     if kind in ("bool", "bias"):
         assert (w[0, :, 4] == 0).all() and (out[0, :, 4] == 0).all()
-
-
-def _as_double(mask):
-    return mask if mask is None or mask.dtype == torch.bool else mask.double()
