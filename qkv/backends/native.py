@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv._paths import cache_root
+
 __all__ = [
     "kernel",
     "softmax_rows",
@@ -203,8 +205,7 @@ def build(compiler: str, folder: Path) -> Path:
 def _cache_dir() -> Path:
     if os.environ.get("QKV_NATIVE_DIR"):
         return Path(os.environ["QKV_NATIVE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "qkv" / "native"
+    return cache_root() / "native"
 
 
 def _grids(t: Tensor, shape: torch.Size | None = None) -> tuple[int, int, int, int] | None:

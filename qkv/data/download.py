@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qkv._paths import cache_root
+
 __all__ = ["DownloadError", "RemoteFile", "Dataset", "DATASETS", "default_cache_dir"]
 __all__ += ["download", "run_cli"]
 
@@ -110,8 +112,7 @@ Progress = Callable[[str, int, "int | None"], None]
 
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/qkv`` if set, else ``~/.cache/qkv``."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "qkv"
+    return cache_root()
 
 
 def _sha256(path: Path) -> str:
