@@ -217,9 +217,27 @@ def _reference_is_faster(req: AttentionRequest) -> str | None:
     )
 
 
-# The measured exceptions to PREFERENCE, in order: (backends it overrides, the backend it
-# prefers, why that one is faster for a request or None).
+def _sdpa_suits_float32(req: AttentionRequest) -> str | None:
+    """Why SDPA rather than the Triton kernel runs this CUDA request (float32), or None.
+
+    Not timed (no GPU has been lent to the project yet); decided from how the kernel
+    compiles for sm_90 (``benchmarks/hopper_fit.py``): exact float32 products run as FMA
+    instructions without tensor cores, and only tiles of 16-32 rows avoid spilling
+    registers at D = 128, while SDPA's memory-efficient kernel is built for float32.
+    ``backend="triton"`` still runs the kernel in float32.
+    """
+    if req.q.device.type != "cuda" or req.q.dtype != torch.float32:
+        return None
+    return (
+        "float32 on CUDA: the kernel multiplies exact float32 tiles with FMA instructions "
+        "(no tensor cores) in tiles of 16-32 rows; SDPA's memory-efficient kernel runs it"
+    )
+
+
+# The exceptions to PREFERENCE, in order: (backends it overrides, the backend it prefers,
+# why that one is faster for a request or None). All but the first were measured.
 _EXCEPTIONS = (
+    (("triton",), "sdpa", _sdpa_suits_float32),
     (("sdpa",), "reference", _reference_is_faster),
     (("sdpa", "reference"), "chunked", _chunked_is_faster),
 )

@@ -27,6 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from qkv.backends.triton_tiles import (
+    LAUNCH_OPTIONS,
     LOG2E,
     _cast,
     _dot,
@@ -37,7 +38,13 @@ from qkv.backends.triton_tiles import (
     hopper_configs,
 )
 
-__all__ = ["BWD_DKDV_CONFIGS", "BWD_DQ_CONFIGS", "flash_backward"]
+__all__ = [
+    "BWD_DKDV_CONFIGS",
+    "BWD_DKDV_FLOAT32_CONFIGS",
+    "BWD_DQ_CONFIGS",
+    "BWD_DQ_FLOAT32_CONFIGS",
+    "flash_backward",
+]
 
 _LOG2E = tl.constexpr(LOG2E)  # kernels may read only constexpr globals
 
@@ -68,25 +75,35 @@ def _bwd_delta_kernel(
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, lo, hi,
-    offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qh, s_qt, s_doh, s_dot, lo, hi,
+    offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale, GROUPS: tl.constexpr,
     HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Add the contribution of query rows [lo, hi) to one key block's dK and dV."""
-    for start_m in range(lo, hi, BLOCK_M):
-        start_m = tl.multiple_of(start_m, BLOCK_M)
+    """Add the contribution of query rows [lo, hi) of the GROUPS query heads that share a
+    key/value head (the first at ``q_base``, ``do_base``, ...) to one key block's dK and dV.
+
+    One flat loop over (head, query block): a loop over the heads around the loop over the
+    blocks kept more values alive and spilled registers on sm_90 at D = 128.
+    """
+    n_blocks = (hi - lo) // BLOCK_M  # lo and hi are multiples of BLOCK_M
+    for i in range(0, GROUPS * n_blocks):
+        g = 0
+        if GROUPS > 1:
+            g = i // n_blocks
+        start_m = tl.multiple_of(lo + (i - g * n_blocks) * BLOCK_M, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_ptrs = q_base + offs_m[:, None] * s_qt + offs_d[None, :]
-        do_ptrs = do_base + offs_m[:, None] * s_dot + offs_dv[None, :]
+        q_ptrs = q_base + g * s_qh + offs_m[:, None] * s_qt + offs_d[None, :]
+        do_ptrs = do_base + g * s_doh + offs_m[:, None] * s_dot + offs_dv[None, :]
         q = _load_tile(q_ptrs, offs_m, Tq, offs_d, HEAD_D, MASKED, PAD_D)
         do = _load_tile(do_ptrs, offs_m, Tq, offs_dv, HEAD_DV, MASKED, PAD_DV)
+        rows = g * Tq + offs_m  # lse and delta are (B, H, Tq), contiguous
         if MASKED:
-            lse = tl.load(lse_base + offs_m, mask=offs_m < Tq, other=0.0)
-            delta = tl.load(delta_base + offs_m, mask=offs_m < Tq, other=0.0)
+            lse = tl.load(lse_base + rows, mask=offs_m < Tq, other=0.0)
+            delta = tl.load(delta_base + rows, mask=offs_m < Tq, other=0.0)
         else:
-            lse = tl.load(lse_base + offs_m)
-            delta = tl.load(delta_base + offs_m)
+            lse = tl.load(lse_base + rows)
+            delta = tl.load(delta_base + rows)
         # Work on the transposed tile (keys x queries) so that no result needs a transpose.
         s_t = _dot(k, tl.trans(q), PRECISION) * qk_scale
         p_t = tl.math.exp2(s_t - lse[None, :] * _LOG2E)
@@ -148,27 +165,22 @@ def _bwd_dkdv_kernel(
     full_lo = tl.where(key_full, tl.minimum(tl.maximum(full_lo, lo), q_end), q_end)
     full_hi = tl.where(key_full, tl.maximum(full_lo, Tq // BLOCK_M * BLOCK_M), q_end)
 
-    for g in range(GROUPS):  # the query heads that share this key/value head
-        h = hkv * GROUPS + g
-        q_base = Q + b * s_qb + h * s_qh
-        do_base = DO + b * s_dob + h * s_doh
-        lse_base = Lse + (b * H + h) * Tq
-        delta_base = Delta + (b * H + h) * Tq
-        dk, dv = _dkdv_step(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, lo, full_lo,
-            offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
-            HEAD_D, HEAD_DV, BLOCK_M, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
-        )  # fmt: skip
-        dk, dv = _dkdv_step(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, full_lo, full_hi,
-            offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
-            HEAD_D, HEAD_DV, BLOCK_M, False, CAUSAL, PAD_D, PAD_DV, PRECISION,
-        )  # fmt: skip
-        dk, dv = _dkdv_step(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, s_qt, s_dot, full_hi, q_end,
-            offs_n, offs_d, offs_dv, Tq, key_len, shift, qk_scale,
-            HEAD_D, HEAD_DV, BLOCK_M, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
-        )  # fmt: skip
+    h0 = hkv * GROUPS  # the first query head that shares this key/value head
+    heads = (Q + b * s_qb + h0 * s_qh, DO + b * s_dob + h0 * s_doh,
+             Lse + (b * H + h0) * Tq, Delta + (b * H + h0) * Tq)  # fmt: skip
+    strides = (s_qh, s_qt, s_doh, s_dot)
+    dk, dv = _dkdv_step(
+        dk, dv, k, v, *heads, *strides, lo, full_lo, offs_n, offs_d, offs_dv, Tq, key_len,
+        shift, qk_scale, GROUPS, HEAD_D, HEAD_DV, BLOCK_M, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
+    )  # fmt: skip
+    dk, dv = _dkdv_step(
+        dk, dv, k, v, *heads, *strides, full_lo, full_hi, offs_n, offs_d, offs_dv, Tq, key_len,
+        shift, qk_scale, GROUPS, HEAD_D, HEAD_DV, BLOCK_M, False, CAUSAL, PAD_D, PAD_DV, PRECISION,
+    )  # fmt: skip
+    dk, dv = _dkdv_step(
+        dk, dv, k, v, *heads, *strides, full_hi, q_end, offs_n, offs_d, offs_dv, Tq, key_len,
+        shift, qk_scale, GROUPS, HEAD_D, HEAD_DV, BLOCK_M, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
+    )  # fmt: skip
 
     dk_ptrs = DK + b * s_dkb + hkv * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :]
     dv_ptrs = DV + b * s_dvb + hkv * s_dvh + offs_n[:, None] * s_dvt + offs_dv[None, :]
@@ -276,12 +288,20 @@ def _bwd_dq_kernel(
 
 
 # Hopper (H100/H200) candidates. dK/dV programs own a wide key block and stream narrow query
-# blocks (so BLOCK_N is the wide one); dQ programs the other way round. The last of each is
-# the small tile for short sequences. All compile for sm_90 without register spills.
-BWD_DKDV_CONFIGS = hopper_configs([(32, 128, 4, 4), (64, 128, 8, 3), (32, 64, 4, 3)])
-BWD_DQ_CONFIGS = hopper_configs([(128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 3)])
-_dkdv_tuned = autotuned(_bwd_dkdv_kernel, BWD_DKDV_CONFIGS, "tune_tk", "BLOCK_N")
-_dq_tuned = autotuned(_bwd_dq_kernel, BWD_DQ_CONFIGS, "tune_tq", "BLOCK_M")
+# blocks (so BLOCK_N is the wide one); dQ programs the other way round. The last 16-bit one
+# of each is the small tile for short sequences. Wide tiles take 8 warps: with 4, the two
+# float32 accumulators (dK, dV) of 128 keys spill registers at D = 64 and D = 128. Float32
+# needs small tiles (see `autotuned`); `benchmarks/hopper_fit.py` checks them all for sm_90.
+BWD_DKDV_CONFIGS = hopper_configs(
+    [(32, 128, 8, 3), (32, 128, 8, 4), (16, 128, 8, 4), (32, 64, 4, 3)]
+)
+BWD_DKDV_FLOAT32_CONFIGS = hopper_configs([(16, 16, 8, 2), (32, 16, 8, 2)])
+BWD_DQ_CONFIGS = hopper_configs([(128, 32, 8, 3), (128, 32, 8, 4), (128, 64, 8, 3), (64, 32, 4, 3)])
+BWD_DQ_FLOAT32_CONFIGS = hopper_configs([(32, 16, 4, 2)])
+_dkdv_tuned = autotuned(
+    _bwd_dkdv_kernel, BWD_DKDV_CONFIGS, BWD_DKDV_FLOAT32_CONFIGS, "tune_tk", "BLOCK_N"
+)
+_dq_tuned = autotuned(_bwd_dq_kernel, BWD_DQ_CONFIGS, BWD_DQ_FLOAT32_CONFIGS, "tune_tq", "BLOCK_M")
 
 
 def _strides(x: Tensor) -> tuple[int, int, int]:
@@ -321,7 +341,7 @@ def flash_backward(
     _bwd_delta_kernel[delta_grid](
         out, dout, dlse, delta, *_strides(out), *_strides(dout), h, tq,
         HEAD_DV=consts["HEAD_DV"], BLOCK_M=64, BLOCK_DV=consts["BLOCK_DV"],
-        PAD_DV=consts["PAD_DV"], HAS_DLSE=dlse is not None,
+        PAD_DV=consts["PAD_DV"], HAS_DLSE=dlse is not None, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -331,11 +351,13 @@ def flash_backward(
                  *_strides(dk), *_strides(dv), *scalars)  # fmt: skip
     dq_args = (q, k, v, dout, lse, delta, dq, lengths, *common, *_strides(dq), *scalars)
     if meta["blocks"] is None:
-        _dkdv_tuned[lambda m: (triton.cdiv(tk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **consts)
-        _dq_tuned[lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h)](*dq_args, **consts)
+        dkdv_grid = lambda m: (triton.cdiv(tk, m["BLOCK_N"]), b * hkv)  # noqa: E731
+        dq_grid = lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h)  # noqa: E731
+        _dkdv_tuned[dkdv_grid](*dkdv_args, **consts, **LAUNCH_OPTIONS)
+        _dq_tuned[dq_grid](*dq_args, **consts, **LAUNCH_OPTIONS)
     else:
         bm, bn = meta["blocks"]
-        fixed = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
+        fixed = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2, **LAUNCH_OPTIONS)
         _bwd_dkdv_kernel[(triton.cdiv(tk, bn), b * hkv)](*dkdv_args, **consts, **fixed)
         _bwd_dq_kernel[(triton.cdiv(tq, bm), b * h)](*dq_args, **consts, **fixed)
     return dq, dk, dv

@@ -36,6 +36,8 @@ from qkv.backends.base import AttentionRequest, AttentionResult, Backend, shape_
 from qkv.backends.reference import reference_attention
 from qkv.backends.triton_bwd import flash_backward
 from qkv.backends.triton_tiles import (
+    _BUILT_FOR_INTERPRETER,
+    LAUNCH_OPTIONS,
     LOG2E,
     _cast,
     _dot,
@@ -43,11 +45,20 @@ from qkv.backends.triton_tiles import (
     _load_tile,
     _store_tile,
     autotuned,
+    dot_precision,
     hopper_configs,
+    interpreting,
+    tune_bucket,
 )
 from qkv.backends.weights import attention_weights
 
-__all__ = ["FWD_CONFIGS", "TritonBackend", "flash_attention", "flash_attention_reference"]
+__all__ = [
+    "FWD_CONFIGS",
+    "FWD_FLOAT32_CONFIGS",
+    "TritonBackend",
+    "flash_attention",
+    "flash_attention_reference",
+]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -184,34 +195,14 @@ def _fwd_kernel(
 # --- launcher -------------------------------------------------------------------------------
 
 # Hopper (H100/H200) candidates as (BLOCK_M, BLOCK_N, num_warps, num_stages): 128-row query
-# blocks with 8 warps (two warpgroups) keep the tensor cores busy and fit shared memory at
-# D = 128 with 3-4 stages of K/V prefetch; (64, 64) is the tile for short query blocks.
-FWD_CONFIGS = hopper_configs([(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3)])
-_fwd_tuned = autotuned(_fwd_kernel, FWD_CONFIGS, "tune_tq", "BLOCK_M")
-
-
-def _interpreting() -> bool:
-    """Whether Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``) right now."""
-    return bool(triton.knobs.runtime.interpret)
-
-
-# The kernels were built for the interpreter only if it was on when this module was imported.
-_BUILT_FOR_INTERPRETER = _interpreting()
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """How ``_dot`` multiplies tiles of this dtype (see :func:`qkv.backends.triton_tiles._dot`)."""
-    if dtype == torch.float32:
-        return "ieee"  # plain PyTorch does not use TF32 for float32 matmuls by default
-    if dtype == torch.bfloat16 and _BUILT_FOR_INTERPRETER:
-        return "interpret-bf16"
-    return "tf32"  # ignored for 16-bit inputs: the tensor cores multiply them exactly
-
-
-def _tune_bucket(t: int) -> int:
-    """Sequence lengths that share tuned configs: powers of two, capped (decoding needs this,
-    or every new cache length would re-run the autotuner)."""
-    return min(triton.next_power_of_2(max(t, 1)), 8192)
+# blocks take 8 warps (two warpgroups; with 4, the float32 accumulator of a 128 x 128 tile
+# spills registers at D = 128), with 3-4 stages of K/V prefetch (224 KiB of shared memory
+# for 128 x 128 tiles at D = 128, within an sm_90 block's 227 KiB); (64, 64) is the tile for
+# short query blocks. Float32 needs small tiles (see `autotuned`). `benchmarks/hopper_fit.py`
+# compiles each for sm_90 and reports its registers, spills and shared memory.
+FWD_CONFIGS = hopper_configs([(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)])
+FWD_FLOAT32_CONFIGS = hopper_configs([(32, 16, 4, 2), (32, 16, 4, 3)])
+_fwd_tuned = autotuned(_fwd_kernel, FWD_CONFIGS, FWD_FLOAT32_CONFIGS, "tune_tq", "BLOCK_M")
 
 
 def _launch_meta(q, k, v, lengths: Tensor | None, causal: bool, scale: float, blocks) -> dict:
@@ -230,9 +221,9 @@ def _launch_meta(q, k, v, lengths: Tensor | None, causal: bool, scale: float, bl
         PAD_DV=block_dv != dv,
         CAUSAL=causal,
         HAS_LENGTHS=lengths is not None,
-        PRECISION=_dot_precision(q.dtype),
+        PRECISION=dot_precision(q.dtype),
     )
-    tune = (_tune_bucket(q.shape[2]), _tune_bucket(k.shape[2]))
+    tune = (tune_bucket(q.shape[2]), tune_bucket(k.shape[2]))
     return dict(consts=consts, tune=tune, causal=causal, scale=scale, blocks=blocks)
 
 
@@ -247,11 +238,14 @@ def _flash_forward(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, meta
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
             h, tq, k.shape[2], meta["scale"] * LOG2E, *meta["tune"])  # fmt: skip
     if meta["blocks"] is None:
-        _fwd_tuned[lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h)](*args, **consts)
+        grid = lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h)  # noqa: E731
+        _fwd_tuned[grid](*args, **consts, **LAUNCH_OPTIONS)
     else:
         bm, bn = meta["blocks"]
         grid = (triton.cdiv(tq, bm), b * h)
-        _fwd_kernel[grid](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
+        _fwd_kernel[grid](
+            *args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2, **LAUNCH_OPTIONS
+        )
     return out, lse
 
 
@@ -336,7 +330,7 @@ def flash_attention(
 
 def _input_problems(q: Tensor, k: Tensor, v: Tensor) -> list[str]:
     """What about these tensors the kernel cannot handle (empty when it can)."""
-    if q.device.type != "cuda" and not (_BUILT_FOR_INTERPRETER and _interpreting()):
+    if q.device.type != "cuda" and not (_BUILT_FOR_INTERPRETER and interpreting()):
         # alone: nothing else matters there, and `auto` asks on every CPU call
         return [
             f"needs a CUDA device (tensors are on {q.device.type}; the CPU works only with "

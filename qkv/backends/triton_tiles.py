@@ -8,12 +8,31 @@ lengths. Imported by :mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.tri
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["LOG2E", "autotuned", "hopper_configs"]
+__all__ = [
+    "LAUNCH_OPTIONS",
+    "LOG2E",
+    "autotuned",
+    "dot_precision",
+    "hopper_configs",
+    "interpreting",
+    "tune_bucket",
+]
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the fast hardware path
+
+
+def interpreting() -> bool:
+    """Whether Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``) right now."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+# The kernels were built for the interpreter only if it was on when the modules were imported
+# (this one first: the kernel modules import it).
+_BUILT_FOR_INTERPRETER = interpreting()
 
 
 @triton.jit
@@ -38,6 +57,15 @@ def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, PAD_C
 #   "interpret-bf16"  bfloat16 under Triton 3.9's CPU interpreter, whose tl.dot multiplies the
 #            raw bit patterns of bfloat16 operands and whose float32 -> bfloat16 cast truncates;
 #            _dot and _cast below emulate what the GPU does instead.
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The PRECISION of ``_dot`` for tiles of this dtype."""
+    if dtype == torch.float32:
+        return "ieee"  # plain PyTorch does not use TF32 for float32 matmuls by default
+    if dtype == torch.bfloat16 and _BUILT_FOR_INTERPRETER:
+        return "interpret-bf16"
+    return "tf32"  # ignored for 16-bit inputs: the tensor cores multiply them exactly
 
 
 @triton.jit
@@ -98,19 +126,46 @@ def hopper_configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Confi
     ]
 
 
-def autotuned(kernel, configs: list[triton.Config], length_arg: str, block: str):
-    """``kernel`` autotuned over ``configs``, keyed on bucketed lengths and the constexprs.
+# Options of every compiled launch. FMA contraction is Triton's default; saying so keeps
+# Triton 3.9 from warning at each first compile that the default will change.
+LAUNCH_OPTIONS = {"enable_fp_fusion": True}
 
+
+def tune_bucket(t: int) -> int:
+    """Sequence lengths that share tuned configs: powers of two, capped (decoding needs this,
+    or every new cache length would re-run the autotuner)."""
+    return min(triton.next_power_of_2(max(t, 1)), 8192)
+
+
+def autotuned(
+    kernel,
+    configs: list[triton.Config],
+    float32_configs: list[triton.Config],
+    length_arg: str,
+    block: str,
+):
+    """``kernel`` autotuned over ``configs`` (16-bit inputs) or ``float32_configs``, keyed on
+    bucketed lengths and the constexprs.
+
+    Float32 tiles are multiplied exactly (``PRECISION="ieee"``), with FMA instructions
+    instead of tensor cores, and Triton keeps each thread's whole rows of both operands in
+    registers: at head size 128 only tiles of about 16-32 rows compile without spilling,
+    so they get candidates of their own (see ``benchmarks/hopper_fit.py``).
     The ``tune_tq``/``tune_tk`` arguments (read by nothing but this key) are lengths rounded
     up to powers of two, so a new sequence length rarely re-runs the tuner. Short lengths
     (decoding: a handful of queries against a cache) only try tiles of at most 64 along
     ``block``, long ones only the wider tiles: half the configs to compile per case.
     """
+    wide = {id(c) for c in float32_configs}
 
     def prune(configs, named_args, **kwargs):
+        exact = kwargs.get("PRECISION") == "ieee"
+        pool = [c for c in configs if (id(c) in wide) == exact]
         short = named_args[length_arg] <= 64
-        kept = [c for c in configs if (c.kwargs[block] <= 64) == short]
-        return kept or configs
+        kept = [c for c in pool if (c.kwargs[block] <= 64) == short]
+        return kept or pool
 
     key = ["tune_tq", "tune_tk", "GROUPS", "HEAD_D", "HEAD_DV", "CAUSAL", "HAS_LENGTHS"]
-    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+    return triton.autotune(
+        configs + float32_configs, key=key, prune_configs_by={"early_config_prune": prune}
+    )(kernel)

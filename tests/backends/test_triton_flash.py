@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 triton = pytest.importorskip("triton")
 tf = pytest.importorskip("qkv.backends.triton_flash")
+tb = pytest.importorskip("qkv.backends.triton_bwd")
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
@@ -290,6 +291,34 @@ def test_why_not_explains_each_limit():
         assert len(reasons) == 1 and word in reasons[0], (word, reasons)
 
 
+def test_auto_sends_float32_on_cuda_to_sdpa():
+    """Exact float32 tiles run without tensor cores, in small tiles (the compile report of
+    benchmarks/hopper_fit.py): on CUDA, auto prefers SDPA for them; 16-bit stays."""
+    from types import SimpleNamespace
+
+    from qkv.backends import _sdpa_suits_float32
+
+    def request(device: str, dtype: torch.dtype):
+        return SimpleNamespace(q=SimpleNamespace(device=torch.device(device), dtype=dtype))
+
+    assert "float32" in _sdpa_suits_float32(request("cuda", torch.float32))
+    for device, dtype in [
+        ("cuda", torch.bfloat16),
+        ("cuda", torch.float16),
+        ("cpu", torch.float32),
+    ]:
+        assert _sdpa_suits_float32(request(device, dtype)) is None
+    q = torch.randn(1, 2, 64, 64, device=DEVICE)
+    if INTERPRET:  # the interpreter's CPU tensors keep the kernel
+        assert qkv.explain_dispatch(q, q, q).chosen == "triton"
+    else:
+        dispatch = qkv.explain_dispatch(q, q, q)
+        assert dispatch.chosen == "sdpa" and "float32" in dispatch.reasons["triton"][0]
+        assert qkv.explain_dispatch(*(q.bfloat16(),) * 3).chosen == "triton"
+    out = qkv.scaled_dot_product_attention(q, q, q, backend="triton")  # still runs float32
+    torch.testing.assert_close(out, qkv.scaled_dot_product_attention(q, q, q, backend="reference"))
+
+
 def test_cpu_without_interpreter_is_explained(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q, k, v = (torch.randn(1, 2, 8, 32) for _ in range(3))
@@ -313,63 +342,54 @@ def test_bad_inputs_are_rejected():
 
 # --- the kernels compile for the GPU, even where there is none ----------------------------
 
-_COMPILE_FOR_HOPPER = """
-import sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from qkv.backends import triton_bwd as tb, triton_flash as tf
-
-FLOAT32 = {"Lse", "DLse", "Delta"}
-POINTERS = {"Q", "K", "V", "Out", "DOut", "DO", "DK", "DV", "DQ", "KeyLen"} | FLOAT32
-
-def compile_for_hopper(fn, dtype, consts, warps, stages):
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name in POINTERS:
-            sig[name] = "*i32" if name == "KeyLen" else "*fp32" if name in FLOAT32 else "*" + dtype
-        else:
-            sig[name] = "fp32" if name.endswith("scale") else "i32"
-    options = dict(num_warps=warps, num_stages=stages)
-    kernel = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                            options=options)
-    assert "st.local" not in kernel.asm["ptx"], fn.__name__ + " spills registers"
-
-dtype, d, causal, lengths = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-block_d = max(16, triton.next_power_of_2(d))
-common = dict(GROUPS=2, HEAD_D=d, HEAD_DV=d, BLOCK_D=block_d, BLOCK_DV=block_d,
-              PAD_D=block_d != d, PAD_DV=block_d != d, CAUSAL=causal, HAS_LENGTHS=lengths,
-              PRECISION="ieee" if dtype == "fp32" else "tf32")
-if not lengths:
-    common["KeyLen"] = None
-for fn, (m, n, w, s) in [(tf._fwd_kernel, (64, 64, 4, 3)), (tb._bwd_dkdv_kernel, (32, 64, 4, 3)),
-                         (tb._bwd_dq_kernel, (64, 32, 4, 3))]:
-    compile_for_hopper(fn, dtype, dict(common, BLOCK_M=m, BLOCK_N=n), w, s)
-delta = dict(HEAD_DV=d, BLOCK_M=64, BLOCK_DV=block_d, PAD_DV=block_d != d, HAS_DLSE=True)
-compile_for_hopper(tb._bwd_delta_kernel, dtype, delta, 4, 1)
-print("compiled")
-"""
-
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "dtype,d,causal,lengths",
-    [("bf16", 40, True, True), ("fp32", 64, False, False)],
-    ids=["bf16-d40-causal-lengths", "fp32-d64-full"],
-)
-def test_kernels_compile_for_hopper(dtype, d, causal, lengths):
-    """The interpreter runs Python, so it accepts code the compiler rejects: compile for sm_90."""
+def test_every_candidate_fits_hopper():
+    """The interpreter runs Python, so it accepts code the compiler rejects, and says nothing
+    of registers: compile every autotuning candidate for sm_90 (H100/H200) with the ptxas
+    triton ships, in 16-bit and float32, at a padded head size (40) and the largest (128),
+    plain and with causal + key lengths + GQA. Each must compile without spilling registers
+    and within an sm_90 block's shared memory; 16-bit ones must use the tensor cores."""
     import subprocess
     import sys
+    from pathlib import Path
 
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "hopper_fit.py"
+    args = ["--head-sizes", "40", "128", "--dtypes", "bf16", "fp32"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [dtype, str(d), str(int(causal)), str(int(lengths))]
     proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_FOR_HOPPER, *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=900
+    )
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("this triton installation has no ptxas")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+    failed = [line for line in proc.stdout.splitlines() if ": fits" not in line]
+    assert proc.returncode == 0, "\n".join(failed) + proc.stderr[-3000:]
+    candidates = (len(tf.FWD_CONFIGS) + len(tf.FWD_FLOAT32_CONFIGS) + len(tb.BWD_DKDV_CONFIGS)
+                  + len(tb.BWD_DKDV_FLOAT32_CONFIGS) + len(tb.BWD_DQ_CONFIGS)
+                  + len(tb.BWD_DQ_FLOAT32_CONFIGS))  # fmt: skip
+    assert proc.stdout.count(": fits") == candidates * 2 * 2  # head sizes x variants
+
+
+@pytest.mark.parametrize(
+    "tuned,pools,length_arg,block",
+    [
+        ("_fwd_tuned", ("FWD_CONFIGS", "FWD_FLOAT32_CONFIGS"), "tune_tq", "BLOCK_M"),
+        ("_dkdv_tuned", ("BWD_DKDV_CONFIGS", "BWD_DKDV_FLOAT32_CONFIGS"), "tune_tk", "BLOCK_N"),
+        ("_dq_tuned", ("BWD_DQ_CONFIGS", "BWD_DQ_FLOAT32_CONFIGS"), "tune_tq", "BLOCK_M"),
+    ],
+)
+def test_autotuning_tries_the_candidates_of_the_dtype_and_length(tuned, pools, length_arg, block):
+    """float32 (exact products) gets its own small tiles; among the 16-bit ones, long
+    sequences try the wide tiles along the program's own axis, short ones the narrow."""
+    module = tf if tuned == "_fwd_tuned" else tb
+    tuner = getattr(module, tuned)
+    sixteen, thirty_two = (getattr(module, name) for name in pools)
+    assert tuner.configs == sixteen + thirty_two
+
+    def pruned(precision: str, length: int) -> list:
+        return tuner.early_config_prune(tuner.configs, {length_arg: length}, PRECISION=precision)
+
+    assert pruned("ieee", 4096) == thirty_two and pruned("ieee", 16) == thirty_two
+    wide = [c for c in sixteen if c.kwargs[block] > 64]
+    assert wide and pruned("tf32", 4096) == wide
+    assert pruned("tf32", 16) == [c for c in sixteen if c.kwargs[block] <= 64]
