@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import result, write  # noqa: E402
 
-__all__ = ["main", "run", "to_results"]
+__all__ = ["chosen_tiles", "main", "run", "to_results"]
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 QUICK_LENGTHS = [1024, 4096]
@@ -79,6 +79,21 @@ def _implementations(causal: bool) -> dict:
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
         )
     return impls
+
+
+def chosen_tiles() -> dict[str, str]:
+    """The tiles the autotuner picked at the last launch of each qkv kernel, as
+    ``BLOCK_MxBLOCK_N wWARPS sSTAGES`` (none before a kernel's first launch)."""
+    from qkv.backends import triton_bwd as tb
+    from qkv.backends import triton_flash as tf
+
+    tiles = {}
+    for name, tuner in (("fwd", tf._fwd_tuned), ("dkdv", tb._dkdv_tuned), ("dq", tb._dq_tuned)):
+        config = getattr(tuner, "best_config", None)
+        if config is not None:
+            m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+            tiles[name] = f"{m}x{n} w{config.num_warps} s{config.num_stages}"
+    return tiles
 
 
 def _outputs_and_grads(fn, q, k, v, dout) -> list[torch.Tensor]:
@@ -120,6 +135,8 @@ def run_case(d: int, t: int, causal: bool) -> list[dict]:
             rows.append(dict(base, mode="fwd", ms=None, tflops=None, error=reason))
             rows.append(dict(base, mode="fwd+bwd", ms=None, tflops=None, error=reason))
             continue
+        if name == "qkv":
+            base["tiles"] = chosen_tiles()
         for mode, ms in (("fwd", fwd_ms), ("fwd+bwd", both_ms)):
             tflops = attention_flops(b, h, t, d, causal, mode) / (ms * 1e-3) / 1e12
             rows.append(dict(base, mode=mode, ms=ms, tflops=tflops))
@@ -179,7 +196,7 @@ def to_results(rows: list[dict]) -> list[dict]:
         case = f"D={d} T={t} {'causal' if causal else 'full'} {mode}"
         extra = dict(qkv_ms=ours["ms"], peer_ms=group[best]["ms"], B=ours["B"], H=ours["H"],
                      ratio_to_sdpa=ours.get("ratio_to_sdpa"),
-                     max_abs_diff=ours.get("max_abs_diff"))  # fmt: skip
+                     max_abs_diff=ours.get("max_abs_diff"), tiles=ours.get("tiles"))  # fmt: skip
         out.append(result(case, ours["tflops"], f"SDPA {best}", group[best]["tflops"],
                           unit="TFLOP/s", target=target, met=met, **extra))  # fmt: skip
     return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from benchmarks import common, gpu
 from qkv.bench import MARK, update_markdown
 
@@ -33,6 +35,21 @@ def test_gpu_rows_compare_qkv_with_the_fastest_sdpa_kernel():
     assert fwd["max_abs_diff"] == {"out": 1e-3} and fwd["unit"] == "TFLOP/s"
     both = out["D=128 T=4096 full fwd+bwd"]
     assert both["target"] == "≥ 0.9×" and both["met"] is True
+
+
+def test_gpu_rows_name_the_tiles_the_autotuner_chose(monkeypatch):
+    tf = pytest.importorskip("qkv.backends.triton_flash")
+    tb = pytest.importorskip("qkv.backends.triton_bwd")
+    monkeypatch.setattr(tf._fwd_tuned, "best_config", tf.FWD_CONFIGS[0], raising=False)
+    monkeypatch.setattr(tb._dq_tuned, "best_config", tb.BWD_DQ_FLOAT32_CONFIGS[0], raising=False)
+    monkeypatch.delattr(tb._dkdv_tuned, "best_config", raising=False)  # not launched yet
+    c, f = tf.FWD_CONFIGS[0], tb.BWD_DQ_FLOAT32_CONFIGS[0]
+    assert gpu.chosen_tiles() == {
+        "fwd": f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}",
+        "dq": f"{f.kwargs['BLOCK_M']}x{f.kwargs['BLOCK_N']} w{f.num_warps} s{f.num_stages}",
+    }
+    rows = [_row("qkv", tiles={"fwd": "128x128 w8 s3"}), _row("flash")]
+    assert gpu.to_results(rows)[0]["tiles"] == {"fwd": "128x128 w8 s3"}
 
 
 def test_every_benchmark_lands_in_benchmarks_md(tmp_path):
