@@ -25,6 +25,11 @@ BENCHMARKS.md; ``qkv bench gpu`` runs it too. A table is printed. Autotuning (Ho
 configs in :mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.triton_bwd`) happens
 on each kernel's first call and is not timed. Without a CUDA device the script says so
 and exits with status 0; it exits with 1 if qkv's kernel failed on any case.
+
+Cases run in the order of :func:`ordered_cases` (those with a forward target first), and
+the JSON file is rewritten after each one, so a run cut short by ``--budget-s`` or from
+outside keeps what it measured. ``benchmarks/device.sh`` runs this with the kernel's tests
+and the compile report in one call on a lent GPU.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import result, write  # noqa: E402
 
-__all__ = ["chosen_tiles", "main", "run", "to_results"]
+__all__ = ["chosen_tiles", "main", "ordered_cases", "run", "to_results"]
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 QUICK_LENGTHS = [1024, 4096]
@@ -228,6 +233,25 @@ def print_table(rows: list[dict]) -> None:
         print(line)
 
 
+def ordered_cases(lengths: list[int]) -> list[tuple[int, int, bool]]:
+    """Every ``(D, T, causal)``, those with a forward target first (D = 128, T >= 4k, not
+    causal), then the rest of D = 128, then D = 64: a budget cut drops the least needed."""
+    cases = [(d, t, c) for d in HEADS for t in lengths for c in (False, True)]
+    return sorted(cases, key=lambda c: (not (c[0] == 128 and c[1] >= 4096 and not c[2]), -c[0]))
+
+
+def _notes(start: float, left: list, triton) -> str:
+    """The JSON file's notes; ``left``: the cases not measured (skipped, or still to come)."""
+    seconds = round(time.monotonic() - start, 1)
+    return (
+        f"{torch.cuda.get_device_name()}, triton {triton.__version__}, bfloat16, about "
+        f"{TOKENS} tokens per batch; FLOPs: forward 4·B·H·T·T·D, fwd+bwd 3.5×, causal halved; "
+        f"qkv against the fastest SDPA kernel of each case ({seconds} s"
+        + (f"; {len(left)} cases not measured" if left else "")
+        + "). Every kernel's ratio and qkv's differences from SDPA are in the JSON."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the process exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -248,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     start, rows, skipped = time.monotonic(), [], []
-    lengths = QUICK_LENGTHS if args.quick else LENGTHS
-    cases = [(d, t, c) for d in HEADS for t in lengths for c in (False, True)]
+    cases = ordered_cases(QUICK_LENGTHS if args.quick else LENGTHS)
     for i, (d, t, causal) in enumerate(cases, 1):
         if time.monotonic() - start > args.budget_s:
             skipped.append(dict(D=d, T=t, causal=causal))
@@ -258,15 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(cases)} {elapsed:5.0f} s] D={d} T={t} causal={causal}", flush=True)
         rows += run_case(d, t, causal)
         torch.cuda.empty_cache()
+        # after every case, so that a run stopped from outside keeps what it measured
+        write(args.out_dir, "gpu", to_results(rows), notes=_notes(start, cases[i:], triton))
 
     seconds = round(time.monotonic() - start, 1)
-    notes = (
-        f"{torch.cuda.get_device_name()}, triton {triton.__version__}, bfloat16, about "
-        f"{TOKENS} tokens per batch; FLOPs: forward 4·B·H·T·T·D, fwd+bwd 3.5×, causal halved; "
-        f"qkv against the fastest SDPA kernel of each case ({seconds} s"
-        + (f"; {len(skipped)} cases skipped over the budget" if skipped else "")
-        + "). Every kernel's ratio and qkv's differences from SDPA are in the JSON."
-    )
+    notes = _notes(start, skipped, triton)
     path = write(args.out_dir, "gpu", to_results(rows), notes=notes)
     print()
     print_table(rows)

@@ -37,6 +37,14 @@ def test_gpu_rows_compare_qkv_with_the_fastest_sdpa_kernel():
     assert both["target"] == "≥ 0.9×" and both["met"] is True
 
 
+def test_gpu_cases_with_a_forward_target_come_first():
+    cases = gpu.ordered_cases([1024, 4096, 16384])
+    assert sorted(cases) == sorted((d, t, c) for d in (64, 128) for t in (1024, 4096, 16384)
+                                   for c in (False, True))  # fmt: skip
+    assert cases[:2] == [(128, 4096, False), (128, 16384, False)]
+    assert {c[0] for c in cases[:6]} == {128} and {c[0] for c in cases[6:]} == {64}
+
+
 def test_gpu_rows_name_the_tiles_the_autotuner_chose(monkeypatch):
     tf = pytest.importorskip("qkv.backends.triton_flash")
     tb = pytest.importorskip("qkv.backends.triton_bwd")
