@@ -5,7 +5,8 @@ Each candidate of :mod:`qkv.backends.triton_flash` (forward) and
 GPU compiles it: Triton's compiler and the ``ptxas`` it ships, 16-byte aligned pointers and
 strides (what Triton assumes for contiguous tensors with a head size that is a multiple of
 8). For each one it reports the registers per thread, the bytes spilled to local memory
-and the shared memory a block needs. A spill means local-memory traffic in the inner loop;
+and the shared memory a block needs. A spill (over :data:`SPILL_LIMIT` bytes) means local-memory
+traffic in the inner loop;
 shared memory over an sm_90 block's 227 KiB means the config cannot launch at all (the
 autotuner would skip it).
 
@@ -35,6 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHARED_LIMIT = 227 * 1024  # largest shared memory one sm_90 block may opt into
+# Bytes of spill stores per thread tolerated: Triton 3.6's ptxas spilled 4-12 bytes in two
+# float32 cases using 64-80 of 255 registers, a value or two kept in local memory rather
+# than register pressure; the spills this report was written to catch were 88 bytes to 3.8 KB.
+SPILL_LIMIT = 16
 FLOAT32_ARGS = {"Lse", "DLse", "Delta"}
 TENSOR_ARGS = {"Q", "K", "V", "Out", "DOut", "DO", "DK", "DV", "DQ", "KeyLen"} | FLOAT32_ARGS
 DTYPES = ["bf16", "fp16", "fp32"]  # Triton's names
@@ -132,7 +137,7 @@ def cases(head_sizes: list[int], dtypes: list[str]) -> list[tuple]:
 def problems(row: dict) -> list[str]:
     """What is wrong with one compiled case (empty when it fits)."""
     found = []
-    if row["spilled"]:
+    if row["spilled"] > SPILL_LIMIT:
         found.append(f"spills {row['spilled']} bytes")
     if row["shared"] > SHARED_LIMIT:
         found.append(f"needs {row['shared'] / 1024:.0f} KiB of shared memory")

@@ -39,6 +39,13 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 ATOL = {torch.float32: 5e-6, torch.float16: 2e-4, torch.bfloat16: 4e-3}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
+if INTERPRET and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
+    pytest.skip(
+        f"triton {triton.__version__}: its CPU interpreter cannot run these kernels with numpy "
+        ">= 2.4 (int() of a scalar of shape (1,)); seen with 3.6, 3.7 and later work",
+        allow_module_level=True,
+    )
+
 # conftest.py imports triton and the kernels with TRITON_INTERPRET=1 when there is no GPU;
 # that fails only if something imported triton before pytest reached tests/backends.
 _interpreted = isinstance(triton.language.zeros, InterpretedFunction) and tf._BUILT_FOR_INTERPRETER
@@ -349,7 +356,8 @@ def test_every_candidate_fits_hopper():
     of registers: compile every autotuning candidate for sm_90 (H100/H200) with the ptxas
     triton ships, in 16-bit and float32, at a padded head size (40) and the largest (128),
     plain and with causal + key lengths + GQA. Each must compile without spilling registers
-    and within an sm_90 block's shared memory; 16-bit ones must use the tensor cores."""
+    (beyond a few bytes: SPILL_LIMIT) and within an sm_90 block's shared memory; 16-bit
+    ones must use the tensor cores."""
     import subprocess
     import sys
     from pathlib import Path

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Everything the Triton kernels need a GPU for, in one call on a lent H100/H200 (the
+# `device` tool: run(command="bash benchmarks/device.sh", timeout_s=600)):
+#   1. versions: the GPU, torch, triton (the machine's own python3 and packages: the
+#      project's pins do not apply there);
+#   2. hopper_fit: the sm_90 compile report of every autotuning candidate under that
+#      machine's triton (registers, spills, shared memory);
+#   3. tests: tests/backends/test_triton_flash.py compiled on the GPU (outputs and
+#      gradients against float64 references), in parallel where pytest-xdist is there;
+#   4. gpu: benchmarks/gpu.py, qkv against SDPA's flash, cuDNN and efficient kernels;
+#      its JSON file is rewritten after every case.
+# Each step has its own time limit (590 s together), so a slow one cannot starve the
+# benchmark. Logs and gpu.json go to $OUT (the device tool's folder; else
+# /tmp/qkv-device). Exit status 1 if any step failed. Without a GPU it runs too (tests in
+# Triton's interpreter, the benchmark says there is nothing to measure): a dry run.
+set -u
+OUT=${OUT:-/tmp/qkv-device}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+status=0
+
+step() {  # step LIMIT_S NAME COMMAND...: run it, log to $OUT/NAME.log, show the log's end
+    local limit=$1 name=$2
+    shift 2
+    echo "== $name (at most ${limit} s)"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n "${TAIL_LINES:-20}" "$OUT/$name.log"
+    echo "== $name: exit $rc"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+step 40 versions "$PY" -c "
+import subprocess, torch, triton
+print('torch', torch.__version__, 'triton', triton.__version__)
+if torch.cuda.is_available():
+    print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    print(subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True).stdout)
+else:
+    print('no CUDA device: a dry run')
+"
+step 100 hopper_fit "$PY" benchmarks/hopper_fit.py --head-sizes 64 128 --dtypes bf16 fp32
+xdist=()
+if "$PY" -c "import xdist" 2>/dev/null; then xdist=(-n 8); fi
+step 200 tests "$PY" -m pytest -q -x -p no:cacheprovider "${xdist[@]}" \
+    tests/backends/test_triton_flash.py -k "not fits_hopper"
+TAIL_LINES=40 step 250 gpu "$PY" benchmarks/gpu.py "$OUT" --budget-s 200
+exit $status
