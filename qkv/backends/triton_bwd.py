@@ -289,9 +289,9 @@ def _bwd_dq_kernel(
 
 # Hopper (H100/H200) candidates. dK/dV programs own a wide key block and stream narrow query
 # blocks (so BLOCK_N is the wide one); dQ programs the other way round. The last 16-bit one
-# of each is the small tile for short sequences. Wide tiles take 8 warps: with 4, the two
-# float32 accumulators (dK, dV) of 128 keys spill registers at D = 64 and D = 128. Float32
-# needs small tiles (see `autotuned`); `benchmarks/hopper_fit.py` checks them all for sm_90.
+# of each is the small tile for short sequences. Wide tiles take 8 warps: with 4, their
+# float32 accumulators spilled registers at D = 128 (dK and dV of 128 keys at D = 64 too).
+# Float32 needs small tiles (see `autotuned`); `benchmarks/hopper_fit.py` checks them all.
 BWD_DKDV_CONFIGS = hopper_configs(
     [(32, 128, 8, 3), (32, 128, 8, 4), (16, 128, 8, 4), (32, 64, 4, 3)]
 )

@@ -2,8 +2,10 @@
 
 Loads and stores of 2-d tiles that mask only where a tile may cross an edge, the tile
 product and cast under each precision (with the CPU interpreter's bfloat16 quirks
-emulated), the key bounds of a query block, and the autotuning candidates keyed on bucketed
-lengths. Imported by :mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.triton_bwd`.
+emulated), the key bounds of a query block, and the launch settings: whether the kernels
+were built for the interpreter, the precision of each dtype, the launch options, and the
+autotuning candidates keyed on bucketed lengths. Imported by
+:mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.triton_bwd`.
 """
 
 from __future__ import annotations
@@ -151,16 +153,17 @@ def autotuned(
     instead of tensor cores, and Triton keeps each thread's whole rows of both operands in
     registers: at head size 128 only tiles of about 16-32 rows compile without spilling,
     so they get candidates of their own (see ``benchmarks/hopper_fit.py``).
+
     The ``tune_tq``/``tune_tk`` arguments (read by nothing but this key) are lengths rounded
     up to powers of two, so a new sequence length rarely re-runs the tuner. Short lengths
     (decoding: a handful of queries against a cache) only try tiles of at most 64 along
     ``block``, long ones only the wider tiles: half the configs to compile per case.
     """
-    wide = {id(c) for c in float32_configs}
+    for_float32 = {id(c) for c in float32_configs}
 
     def prune(configs, named_args, **kwargs):
         exact = kwargs.get("PRECISION") == "ieee"
-        pool = [c for c in configs if (id(c) in wide) == exact]
+        pool = [c for c in configs if (id(c) in for_float32) == exact]
         short = named_args[length_arg] <= 64
         kept = [c for c in pool if (c.kwargs[block] <= 64) == short]
         return kept or pool
