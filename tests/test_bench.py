@@ -60,6 +60,25 @@ def test_gpu_rows_name_the_tiles_the_autotuner_chose(monkeypatch):
     assert gpu.to_results(rows)[0]["tiles"] == {"fwd": "128x128 w8 s3"}
 
 
+def test_hopper_fit_names_what_does_not_fit():
+    pytest.importorskip("triton")
+    from benchmarks import hopper_fit as fit
+
+    row = dict(kernel="fwd", dtype="bf16", head_size=128, variant="plain", block_m=128,
+               block_n=64, warps=8, stages=3, registers=182, spilled=0, shared=128 << 10,
+               tensor_cores=True)  # fmt: skip
+    assert fit.problems(row) == [] and fit.line(row).endswith(": fits")
+    assert fit.problems(dict(row, spilled=fit.SPILL_LIMIT)) == []
+    bad = dict(row, spilled=468, shared=fit.SHARED_LIMIT + 1024, tensor_cores=False)
+    assert len(fit.problems(bad)) == 3 and "spills 468 bytes" in fit.line(bad)
+    assert fit.problems(dict(row, dtype="fp32", tensor_cores=False)) == []  # FMA by design
+    cases = fit.cases([64, 128], ["bf16", "fp32"])
+    per_dtype = {d: sum(c[1] == d for c in cases) for d in ("bf16", "fp32")}
+    sixteen = sum(len(k[1]) for k in fit.kernels().values())
+    thirty_two = sum(len(k[2]) for k in fit.kernels().values())
+    assert per_dtype == {"bf16": sixteen * 2 * 2, "fp32": thirty_two * 2 * 2}
+
+
 def test_every_benchmark_lands_in_benchmarks_md(tmp_path):
     results = tmp_path / "results"
     common.write(results, "alpha", [common.result("case one", 2.0, "peer A", 4.0)])
