@@ -13,8 +13,9 @@ autotuner would skip it).
 The CPU interpreter runs Python, so it checks what the kernels compute but not how they
 compile; this is the check for the second, on any machine with triton installed.
 
-Each candidate is compiled twice: plain (one query head per key head, no key lengths) and
-with every feature on (causal, key lengths, two query heads per key head). Head sizes that
+Each candidate is compiled plain (one query head per key head, no key lengths) and with
+every feature on (causal, key lengths, two query heads per key head); the forward kernel
+also with all of them over one split of the keys (Flash-Decoding). Head sizes that
 are not powers of two compile with padded tiles.
 
 Run: ``python benchmarks/hopper_fit.py [--head-sizes 64 128] [--dtypes bf16 fp32]
@@ -78,11 +79,16 @@ def signature(fn, consts: dict, dtype: str) -> tuple[dict, dict]:
     return sig, aligned
 
 
-def constants(d: int, dtype: str, config, full: bool) -> dict:
-    """The constexprs of one launch: ``full`` turns on causal, key lengths and GQA."""
+VARIANTS = ("plain", "all features", "all + split")  # the last for the forward kernel only
+
+
+def constants(d: int, dtype: str, config, variant: str, fn_args=()) -> dict:
+    """The constexprs of one launch: "all features" turns on causal, key lengths and GQA;
+    "all + split" also key splits (for a kernel with ``SPLIT`` among ``fn_args``)."""
     import triton
 
     block_d = max(16, triton.next_power_of_2(d))
+    full = variant != "plain"
     consts = dict(
         GROUPS=2 if full else 1, HEAD_D=d, HEAD_DV=d, BLOCK_D=block_d, BLOCK_DV=block_d,
         PAD_D=block_d != d, PAD_DV=block_d != d, CAUSAL=full, HAS_LENGTHS=full,
@@ -90,6 +96,8 @@ def constants(d: int, dtype: str, config, full: bool) -> dict:
     )  # fmt: skip
     if not full:
         consts["KeyLen"] = None
+    if "SPLIT" in fn_args:
+        consts["SPLIT"] = variant == "all + split"
     return consts
 
 
@@ -99,10 +107,10 @@ def compile_case(case: tuple) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    name, dtype, d, full, index = case
+    name, dtype, d, variant, index = case
     fn, configs16, configs32 = kernels()[name]
     config = (configs32 if dtype == "fp32" else configs16)[index]
-    consts = constants(d, dtype, config, full)
+    consts = constants(d, dtype, config, variant, fn.arg_names)
     sig, aligned = signature(fn, consts, dtype)
     options = dict(num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=True)
     triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v: registers and spills
@@ -114,7 +122,7 @@ def compile_case(case: tuple) -> dict:
     text = log.getvalue()
     registers = re.findall(r"Used (\d+) registers", text)
     return dict(
-        kernel=name, dtype=dtype, head_size=d, variant="causal+lengths+gqa" if full else "plain",
+        kernel=name, dtype=dtype, head_size=d, variant=variant,
         block_m=config.kwargs["BLOCK_M"], block_n=config.kwargs["BLOCK_N"],
         warps=config.num_warps, stages=config.num_stages,
         registers=int(registers[0]) if registers else None,
@@ -126,10 +134,11 @@ def compile_case(case: tuple) -> dict:
 def cases(head_sizes: list[int], dtypes: list[str]) -> list[tuple]:
     """Every (kernel, dtype, head size, variant, config index) to compile."""
     out = []
-    for name, (_, configs16, configs32) in kernels().items():
+    for name, (fn, configs16, configs32) in kernels().items():
+        variants = VARIANTS if "SPLIT" in fn.arg_names else VARIANTS[:2]
         for dtype in dtypes:
             count = len(configs32 if dtype == "fp32" else configs16)
-            out += [(name, dtype, d, full, i) for d in head_sizes for full in (False, True)
+            out += [(name, dtype, d, variant, i) for d in head_sizes for variant in variants
                     for i in range(count)]  # fmt: skip
     return out
 
@@ -149,7 +158,7 @@ def problems(row: dict) -> list[str]:
 def line(row: dict) -> str:
     """One row of the report."""
     tile = f"{row['block_m']}x{row['block_n']} w{row['warps']} s{row['stages']}"
-    head = f"{row['kernel']:>4} {row['dtype']} D={row['head_size']:<3} {row['variant']:<17}"
+    head = f"{row['kernel']:>4} {row['dtype']} D={row['head_size']:<3} {row['variant']:<12}"
     fit = "; ".join(problems(row)) or "fits"
     regs = row["registers"]
     return (f"{head} {tile:<15} regs {regs} spilled {row['spilled']} B "

@@ -35,6 +35,7 @@ from torch import Tensor
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, shape_problem
 from qkv.backends.reference import reference_attention
 from qkv.backends.triton_bwd import flash_backward
+from qkv.backends.triton_split import ALIGN, merge_splits, multiprocessors, split_len
 from qkv.backends.triton_tiles import (
     _BUILT_FOR_INTERPRETER,
     LAUNCH_OPTIONS,
@@ -140,16 +141,20 @@ def _fwd_step(
 @triton.jit
 def _fwd_kernel(
     Q, K, V, Out, Lse, KeyLen,
-    s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ob, s_oh, s_ot,
-    H, Tq, Tk, qk_scale, tune_tq, tune_tk,
+    s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_os, s_ob, s_oh, s_ot, s_ls,
+    H, Tq, Tk, split_len, qk_scale, tune_tq, tune_tk,
     GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Output and log-sum-exp of one block of query rows of one (batch, head)."""
+    """Output and log-sum-exp of one block of query rows of one (batch, head); with SPLIT,
+    over the keys of split ``program_id(2)`` only: ``[split, split + 1) * split_len``
+    (:mod:`.triton_split`)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
+    split = tl.program_id(2)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     hkv = h // GROUPS  # GQA: consecutive query heads share one key/value head
     key_len = Tk
@@ -168,15 +173,21 @@ def _fwd_kernel(
 
     # Keys [0, full) are seen by every row of the block (no mask); [full, hi) need one.
     full, hi = _key_range(key_len, start_m, shift, CAUSAL, BLOCK_M, BLOCK_N)
+    lo, mid_lo, mid_hi = 0, full, full
+    if SPLIT:  # the parts of both inside this split (split_len: a multiple of BLOCK_N)
+        first = split * split_len
+        last = first + split_len
+        lo, mid_lo = tl.minimum(first, full), tl.maximum(first, full)
+        mid_hi, hi = tl.minimum(last, full), tl.minimum(last, hi)
     k_base = K + b * s_kb + hkv * s_kh
     v_base = V + b * s_vb + hkv * s_vh
     acc, m_i, l_i = _fwd_step(
-        acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, 0, full,
+        acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, lo, mid_hi,
         offs_m, offs_d, offs_dv, key_len, shift, qk_scale,
         HEAD_D, HEAD_DV, BLOCK_N, False, CAUSAL, PAD_D, PAD_DV, PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _fwd_step(
-        acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, full, hi,
+        acc, m_i, l_i, q, k_base, v_base, s_kt, s_vt, mid_lo, hi,
         offs_m, offs_d, offs_dv, key_len, shift, qk_scale,
         HEAD_D, HEAD_DV, BLOCK_N, True, CAUSAL, PAD_D, PAD_DV, PRECISION,
     )  # fmt: skip
@@ -185,11 +196,18 @@ def _fwd_kernel(
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]  # acc is 0 on unseen rows, so they come out as zeros
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * _LN2, float("-inf"))
-    o_ptrs = Out + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_dv[None, :]
+    o_ptrs = (
+        Out
+        + split.to(tl.int64) * s_os
+        + b * s_ob
+        + h * s_oh
+        + offs_m[:, None] * s_ot
+        + offs_dv[None, :]
+    )
     _store_tile(
         o_ptrs, _cast(out, Out.dtype.element_ty, PRECISION), offs_m, Tq, offs_dv, HEAD_DV, PAD_DV
     )
-    tl.store(Lse + bh * Tq + offs_m, lse, mask=offs_m < Tq)
+    tl.store(Lse + split.to(tl.int64) * s_ls + bh * Tq + offs_m, lse, mask=offs_m < Tq)
 
 
 # --- launcher -------------------------------------------------------------------------------
@@ -228,25 +246,27 @@ def _launch_meta(q, k, v, lengths: Tensor | None, causal: bool, scale: float, bl
 
 
 def _flash_forward(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, meta: dict):
-    """Launch the forward kernel; returns ``(out, lse)``."""
+    """Launch the forward kernel, over ``meta["split_len"]`` keys per split (merged in
+    float32 when there are several: :mod:`.triton_split`); returns ``(out, lse)``."""
     b, h, tq, _ = q.shape
-    out = torch.empty((b, h, tq, v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
+    tk, per = k.shape[2], meta["split_len"]
+    splits = -(-tk // per)
+    dtype = q.dtype if splits == 1 else torch.float32
+    out = torch.empty((splits, b, h, tq, v.shape[-1]), dtype=dtype, device=q.device)
+    lse = torch.empty((splits, b, h, tq), dtype=torch.float32, device=q.device)
+    tune = meta["tune"] if splits == 1 else (meta["tune"][0], tune_bucket(per))
     consts = meta["consts"]
-    args = (q, k, v, out, lse, lengths,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            h, tq, k.shape[2], meta["scale"] * LOG2E, *meta["tune"])  # fmt: skip
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:4], lse.stride(0))
+    args = (q, k, v, out, lse, lengths, *strides, h, tq, tk, per, meta["scale"] * LOG2E, *tune)
+    options = dict(consts, SPLIT=splits > 1, **LAUNCH_OPTIONS)
     if meta["blocks"] is None:
-        grid = lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h)  # noqa: E731
-        _fwd_tuned[grid](*args, **consts, **LAUNCH_OPTIONS)
+        grid = lambda m: (triton.cdiv(tq, m["BLOCK_M"]), b * h, splits)  # noqa: E731
+        _fwd_tuned[grid](*args, **options)
     else:
         bm, bn = meta["blocks"]
-        grid = (triton.cdiv(tq, bm), b * h)
-        _fwd_kernel[grid](
-            *args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2, **LAUNCH_OPTIONS
-        )
-    return out, lse
+        grid = (triton.cdiv(tq, bm), b * h, splits)
+        _fwd_kernel[grid](*args, **options, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
+    return (out[0], lse[0]) if splits == 1 else merge_splits(out, lse, q.dtype)
 
 
 # --- autograd -------------------------------------------------------------------------------
@@ -282,6 +302,7 @@ def flash_attention(
     scale: float | None = None,
     key_lengths: Tensor | None = None,
     block_sizes: tuple[int, int] | None = None,
+    key_splits: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Exact attention with the FlashAttention-2 Triton kernel (Dao 2023).
 
@@ -298,6 +319,9 @@ def flash_attention(
             ``key_lengths[b]`` keys (key padding). ``None``: every key is real.
         block_sizes: fixed ``(BLOCK_M, BLOCK_N)`` (each a power of two >= 16) instead of
             autotuning; used by tests and under the interpreter.
+        key_splits: split the keys into this many parts, one program each, merged by
+            their lse (Flash-Decoding: :mod:`.triton_split`). ``None``: only where the
+            query blocks alone would leave a CUDA GPU's multiprocessors idle (decoding).
 
     Shape:
         q ``(B, H, Tq, D)``, k ``(B, Hkv, Tk, D)``, v ``(B, Hkv, Tk, Dv)``.
@@ -310,6 +334,8 @@ def flash_attention(
     problems = _input_problems(q, k, v)
     if block_sizes is not None and not all(b >= 16 and b & (b - 1) == 0 for b in block_sizes):
         problems.append(f"block sizes {block_sizes} must be powers of two >= 16")
+    if key_splits is not None and (not isinstance(key_splits, int) or key_splits < 1):
+        problems.append(f"key_splits must be a positive integer or None, got {key_splits!r}")
     if problems:
         raise ValueError("flash_attention: " + "; ".join(problems))
     b, tk = q.shape[0], k.shape[2]
@@ -325,6 +351,9 @@ def flash_attention(
     if q.numel() == 0 or v.shape[-1] == 0:  # nothing to launch; keep autograd connected
         return flash_attention_reference(q, k, v, causal=causal, scale=scale, key_lengths=lengths)
     meta = _launch_meta(q, k, v, lengths, causal, scale, block_sizes)
+    block_m, block_n = meta["blocks"] or (64 if q.shape[2] <= 64 else 128, ALIGN)
+    programs = triton.cdiv(q.shape[2], block_m) * b * q.shape[1]
+    meta["split_len"] = split_len(programs, tk, multiprocessors(q.device), key_splits, block_n)
     return _FlashAttention.apply(q, k, v, lengths, meta)
 
 

@@ -92,10 +92,11 @@ def _run(fn, tensors, dout, **kw):
     return (out, lse, *grads)
 
 
-def check_against_reference(gen, q, k, v, blocks=(16, 16), atol=None, **kw) -> tuple:
-    """Kernel, same-dtype PyTorch and float64 reference: outputs, lse and all three grads."""
+def check_against_reference(gen, q, k, v, blocks=(16, 16), atol=None, splits=None, **kw):
+    """Kernel (over ``splits`` key splits if given), same-dtype PyTorch and float64
+    reference: outputs, lse and all three grads."""
     dout = torch.randn(q.shape[:3] + (v.shape[-1],), generator=gen).to(q)
-    got = _run(tf.flash_attention, [q, k, v], dout, block_sizes=blocks, **kw)
+    got = _run(tf.flash_attention, [q, k, v], dout, block_sizes=blocks, key_splits=splits, **kw)
     same = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     plain = _run(tf.flash_attention_reference, same, dout, **kw)
     exact_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
@@ -183,6 +184,54 @@ def test_random_shapes(seed, b, hkv, groups, tq, tk, d, causal, padded, blocks):
     q, k, v = _qkv(gen, b, hkv * groups, hkv, tq, tk, d, torch.float32)
     lengths = torch.randint(0, tk + 1, (b,), generator=gen).to(DEVICE) if padded else None
     check_against_reference(gen, q, k, v, blocks=blocks, causal=causal, key_lengths=lengths)
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tq", [1, 20])
+def test_key_splits_match_the_reference(gen, monkeypatch, splits, causal, tq):
+    """Flash-Decoding: keys cut into splits, one program each, merged by their lse; out,
+    lse and the gradients (through the merged lse) as one pass. GQA, padding, empty rows."""
+    merged = []
+    merge = tf.merge_splits
+    monkeypatch.setattr(tf, "merge_splits", lambda *a: merged.append(a[0].shape[0]) or merge(*a))
+    q, k, v = _qkv(gen, 3, 4, 2, tq, 100, 32, torch.float32)
+    lengths = torch.tensor([100, 37, 0], device=DEVICE)
+    out, lse, *_ = check_against_reference(
+        gen, q, k, v, causal=causal, key_lengths=lengths, splits=splits
+    )
+    assert merged == [splits]  # 100 keys in blocks of 16: 64 + 36, 3 x 32 + 4
+    assert torch.all(out[2] == 0) and torch.all(lse[2] == float("-inf"))
+
+
+def test_key_splits_are_checked():
+    q = torch.randn(1, 2, 4, 32, device=DEVICE)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="key_splits"):
+            tf.flash_attention(q, q, q, key_splits=bad)
+
+
+def test_keys_split_only_where_the_queries_leave_the_gpu_idle():
+    from qkv.backends.triton_split import ALIGN, MAX_SPLITS, MIN_SPLIT_KEYS, split_len
+
+    assert split_len(32 * 64, 32768, 132) == 32768  # training: many query blocks
+    assert split_len(32, 2 * MIN_SPLIT_KEYS - 1, 132) == 2 * MIN_SPLIT_KEYS - 1  # short cache
+    assert split_len(32, 4096, 0) == 4096  # no multiprocessor count (not CUDA)
+    per = split_len(32, 32768, 132)  # decoding: B * H = 32 programs on 132 multiprocessors
+    count = -(-32768 // per)
+    assert per % ALIGN == 0 and per >= MIN_SPLIT_KEYS and 32 * count >= 2 * 132 - 32
+    assert -(-32768 // split_len(1, 1 << 20, 132)) <= MAX_SPLITS
+
+
+@settings(max_examples=200, deadline=None)
+@given(tk=st.integers(1, 10**6), splits=st.integers(1, 100), align=st.sampled_from([16, 128]))
+def test_asked_splits_cover_the_keys_on_block_boundaries(tk, splits, align):
+    from qkv.backends.triton_split import split_len
+
+    per = split_len(1, tk, 132, splits, align)
+    count = -(-tk // per)
+    assert 1 <= count <= splits and (count == 1 or per % align == 0)
+    assert per * count >= tk and per * (count - 1) < tk  # no split is empty
 
 
 def test_large_scores_and_strided_inputs(gen):
@@ -355,9 +404,9 @@ def test_every_candidate_fits_hopper():
     """The interpreter runs Python, so it accepts code the compiler rejects, and says nothing
     of registers: compile every autotuning candidate for sm_90 (H100/H200) with the ptxas
     triton ships, in 16-bit and float32, at a padded head size (40) and the largest (128),
-    plain and with causal + key lengths + GQA. Each must compile without spilling registers
-    (beyond a few bytes: SPILL_LIMIT) and within an sm_90 block's shared memory; 16-bit
-    ones must use the tensor cores."""
+    plain and with causal + key lengths + GQA (the forward also over a key split). Each
+    must compile without spilling registers (beyond a few bytes: SPILL_LIMIT) and within an
+    sm_90 block's shared memory; 16-bit ones must use the tensor cores."""
     import subprocess
     import sys
     from pathlib import Path
@@ -372,10 +421,11 @@ def test_every_candidate_fits_hopper():
         pytest.skip("this triton installation has no ptxas")
     failed = [line for line in proc.stdout.splitlines() if ": fits" not in line]
     assert proc.returncode == 0, "\n".join(failed) + proc.stderr[-3000:]
-    candidates = (len(tf.FWD_CONFIGS) + len(tf.FWD_FLOAT32_CONFIGS) + len(tb.BWD_DKDV_CONFIGS)
-                  + len(tb.BWD_DKDV_FLOAT32_CONFIGS) + len(tb.BWD_DQ_CONFIGS)
-                  + len(tb.BWD_DQ_FLOAT32_CONFIGS))  # fmt: skip
-    assert proc.stdout.count(": fits") == candidates * 2 * 2  # head sizes x variants
+    forward = len(tf.FWD_CONFIGS) + len(tf.FWD_FLOAT32_CONFIGS)
+    backward = (len(tb.BWD_DKDV_CONFIGS) + len(tb.BWD_DKDV_FLOAT32_CONFIGS)
+                + len(tb.BWD_DQ_CONFIGS) + len(tb.BWD_DQ_FLOAT32_CONFIGS))  # fmt: skip
+    # 2 head sizes; variants: plain, all features (+ over one key split, forward only)
+    assert proc.stdout.count(": fits") == 2 * (3 * forward + 2 * backward)
 
 
 @pytest.mark.parametrize(
