@@ -16,8 +16,9 @@ with :math:`s_j = \\log_2(e)\\, \\mathrm{scale}\\; q \\cdot k_j`. The backward p
 
 Supported: causal (bottom-right aligned) and non-causal attention, ``Tq != Tk``, key padding
 as per-sequence lengths, GQA/MQA (key/value head ``h // (H // Hkv)``, never repeated in
-memory), head sizes up to 128, float16/bfloat16/float32 inputs with float32 accumulation.
-A query row that sees no key gets zeros and ``lse = -inf``, never NaN.
+memory), head sizes up to 128, float16/bfloat16/float32 inputs with float32 accumulation,
+and keys split across programs for decoding (:mod:`qkv.backends.triton_split`). A query
+row that sees no key gets zeros and ``lse = -inf``, never NaN.
 
 The file is ordered as flash-attn's ``ops/triton``: reference, kernel, launcher,
 ``autograd.Function``, public function, then the backend that dispatch uses. With
@@ -35,7 +36,7 @@ from torch import Tensor
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, shape_problem
 from qkv.backends.reference import reference_attention
 from qkv.backends.triton_bwd import flash_backward
-from qkv.backends.triton_split import ALIGN, merge_splits, multiprocessors, split_len
+from qkv.backends.triton_split import launch_split_len, merge_splits
 from qkv.backends.triton_tiles import (
     _BUILT_FOR_INTERPRETER,
     LAUNCH_OPTIONS,
@@ -46,9 +47,9 @@ from qkv.backends.triton_tiles import (
     _load_tile,
     _store_tile,
     autotuned,
-    dot_precision,
     hopper_configs,
     interpreting,
+    launch_meta,
     tune_bucket,
 )
 from qkv.backends.weights import attention_weights
@@ -63,7 +64,6 @@ __all__ = [
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
-INTERPRETER_BLOCKS = (16, 16)  # the interpreter's cost grows with the tile, not the launch
 _LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -223,28 +223,6 @@ FWD_FLOAT32_CONFIGS = hopper_configs([(32, 16, 4, 2), (32, 16, 4, 3)])
 _fwd_tuned = autotuned(_fwd_kernel, FWD_CONFIGS, FWD_FLOAT32_CONFIGS, "tune_tq", "BLOCK_M")
 
 
-def _launch_meta(q, k, v, lengths: Tensor | None, causal: bool, scale: float, blocks) -> dict:
-    """Constexprs and tuning keys shared by the forward and backward launches."""
-    d, dv = q.shape[-1], v.shape[-1]
-    block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
-    if blocks is None and _BUILT_FOR_INTERPRETER:
-        blocks = INTERPRETER_BLOCKS
-    consts = dict(
-        GROUPS=q.shape[1] // k.shape[1],
-        HEAD_D=d,
-        HEAD_DV=dv,
-        BLOCK_D=block_d,
-        BLOCK_DV=block_dv,
-        PAD_D=block_d != d,
-        PAD_DV=block_dv != dv,
-        CAUSAL=causal,
-        HAS_LENGTHS=lengths is not None,
-        PRECISION=dot_precision(q.dtype),
-    )
-    tune = (tune_bucket(q.shape[2]), tune_bucket(k.shape[2]))
-    return dict(consts=consts, tune=tune, causal=causal, scale=scale, blocks=blocks)
-
-
 def _flash_forward(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, meta: dict):
     """Launch the forward kernel, over ``meta["split_len"]`` keys per split (merged in
     float32 when there are several: :mod:`.triton_split`); returns ``(out, lse)``."""
@@ -350,10 +328,8 @@ def flash_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if q.numel() == 0 or v.shape[-1] == 0:  # nothing to launch; keep autograd connected
         return flash_attention_reference(q, k, v, causal=causal, scale=scale, key_lengths=lengths)
-    meta = _launch_meta(q, k, v, lengths, causal, scale, block_sizes)
-    block_m, block_n = meta["blocks"] or (64 if q.shape[2] <= 64 else 128, ALIGN)
-    programs = triton.cdiv(q.shape[2], block_m) * b * q.shape[1]
-    meta["split_len"] = split_len(programs, tk, multiprocessors(q.device), key_splits, block_n)
+    meta = launch_meta(q, k, v, lengths, causal, scale, block_sizes)
+    meta["split_len"] = launch_split_len(q, tk, meta["blocks"], key_splits)
     return _FlashAttention.apply(q, k, v, lengths, meta)
 
 

@@ -25,7 +25,7 @@ import functools
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_SPLITS", "MIN_SPLIT_KEYS", "merge_splits", "split_len"]
+__all__ = ["MAX_SPLITS", "MIN_SPLIT_KEYS", "launch_split_len", "merge_splits", "split_len"]
 
 MIN_SPLIT_KEYS = 512  # fewer keys per split and the merge costs more than the split saves
 MAX_SPLITS = 64
@@ -58,6 +58,14 @@ def multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_split_len(q: Tensor, tk: int, blocks: tuple[int, int] | None, splits: int | None) -> int:
+    """:func:`split_len` for a forward launch on ``q`` ``(B, H, Tq, D)`` over ``tk`` keys,
+    with fixed ``blocks`` or autotuned ones (64-row query blocks up to 64 queries)."""
+    block_m, block_n = blocks or (64 if q.shape[2] <= 64 else 128, ALIGN)
+    programs = -(-q.shape[2] // block_m) * q.shape[0] * q.shape[1]
+    return split_len(programs, tk, multiprocessors(q.device), splits, block_n)
 
 
 def merge_splits(out: Tensor, lse: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

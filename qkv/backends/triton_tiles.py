@@ -21,6 +21,7 @@ __all__ = [
     "dot_precision",
     "hopper_configs",
     "interpreting",
+    "launch_meta",
     "tune_bucket",
 ]
 
@@ -131,12 +132,35 @@ def hopper_configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Confi
 # Options of every compiled launch. FMA contraction is Triton's default; saying so keeps
 # Triton 3.9 from warning at each first compile that the default will change.
 LAUNCH_OPTIONS = {"enable_fp_fusion": True}
+INTERPRETER_BLOCKS = (16, 16)  # the interpreter's cost grows with the tile, not the launch
 
 
 def tune_bucket(t: int) -> int:
     """Sequence lengths that share tuned configs: powers of two, capped (decoding needs this,
     or every new cache length would re-run the autotuner)."""
     return min(triton.next_power_of_2(max(t, 1)), 8192)
+
+
+def launch_meta(q, k, v, lengths, causal: bool, scale: float, blocks) -> dict:
+    """Constexprs and tuning keys shared by the forward and backward launches."""
+    d, dv = q.shape[-1], v.shape[-1]
+    block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
+    if blocks is None and _BUILT_FOR_INTERPRETER:
+        blocks = INTERPRETER_BLOCKS
+    consts = dict(
+        GROUPS=q.shape[1] // k.shape[1],
+        HEAD_D=d,
+        HEAD_DV=dv,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        PAD_D=block_d != d,
+        PAD_DV=block_dv != dv,
+        CAUSAL=causal,
+        HAS_LENGTHS=lengths is not None,
+        PRECISION=dot_precision(q.dtype),
+    )
+    tune = (tune_bucket(q.shape[2]), tune_bucket(k.shape[2]))
+    return dict(consts=consts, tune=tune, causal=causal, scale=scale, blocks=blocks)
 
 
 def autotuned(
