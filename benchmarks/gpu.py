@@ -4,7 +4,10 @@ Compares :func:`qkv.backends.triton_flash.flash_attention` with
 ``torch.nn.functional.scaled_dot_product_attention`` restricted (``sdpa_kernel``) to each
 of its fused kernels: flash, cuDNN and memory-efficient. bfloat16; head size 64 (32 heads)
 and 128 (16 heads); sequence lengths 1k-16k with ``B = 16384 // T`` (about 16k tokens per
-batch); causal and not; forward and forward+backward.
+batch); causal and not; forward and forward+backward. Then decoding steps ("decode"): one
+query row against caches of 4k-64k keys (B = 1, H = 32, D = 128, forward only), where qkv
+splits the keys across programs (:mod:`qkv.backends.triton_split`); its time in one pass
+over the keys (``key_splits=1``) is in the same row, and the cache read rate in GB/s.
 
 Throughput follows flash-attn's benchmark convention: the forward pass does
 ``4 * B * H * T * T * D`` FLOPs (two matmuls), the backward 2.5 times that, so
@@ -46,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import result, write  # noqa: E402
 
-__all__ = ["chosen_tiles", "main", "ordered_cases", "run", "to_results"]
+__all__ = ["chosen_tiles", "main", "ordered_cases", "plan", "run", "to_results"]
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 QUICK_LENGTHS = [1024, 4096]
@@ -55,6 +58,8 @@ TOKENS = 16384
 SDPA_KERNELS = ["flash", "cudnn", "efficient"]
 FWD_BWD_FACTOR = 3.5  # forward (1) + backward (2.5), as flash-attn counts
 FWD_TFLOPS_TARGET = 450.0  # forward, D = 128, T >= 4k, non-causal, on an H200
+DECODE_LENGTHS = [4096, 16384, 65536]  # cache lengths of the decoding cases
+DECODE_HEADS = 32  # D = 128, one sequence, one query row: 32 programs without key splits
 
 
 def attention_flops(b: int, h: int, t: int, d: int, causal: bool, mode: str) -> float:
@@ -136,7 +141,7 @@ def run_case(d: int, t: int, causal: bool) -> list[dict]:
                     lambda: fn(q, k, v).backward(dout), grad_to_none=[q, k, v], return_mode="median"
                 )
         except Exception as err:  # e.g. an SDPA kernel without support for this case
-            reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else repr(err)
+            reason = _reason(err)
             rows.append(dict(base, mode="fwd", ms=None, tflops=None, error=reason))
             rows.append(dict(base, mode="fwd+bwd", ms=None, tflops=None, error=reason))
             continue
@@ -154,9 +159,52 @@ def run_case(d: int, t: int, causal: bool) -> list[dict]:
     return rows
 
 
+def _reason(err: Exception) -> str:
+    """The first line of an error, for a row that could not run."""
+    return str(err).strip().splitlines()[0][:160] if str(err).strip() else repr(err)
+
+
+def run_decode_case(tk: int) -> list[dict]:
+    """One decoding step (B = 1, H = 32, D = 128, one query row) over a cache of ``tk``
+    keys, forward only: qkv (key splits by its own rule), qkv in one pass over the keys
+    (``key_splits=1``, as a field of qkv's row) and each SDPA kernel."""
+    from contextlib import nullcontext
+
+    from triton.testing import do_bench
+
+    from qkv.backends.triton_flash import flash_attention
+
+    h, d = DECODE_HEADS, 128
+    q = torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, h, tk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    impls = dict(_implementations(False))
+    impls["qkv one pass"] = (nullcontext, lambda q, k, v: flash_attention(q, k, v, key_splits=1)[0])
+    rows, outs = [], {}
+    for name, (context, fn) in impls.items():
+        base = dict(impl=name, D=d, H=h, B=1, T=tk, causal=False, mode="decode")
+        try:
+            with context():
+                outs[name] = fn(q, k, v)
+                ms = do_bench(lambda: fn(q, k, v), return_mode="median")
+        except Exception as err:
+            rows.append(dict(base, ms=None, tflops=None, error=_reason(err)))
+            continue
+        cache_gb = 2 * h * tk * d * 2 / 1e9  # K and V, bf16: read once per step
+        rows.append(dict(base, ms=ms, tflops=4.0 * h * tk * d / (ms * 1e-3) / 1e12,
+                         cache_gb_per_s=cache_gb / (ms * 1e-3)))  # fmt: skip
+    reference = next((n for n in SDPA_KERNELS if n in outs), None)
+    by_impl = {r["impl"]: r for r in rows}
+    if "qkv" in by_impl and reference and "qkv" in outs:
+        by_impl["qkv"]["max_abs_diff_vs"] = reference
+        by_impl["qkv"]["max_abs_diff"] = _max_diffs([outs["qkv"]], [outs[reference]])
+        by_impl["qkv"]["one_pass_ms"] = by_impl.get("qkv one pass", {}).get("ms")
+    _add_ratios(rows)
+    return [r for r in rows if r["impl"] != "qkv one pass"]
+
+
 def _add_ratios(rows: list[dict]) -> None:
     """qkv throughput / each SDPA kernel's, per mode (None where either did not run)."""
-    for mode in ("fwd", "fwd+bwd"):
+    for mode in ("fwd", "fwd+bwd", "decode"):
         by_impl = {r["impl"]: r for r in rows if r["mode"] == mode}
         ours = by_impl.get("qkv", {}).get("tflops")
         ratios = {}
@@ -174,7 +222,7 @@ def _target(row: dict) -> tuple[str | None, bool | None]:
         return None, None
     if row["mode"] == "fwd+bwd":
         return "≥ 0.9×", ratio >= 0.9
-    if row["D"] == 128 and row["T"] >= 4096 and not row["causal"]:
+    if row["mode"] == "fwd" and row["D"] == 128 and row["T"] >= 4096 and not row["causal"]:
         met = ratio >= 1.0 and row["tflops"] >= FWD_TFLOPS_TARGET
         return f"≥ 1.0× and ≥ {FWD_TFLOPS_TARGET:.0f} TFLOP/s", met
     return None, None
@@ -201,7 +249,8 @@ def to_results(rows: list[dict]) -> list[dict]:
         case = f"D={d} T={t} {'causal' if causal else 'full'} {mode}"
         extra = dict(qkv_ms=ours["ms"], peer_ms=group[best]["ms"], B=ours["B"], H=ours["H"],
                      ratio_to_sdpa=ours.get("ratio_to_sdpa"),
-                     max_abs_diff=ours.get("max_abs_diff"), tiles=ours.get("tiles"))  # fmt: skip
+                     max_abs_diff=ours.get("max_abs_diff"), tiles=ours.get("tiles"),
+                     one_pass_ms=ours.get("one_pass_ms"))  # fmt: skip
         out.append(result(case, ours["tflops"], f"SDPA {best}", group[best]["tflops"],
                           unit="TFLOP/s", target=target, met=met, **extra))  # fmt: skip
     return out
@@ -229,7 +278,9 @@ def print_table(rows: list[dict]) -> None:
         line += " | " + " ".join(f"{_fmt(ratios.get(n), '9.2f'):>9}" for n in SDPA_KERNELS)
         diff = ours.get("max_abs_diff")
         if diff:
-            line += " | " + "/".join(f"{diff[k]:.1e}" for k in ("out", "dq", "dk", "dv"))
+            line += " | " + "/".join(
+                f"{diff[k]:.1e}" for k in ("out", "dq", "dk", "dv") if k in diff
+            )
         print(line)
 
 
@@ -238,6 +289,16 @@ def ordered_cases(lengths: list[int]) -> list[tuple[int, int, bool]]:
     causal), then the rest of D = 128, then D = 64: a budget cut drops the least needed."""
     cases = [(d, t, c) for d in HEADS for t in lengths for c in (False, True)]
     return sorted(cases, key=lambda c: (not (c[0] == 128 and c[1] >= 4096 and not c[2]), -c[0]))
+
+
+def plan(lengths: list[int], decode_lengths: list[int]) -> list[tuple]:
+    """The run's cases in order: ``("train", D, T, causal)`` with a forward target, the
+    decoding steps ``("decode", Tk)``, then the other training shapes."""
+    cases = ordered_cases(lengths)
+    targets = [c for c in cases if c[0] == 128 and c[1] >= 4096 and not c[2]]
+    rest = [c for c in cases if c not in targets]
+    decode = [("decode", t) for t in decode_lengths]
+    return [("train", *c) for c in targets] + decode + [("train", *c) for c in rest]
 
 
 def _notes(start: float, left: list, triton) -> str:
@@ -272,14 +333,16 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     start, rows, skipped = time.monotonic(), [], []
-    cases = ordered_cases(QUICK_LENGTHS if args.quick else LENGTHS)
-    for i, (d, t, causal) in enumerate(cases, 1):
+    quick = args.quick
+    cases = plan(
+        QUICK_LENGTHS if quick else LENGTHS, DECODE_LENGTHS[1:2] if quick else DECODE_LENGTHS
+    )
+    for i, case in enumerate(cases, 1):
         if time.monotonic() - start > args.budget_s:
-            skipped.append(dict(D=d, T=t, causal=causal))
+            skipped.append(case)
             continue
-        elapsed = time.monotonic() - start
-        print(f"[{i}/{len(cases)} {elapsed:5.0f} s] D={d} T={t} causal={causal}", flush=True)
-        rows += run_case(d, t, causal)
+        print(f"[{i}/{len(cases)} {time.monotonic() - start:5.0f} s] {case}", flush=True)
+        rows += run_decode_case(case[1]) if case[0] == "decode" else run_case(*case[1:])
         torch.cuda.empty_cache()
         # after every case, so that a run stopped from outside keeps what it measured
         write(args.out_dir, "gpu", to_results(rows), notes=_notes(start, cases[i:], triton))

@@ -45,6 +45,25 @@ def test_gpu_cases_with_a_forward_target_come_first():
     assert {c[0] for c in cases[:6]} == {128} and {c[0] for c in cases[6:]} == {64}
 
 
+def test_gpu_plan_runs_the_targets_then_decoding_then_the_rest():
+    cases = gpu.plan([1024, 4096], [4096, 65536])
+    assert cases[:3] == [("train", 128, 4096, False), ("decode", 4096), ("decode", 65536)]
+    assert sorted(c[1:] for c in cases if c[0] == "train") == sorted(
+        gpu.ordered_cases([1024, 4096])
+    )
+
+
+def test_gpu_decode_rows_compare_with_sdpa_and_keep_the_one_pass_time():
+    rows = [_row("qkv", mode="decode", tflops=2.0, one_pass_ms=3.0, max_abs_diff={"out": 1e-3}),
+            _row("flash", mode="decode", tflops=1.0)]  # fmt: skip
+    gpu._add_ratios(rows)
+    (out,) = gpu.to_results(rows)
+    assert out["case"] == "D=128 T=4096 full decode" and out["ratio"] == 2.0
+    assert out["one_pass_ms"] == 3.0 and "target" not in out
+    assert rows[0]["ratio_to_sdpa"]["flash"] == 2.0
+    gpu.print_table(rows)  # a row with the output's difference only
+
+
 def test_gpu_rows_name_the_tiles_the_autotuner_chose(monkeypatch):
     tf = pytest.importorskip("qkv.backends.triton_flash")
     tb = pytest.importorskip("qkv.backends.triton_bwd")
