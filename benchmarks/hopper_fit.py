@@ -4,11 +4,12 @@ Each candidate of :mod:`qkv.backends.triton_flash` (forward) and
 :mod:`qkv.backends.triton_bwd` (dK/dV and dQ) is compiled for sm_90 the way a launch on the
 GPU compiles it: Triton's compiler and the ``ptxas`` it ships, 16-byte aligned pointers and
 strides (what Triton assumes for contiguous tensors with a head size that is a multiple of
-8). For each one it reports the registers per thread, the bytes spilled to local memory
-and the shared memory a block needs. A spill (over :data:`SPILL_LIMIT` bytes) means local-memory
-traffic in the inner loop;
-shared memory over an sm_90 block's 227 KiB means the config cannot launch at all (the
-autotuner would skip it).
+8). For each one it reports the registers per thread, the bytes spilled to local memory,
+the shared memory a block needs, and whether tiles arrive by asynchronous copies
+(``cp.async``: loads software-pipelined over ``num_stages``). A spill (over
+:data:`SPILL_LIMIT` bytes) means local-memory traffic in the inner loop; shared memory over
+an sm_90 block's 227 KiB means the config cannot launch at all (the autotuner would skip
+it).
 
 The CPU interpreter runs Python, so it checks what the kernels compute but not how they
 compile; this is the check for the second, on any machine with triton installed.
@@ -128,6 +129,7 @@ def compile_case(case: tuple) -> dict:
         registers=int(registers[0]) if registers else None,
         spilled=sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", text)),
         shared=kernel.metadata.shared, tensor_cores="wgmma" in kernel.asm["ptx"],
+        async_copies=kernel.asm["ptx"].count("cp.async"),
     )  # fmt: skip
 
 
@@ -152,6 +154,8 @@ def problems(row: dict) -> list[str]:
         found.append(f"needs {row['shared'] / 1024:.0f} KiB of shared memory")
     if row["dtype"] != "fp32" and not row["tensor_cores"]:
         found.append("no wgmma (Hopper tensor core) instructions")
+    if row["dtype"] != "fp32" and row["stages"] > 1 and not row.get("async_copies", 1):
+        found.append("no asynchronous copies: the K/V loads are not pipelined")
     return found
 
 
@@ -160,9 +164,9 @@ def line(row: dict) -> str:
     tile = f"{row['block_m']}x{row['block_n']} w{row['warps']} s{row['stages']}"
     head = f"{row['kernel']:>4} {row['dtype']} D={row['head_size']:<3} {row['variant']:<12}"
     fit = "; ".join(problems(row)) or "fits"
-    regs = row["registers"]
+    regs, copies = row["registers"], row.get("async_copies")
     return (f"{head} {tile:<15} regs {regs} spilled {row['spilled']} B "
-            f"shared {row['shared'] / 1024:.0f} KiB: {fit}")  # fmt: skip
+            f"shared {row['shared'] / 1024:.0f} KiB cp.async {copies}: {fit}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

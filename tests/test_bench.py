@@ -85,12 +85,14 @@ def test_hopper_fit_names_what_does_not_fit():
 
     row = dict(kernel="fwd", dtype="bf16", head_size=128, variant="plain", block_m=128,
                block_n=64, warps=8, stages=3, registers=182, spilled=0, shared=128 << 10,
-               tensor_cores=True)  # fmt: skip
+               tensor_cores=True, async_copies=96)  # fmt: skip
     assert fit.problems(row) == [] and fit.line(row).endswith(": fits")
     assert fit.problems(dict(row, spilled=fit.SPILL_LIMIT)) == []
     bad = dict(row, spilled=468, shared=fit.SHARED_LIMIT + 1024, tensor_cores=False)
     assert len(fit.problems(bad)) == 3 and "spills 468 bytes" in fit.line(bad)
     assert fit.problems(dict(row, dtype="fp32", tensor_cores=False)) == []  # FMA by design
+    assert "not pipelined" in fit.problems(dict(row, async_copies=0))[0]
+    assert fit.problems(dict(row, async_copies=0, stages=1)) == []  # nothing to pipeline
     cases = fit.cases([64, 128], ["bf16", "fp32"])
     kernels = fit.kernels()
     for name, (_, configs16, configs32) in kernels.items():
