@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from qkv.lab.common import num_threads
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -62,24 +64,11 @@ def naive_attention(q, k, v, mask=None, causal=False, scale=None):
     return w @ v, w
 
 
-@contextmanager
-def torch_threads(n: int):
-    """torch's intra-op threads set to ``n`` inside the block, restored after it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.fixture
 def one_thread():
     """Tiny tensors: more intra-op threads only add overhead, and contention on busy CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with num_threads(1):
+        yield
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import qkv
 from qkv.backends import native
 from qkv.backends import weights as weights_module
-from tests.conftest import naive_attention, torch_threads
+from qkv.lab.common import num_threads
+from tests.conftest import naive_attention
 
 
 def _cpu_has_avx512() -> bool:
@@ -68,7 +69,7 @@ def test_softmax_rows_matches_a_float64_softmax(outer, rows, cols, hidden, sprea
     backing = torch.full((outer, rows + 3, cols + offset + 3), 7.0)
     dest = backing[:, first_row : first_row + rows, offset : offset + cols]
     src = s.clone()
-    with torch_threads(threads):
+    with num_threads(threads):
         assert native.supports(s, dest)
         assert native.softmax_rows(s, dest) is s
     assert torch.equal(s, dest)
@@ -226,7 +227,7 @@ def test_blocked_weights_stream_through_the_kernel(monkeypatch, threads, kind, d
         mask = qkv.padding_mask(torch.tensor([67, 40]), 67)[:, None, None, :]
     causal = kind.endswith("causal")
     mask = None if kind == "causal" else mask
-    with torch_threads(threads):
+    with num_threads(threads):
         out, w = qkv.scaled_dot_product_attention(
             q, k, v, mask, causal=causal, need_weights=True, backend="sdpa"
         )
