@@ -215,6 +215,11 @@ def _add_ratios(rows: list[dict]) -> None:
             by_impl["qkv"]["ratio_to_sdpa"] = ratios
 
 
+def has_forward_target(d: int, t: int, causal: bool) -> bool:
+    """Whether the issue sets a forward target for this shape: D = 128, T >= 4k, not causal."""
+    return d == 128 and t >= 4096 and not causal
+
+
 def _target(row: dict) -> tuple[str | None, bool | None]:
     """The issue's target for a qkv row against the best SDPA kernel, and whether it is met."""
     ratio = row.get("best_ratio")
@@ -222,7 +227,7 @@ def _target(row: dict) -> tuple[str | None, bool | None]:
         return None, None
     if row["mode"] == "fwd+bwd":
         return "≥ 0.9×", ratio >= 0.9
-    if row["mode"] == "fwd" and row["D"] == 128 and row["T"] >= 4096 and not row["causal"]:
+    if row["mode"] == "fwd" and has_forward_target(row["D"], row["T"], row["causal"]):
         met = ratio >= 1.0 and row["tflops"] >= FWD_TFLOPS_TARGET
         return f"≥ 1.0× and ≥ {FWD_TFLOPS_TARGET:.0f} TFLOP/s", met
     return None, None
@@ -288,14 +293,14 @@ def ordered_cases(lengths: list[int]) -> list[tuple[int, int, bool]]:
     """Every ``(D, T, causal)``, those with a forward target first (D = 128, T >= 4k, not
     causal), then the rest of D = 128, then D = 64: a budget cut drops the least needed."""
     cases = [(d, t, c) for d in HEADS for t in lengths for c in (False, True)]
-    return sorted(cases, key=lambda c: (not (c[0] == 128 and c[1] >= 4096 and not c[2]), -c[0]))
+    return sorted(cases, key=lambda c: (not has_forward_target(*c), -c[0]))
 
 
 def plan(lengths: list[int], decode_lengths: list[int]) -> list[tuple]:
     """The run's cases in order: ``("train", D, T, causal)`` with a forward target, the
     decoding steps ``("decode", Tk)``, then the other training shapes."""
     cases = ordered_cases(lengths)
-    targets = [c for c in cases if c[0] == 128 and c[1] >= 4096 and not c[2]]
+    targets = [c for c in cases if has_forward_target(*c)]
     rest = [c for c in cases if c not in targets]
     decode = [("decode", t) for t in decode_lengths]
     return [("train", *c) for c in targets] + decode + [("train", *c) for c in rest]
