@@ -9,15 +9,15 @@ token in both directions:
     h_l = \\mathrm{EncoderLayer}(h_{l-1}),\\quad
     \\mathrm{pooler} = \\tanh(W h_L[\\mathrm{CLS}] + b)
 
-:meth:`BertModel.from_pretrained` reads any Hugging Face BERT-family folder (BERT,
-MiniLM, sentence-transformers encoders); :func:`encode` turns texts into sentence
-embeddings by pooling the last hidden state.
+:meth:`BertModel.from_pretrained` reads any Hugging Face BERT-family folder (BERT, MiniLM,
+RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, sentence-transformers encoders; see
+:mod:`qkv.models.bert_hf`); :func:`encode` turns texts into sentence embeddings by pooling
+the last hidden state.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.models.bert_hf import config_values, encoder_weights
 from qkv.models.hf import load_into, load_state_dict, read_config
 from qkv.modules.transformer import Encoder, EncoderLayer
 
@@ -45,7 +46,12 @@ class BertConfig:
         vocab_size: V. hidden_size: E. num_hidden_layers: layers. num_attention_heads: H.
         intermediate_size: feed-forward inner width.
         hidden_act: ``"gelu"`` (exact), ``"gelu_new"`` (tanh) or ``"relu"``.
-        max_position_embeddings: longest input. type_vocab_size: segment types.
+        max_position_embeddings: position embeddings. type_vocab_size: segment types (0:
+            none, as in DistilBERT).
+        position_style: ``"bert"`` numbers tokens ``0 .. T-1``; ``"roberta"`` numbers the
+            real tokens from ``pad_token_id + 1`` and gives padding ``pad_token_id``.
+        embedding_size: width of the embeddings when narrower than ``hidden_size``
+            (ELECTRA); a linear layer projects them up. ``None``: ``hidden_size``.
         layer_norm_eps: epsilon of every layer norm (1e-12 in BERT).
         hidden_dropout_prob, attention_probs_dropout_prob: dropout while training.
         pad_token_id: the padding id. add_pooler: build the ``[CLS]`` pooler.
@@ -64,6 +70,8 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
     add_pooler: bool = True
+    position_style: str = "bert"
+    embedding_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_act not in _HF_ACTIVATIONS:
@@ -75,18 +83,25 @@ class BertConfig:
                 f"hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
+        if self.position_style not in ("bert", "roberta"):
+            raise ValueError(
+                f"position_style must be 'bert' or 'roberta', got {self.position_style!r}"
+            )
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the position embeddings cover."""
+        first = self.pad_token_id + 1 if self.position_style == "roberta" else 0
+        return self.max_position_embeddings - first
 
     @classmethod
     def from_hf(cls, config: dict[str, Any], **overrides: Any) -> BertConfig:
         """Build from a Hugging Face ``config.json`` dict (other keys are ignored).
 
-        Only absolute position embeddings are supported.
+        The ``model_type`` must be one of :data:`qkv.models.bert_hf.SUPPORTED_TYPES`; only
+        absolute position embeddings are supported.
         """
-        kind = config.get("position_embedding_type", "absolute")
-        if kind != "absolute":
-            raise ValueError(f"position_embedding_type {kind!r} is not supported (absolute is)")
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in config.items() if k in known}
+        values = config_values(config, {f.name for f in fields(cls)})
         return cls(**{**values, **overrides})
 
 
@@ -106,25 +121,39 @@ class BertOutput:
 
 
 class BertEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then layer norm and dropout."""
+    """Word + position (+ token-type) embeddings, layer norm, dropout (+ projection)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        e = config.hidden_size
+        self.config = config
+        e = config.embedding_size or config.hidden_size
         self.word = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
         self.position = nn.Embedding(config.max_position_embeddings, e)
-        self.token_type = nn.Embedding(config.type_vocab_size, e)
+        self.token_type = (
+            nn.Embedding(config.type_vocab_size, e) if config.type_vocab_size else None
+        )
         self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.project = nn.Linear(e, config.hidden_size) if e != config.hidden_size else None
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         t = input_ids.shape[1]
-        if t > self.position.num_embeddings:
-            raise ValueError(f"input length {t} exceeds {self.position.num_embeddings} positions")
-        positions = torch.arange(t, device=input_ids.device)  # (T,)
+        if t > self.config.max_length:
+            raise ValueError(f"input length {t} exceeds the {self.config.max_length} positions")
+        x = self.word(input_ids)
+        if self.token_type is not None:
+            x = x + self.token_type(token_type_ids)
         # (word + type) + position: Hugging Face's order, so that fp32 results agree bitwise
-        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(positions)
-        return self.dropout(self.norm(x))  # (B, T, E)
+        x = self.dropout(self.norm(x + self.position(self.position_ids(input_ids))))
+        return x if self.project is None else self.project(x)  # (B, T, E)
+
+    def position_ids(self, input_ids: Tensor) -> Tensor:
+        """``(T,)`` for BERT; ``(B, T)`` for RoBERTa, counting the real tokens only."""
+        if self.config.position_style == "bert":
+            return torch.arange(input_ids.shape[1], device=input_ids.device)
+        pad = self.config.pad_token_id
+        real = (input_ids != pad).long()
+        return real.cumsum(1) * real + pad
 
 
 class BertModel(nn.Module):
@@ -189,56 +218,21 @@ class BertModel(nn.Module):
     def from_pretrained(cls, path: str | Path, **overrides: Any) -> BertModel:
         """Load a Hugging Face BERT-family folder (``config.json`` and the weights).
 
-        Weight names may carry the ``bert.`` prefix (``BertFor*`` checkpoints), and the old
-        ``gamma``/``beta`` layer-norm names are accepted. ``embeddings.position_ids`` and the
-        pre-training heads (``cls.*``) are ignored; any other unknown or missing name is an
-        error that lists them. A checkpoint without pooler weights gives a model without
-        pooler. ``overrides`` replace config values. Returns the model in eval mode.
+        The architectures and their weight names are in :mod:`qkv.models.bert_hf`. Weight
+        names may carry the encoder's prefix (``bert.``, ``roberta.``: checkpoints with a
+        task head, whose head is ignored), and the old ``gamma``/``beta`` layer-norm names
+        are accepted. Any other unknown or missing name is an error that lists them. A
+        checkpoint without pooler weights gives a model without pooler. ``overrides``
+        replace config values. Returns the model in eval mode.
         """
         state = load_state_dict(path)
-        renamed = {}
-        for name, tensor in state.items():
-            new = _rename(name)
-            if new is not None:
-                renamed[new] = tensor
+        config = read_config(path)
+        renamed = encoder_weights(state, config)
         has_pooler = any(n.startswith("pooler.") for n in renamed)
         overrides.setdefault("add_pooler", has_pooler)
-        model = cls(BertConfig.from_hf(read_config(path), **overrides))
+        model = cls(BertConfig.from_hf(config, **overrides))
         load_into(model, renamed, what=str(path))
         return model.eval()
-
-
-_IGNORED = re.compile(r"^(embeddings\.position_ids|cls\..*)$")
-_RENAMES = [  # Hugging Face name -> qkv name (after the `bert.` prefix is removed)
-    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
-    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
-    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
-    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.query\.", r"encoder.layers.\1.self_attn.q_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.key\.", r"encoder.layers.\1.self_attn.k_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.value\.", r"encoder.layers.\1.self_attn.v_proj."),
-    (
-        r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
-        r"encoder.layers.\1.self_attn.out_proj.",
-    ),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"encoder.layers.\1.norm1."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"encoder.layers.\1.ff.linear1."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"encoder.layers.\1.ff.linear2."),
-    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"encoder.layers.\1.norm2."),
-]
-
-
-def _rename(name: str) -> str | None:
-    """The qkv name of a Hugging Face BERT weight; ``None`` for a harmless extra."""
-    name = name.removeprefix("bert.")
-    if _IGNORED.match(name):
-        return None
-    name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
-    for pattern, replacement in _RENAMES:
-        new, count = re.subn(pattern, replacement, name)
-        if count:
-            return new
-    return name  # pooler.dense.* keeps its name; anything else is reported as unexpected
 
 
 @torch.no_grad()

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.models.bert_hf import ROBERTA_TYPES
+
 __all__ = [
     "check_names",
     "load_state_dict",
@@ -127,6 +129,14 @@ def _is_persistent(model: nn.Module, name: str) -> bool:
     return leaf not in module._non_persistent_buffers_set
 
 
+def _model_positions(config: dict[str, Any]) -> int | None:
+    """The longest input of a model config: RoBERTa-style models lose ``pad_token_id + 1``."""
+    positions = config.get("max_position_embeddings")
+    if positions is not None and config.get("model_type") in ROBERTA_TYPES:
+        positions -= config.get("pad_token_id", 1) + 1
+    return positions
+
+
 def _token(value: Any) -> str | None:
     """A special token from a tokenizer config: a string or ``{"content": ...}``."""
     if isinstance(value, dict):
@@ -139,8 +149,8 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
 
     Reads ``tokenizer.json`` with the ``tokenizers`` library. Truncation length: the
     ``max_length`` argument, else ``sentence_bert_config.json``'s ``max_seq_length``, else
-    ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
-    ``max_position_embeddings`` (the smallest that applies). Padding uses the folder's
+    ``tokenizer_config.json``'s ``model_max_length``, else the positions that
+    ``config.json`` gives the model (the first that applies). Padding uses the folder's
     ``pad_token`` (no padding when it has none).
 
     Returns:
@@ -158,7 +168,7 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         limits = [
             read_json(folder / "sentence_bert_config.json").get("max_seq_length"),
             tok_config.get("model_max_length"),
-            read_json(folder / "config.json").get("max_position_embeddings"),
+            _model_positions(read_json(folder / "config.json")),
         ]
         limits = [int(x) for x in limits if isinstance(x, (int, float)) and x < 1e9]
         max_length = limits[0] if limits else None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from qkv.models import BertModel
+    from qkv.models import BertConfig, BertModel
 
 __all__ = ["encoder_attention", "run_cli"]
 
@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 _HTML = (".html", ".htm")
 _IMAGES = (".png", ".svg", ".pdf")
-_BERT_TYPES = ("bert",)  # model_type values whose weights BertModel reads
 _DEFAULT_NAME = "all-MiniLM-L6-v2"
 _UINT16_TOKENS = 100
 
@@ -90,21 +89,19 @@ def _model_folder(model: str | None) -> tuple[Path, str]:
     return path, path.resolve().name
 
 
-def _check_config(folder: Path) -> dict[str, Any]:
+def _check_config(folder: Path) -> BertConfig:
     """Read ``config.json`` and make sure it describes a BERT-family encoder."""
+    from qkv.models import BertConfig
     from qkv.models.hf import read_config
 
     try:
         config = read_config(folder)
     except (OSError, ValueError) as err:
         raise _user_error(f"{folder}: not a Hugging Face model folder ({_one_line(err)})") from None
-    kind = config.get("model_type", "bert")
-    if kind not in _BERT_TYPES or "num_hidden_layers" not in config:
-        raise _user_error(
-            f"{folder}: model_type {kind!r} is not a BERT-family encoder "
-            f"(qkv show reads model_type {', '.join(map(repr, _BERT_TYPES))})"
-        )
-    return config
+    try:
+        return BertConfig.from_hf(config)
+    except (ValueError, TypeError) as err:
+        raise _user_error(f"{folder}: {_one_line(err)}") from None
 
 
 def _check_index(name: str, value: int | None, count: int) -> None:
@@ -195,8 +192,8 @@ def run_cli(args: argparse.Namespace) -> int:
         raise _user_error("the text to encode is empty")
     folder, name = _model_folder(args.model)
     config = _check_config(folder)
-    _check_index("layer", args.layer, int(config["num_hidden_layers"]))
-    _check_index("head", args.head, int(config.get("num_attention_heads", 12)))
+    _check_index("layer", args.layer, config.num_hidden_layers)
+    _check_index("head", args.head, config.num_attention_heads)
     model, tokenizer = _load(folder)
     maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
     _write(out, maps, tokens, args.layer, args.head, _title(name, args.text, args.text_b))

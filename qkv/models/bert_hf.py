@@ -1,0 +1,133 @@
+"""The BERT family in Hugging Face folders: which architectures, their configs and weight names.
+
+Every architecture here is the same post-LN encoder as BERT; they differ in small ways
+that change the output if ignored:
+
+- **BERT** (``model_type`` ``"bert"``): positions ``0 .. T-1``, segment embeddings, pooler.
+- **RoBERTa**, **XLM-RoBERTa**, **CamemBERT**: positions start at ``pad_token_id + 1`` and
+  count real tokens only; padding gets position ``pad_token_id`` (Liu et al. 2019, from
+  fairseq). One segment type.
+- **ELECTRA** (Clark et al. 2020): embeddings may be narrower than the encoder
+  (``embedding_size``), followed by a linear projection to ``hidden_size``.
+- **DistilBERT** (Sanh et al. 2019): no segment embeddings, other config keys and weight
+  names (``q_lin``, ``sa_layer_norm``, ``ffn.lin1``, ...).
+
+A checkpoint with a task head (``BertForMaskedLM``, ``RobertaForSequenceClassification``)
+stores the encoder under a prefix (``bert.``, ``roberta.``, ...); only those weights are
+read, as ``transformers`` does when it loads the bare encoder from such a checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["ROBERTA_TYPES", "SUPPORTED_TYPES", "config_values", "encoder_weights"]
+
+log = logging.getLogger(__name__)
+
+ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+SUPPORTED_TYPES = ("bert", "electra", "distilbert", *ROBERTA_TYPES)
+_PREFIX = {"bert": "bert", "electra": "electra", "distilbert": "distilbert"}  # else roberta
+
+_DISTILBERT_CONFIG = {  # DistilBERT config.json key -> BertConfig field
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "hidden_dim": "intermediate_size",
+    "activation": "hidden_act",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+}
+
+_LAYER = r"^encoder\.layer\.(\d+)\."
+_BERT_NAMES = [  # Hugging Face name (prefix removed) -> qkv name
+    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
+    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
+    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
+    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+    (r"^embeddings_project\.", "embeddings.project."),  # ELECTRA
+    (_LAYER + r"attention\.self\.query\.", r"encoder.layers.\1.self_attn.q_proj."),
+    (_LAYER + r"attention\.self\.key\.", r"encoder.layers.\1.self_attn.k_proj."),
+    (_LAYER + r"attention\.self\.value\.", r"encoder.layers.\1.self_attn.v_proj."),
+    (_LAYER + r"attention\.output\.dense\.", r"encoder.layers.\1.self_attn.out_proj."),
+    (_LAYER + r"attention\.output\.LayerNorm\.", r"encoder.layers.\1.norm1."),
+    (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ff.linear1."),
+    (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ff.linear2."),
+    (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.norm2."),
+]
+_DLAYER = r"^transformer\.layer\.(\d+)\."
+_DISTILBERT_NAMES = [
+    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
+    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
+    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+    (_DLAYER + r"attention\.q_lin\.", r"encoder.layers.\1.self_attn.q_proj."),
+    (_DLAYER + r"attention\.k_lin\.", r"encoder.layers.\1.self_attn.k_proj."),
+    (_DLAYER + r"attention\.v_lin\.", r"encoder.layers.\1.self_attn.v_proj."),
+    (_DLAYER + r"attention\.out_lin\.", r"encoder.layers.\1.self_attn.out_proj."),
+    (_DLAYER + r"sa_layer_norm\.", r"encoder.layers.\1.norm1."),
+    (_DLAYER + r"ffn\.lin1\.", r"encoder.layers.\1.ff.linear1."),
+    (_DLAYER + r"ffn\.lin2\.", r"encoder.layers.\1.ff.linear2."),
+    (_DLAYER + r"output_layer_norm\.", r"encoder.layers.\1.norm2."),
+]
+_BUFFERS = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")  # index buffers, not weights
+
+
+def model_type(config: dict[str, Any]) -> str:
+    """The folder's architecture; ``"bert"`` for old configs without ``model_type``."""
+    kind = config.get("model_type", "bert")
+    if kind not in SUPPORTED_TYPES:
+        raise ValueError(
+            f"model_type {kind!r} is not a BERT-family encoder that qkv reads "
+            f"(supported: {', '.join(SUPPORTED_TYPES)})"
+        )
+    return kind
+
+
+def config_values(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """``BertConfig`` keyword arguments from a Hugging Face ``config.json`` dict."""
+    kind = model_type(config)
+    position = config.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ValueError(f"position_embedding_type {position!r} is not supported (absolute is)")
+    if kind == "distilbert":
+        config = {_DISTILBERT_CONFIG.get(k, k): v for k, v in config.items()}
+        config.update(type_vocab_size=0, layer_norm_eps=1e-12, add_pooler=False)
+    values = {k: v for k, v in config.items() if k in fields}
+    if kind in ROBERTA_TYPES:
+        values["position_style"] = "roberta"
+    if kind != "electra":
+        values.pop("embedding_size", None)
+    return values
+
+
+def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
+    """The encoder's weights of a checkpoint, renamed to qkv's names.
+
+    Head weights beside a prefixed encoder (``cls.*``, ``lm_head.*``, ``classifier.*``)
+    and the index buffers ``position_ids``/``token_type_ids`` are dropped; any other
+    unknown name is kept, so that the name check reports it.
+    """
+    kind = model_type(config)
+    prefix = _PREFIX.get(kind, "roberta") + "."
+    if any(name.startswith(prefix) for name in state):
+        heads = sorted(name for name in state if not name.startswith(prefix))
+        if heads:
+            log.info("ignoring %d weights outside the encoder: %s ...", len(heads), heads[0])
+        state = {name[len(prefix) :]: t for name, t in state.items() if name.startswith(prefix)}
+    renames = _DISTILBERT_NAMES if kind == "distilbert" else _BERT_NAMES
+    return {
+        _rename(name, renames): tensor for name, tensor in state.items() if not _BUFFERS.match(name)
+    }
+
+
+def _rename(name: str, renames: list[tuple[str, str]]) -> str:
+    name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))  # old LN names
+    for pattern, replacement in renames:
+        new, count = re.subn(pattern, replacement, name)
+        if count:
+            return new
+    return name  # pooler.dense.* keeps its name; anything else is reported as unexpected

@@ -1,0 +1,159 @@
+"""BertModel on random RoBERTa, XLM-R, CamemBERT, ELECTRA and DistilBERT folders vs transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+transformers = pytest.importorskip("transformers")
+
+from qkv.models import BertModel, load_tokenizer, minilm_path  # noqa: E402
+
+VOCAB, POSITIONS = 120, 40
+SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's, pad id 1
+SIZES = dict(
+    vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=48, max_position_embeddings=POSITIONS, layer_norm_eps=1e-5,
+)  # fmt: skip
+DISTILBERT = dict(
+    vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=48,
+    max_position_embeddings=POSITIONS,
+)  # fmt: skip
+FAMILIES = {  # name -> (config, bare model, model with a task head, head's encoder attribute)
+    "roberta": (
+        lambda: transformers.RobertaConfig(**SIZES, pad_token_id=1),
+        transformers.RobertaModel, transformers.RobertaForSequenceClassification, "roberta",
+    ),
+    "xlm-roberta": (
+        lambda: transformers.XLMRobertaConfig(**SIZES, pad_token_id=1),
+        transformers.XLMRobertaModel, transformers.XLMRobertaForMaskedLM, "roberta",
+    ),
+    "camembert": (
+        lambda: transformers.CamembertConfig(**SIZES, pad_token_id=1),
+        transformers.CamembertModel, transformers.CamembertForMaskedLM, "roberta",
+    ),
+    "electra": (  # embeddings narrower than the encoder: a projection in between
+        lambda: transformers.ElectraConfig(**SIZES, embedding_size=16, hidden_act="gelu"),
+        transformers.ElectraModel, transformers.ElectraForPreTraining, "electra",
+    ),
+    "distilbert": (
+        lambda: transformers.DistilBertConfig(**DISTILBERT),
+        transformers.DistilBertModel, transformers.DistilBertForMaskedLM, "distilbert",
+    ),
+}  # fmt: skip
+
+
+def _save(model, path):
+    with torch.no_grad():  # random init is tiny; bigger weights make every layer count
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path)
+    return transformers.AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def _batch(config, longest: int):
+    """Right-padded random ids, one row per length in a random order."""
+    pad = config.pad_token_id
+    lengths = torch.randperm(longest)[:4] + 1
+    lengths[0] = longest
+    ids = torch.randint(3, VOCAB, (4, longest))
+    ids[ids == pad] = pad + 1
+    mask = torch.arange(longest)[None, :] < lengths[:, None]  # (4, T)
+    return ids.masked_fill(~mask, pad), mask
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    make_config, bare, head, attribute = FAMILIES[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    peer = _save(bare(make_config()), folder)
+    return request.param, folder, peer, (head, attribute, make_config)
+
+
+def test_outputs_and_attentions_match_transformers(family):
+    name, folder, peer, _ = family
+    ours = BertModel.from_pretrained(folder)
+    ids, mask = _batch(peer.config, ours.config.max_length)
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask, need_weights=True)
+        want = peer(input_ids=ids, attention_mask=mask.long(), output_attentions=True)
+    real = mask[..., None].expand_as(got.last_hidden_state)
+    torch.testing.assert_close(
+        got.last_hidden_state[real], want.last_hidden_state[real], atol=2e-5, rtol=1e-5
+    )
+    assert len(got.attentions) == len(want.attentions) == 2
+    for a, b in zip(got.attentions, want.attentions):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+    assert (got.pooler_output is None) == (getattr(peer, "pooler", None) is None)
+
+
+def test_input_longer_than_the_positions_is_refused(family):
+    _, folder, _, _ = family
+    ours = BertModel.from_pretrained(folder)
+    longest = ours.config.max_length
+    assert longest == POSITIONS - (2 if ours.config.position_style == "roberta" else 0)
+    with pytest.raises(ValueError, match=f"exceeds the {longest} positions"):
+        ours(torch.full((1, longest + 1), 5))
+
+
+def test_checkpoint_with_a_task_head_loads_its_encoder(family, tmp_path):
+    _, _, _, (head, attribute, make_config) = family
+    model = head(make_config())
+    model.save_pretrained(tmp_path)
+    encoder = getattr(model.eval(), attribute)
+    ids, mask = _batch(model.config, 9)
+    with torch.no_grad():
+        got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
+        want = encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+
+
+def test_other_architectures_are_refused_by_name(tmp_path):
+    config = transformers.AlbertConfig(**{**SIZES, "embedding_size": 16})
+    transformers.AlbertModel(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type 'albert' is not a BERT-family encoder"):
+        BertModel.from_pretrained(tmp_path)
+
+
+def test_roberta_tokenizer_truncates_to_the_usable_positions(tmp_path):
+    for file in ("tokenizer.json", "special_tokens_map.json"):
+        shutil.copy(minilm_path() / file, tmp_path / file)
+    config = {"model_type": "roberta", "max_position_embeddings": 20, "pad_token_id": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    encoding = load_tokenizer(tmp_path).encode(" ".join(["word"] * 40))
+    assert len(encoding.ids) == 20 - 2
+
+
+def _roberta_folder(path):
+    """A RoBERTa folder with a byte-level BPE tokenizer trained here on a few sentences."""
+    tokenizers = pytest.importorskip("tokenizers")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    text = ["Attention weighs every key for each query.", "Keys and values come in pairs."]
+    bpe.train_from_iterator(text * 20, vocab_size=300, special_tokens=SPECIAL)
+    tokenizer = transformers.RobertaTokenizerFast(tokenizer_object=bpe._tokenizer)
+    tokenizer.add_special_tokens(dict(zip(["bos_token", "pad_token", "eos_token"], SPECIAL)))
+    tokenizer.save_pretrained(path)
+    config = transformers.RobertaConfig(**{**SIZES, "vocab_size": len(tokenizer)}, pad_token_id=1)
+    return _save(transformers.RobertaModel(config), path), tokenizer
+
+
+def test_show_maps_of_a_roberta_folder_match_transformers(tmp_path):
+    from qkv.viz.show_cli import encoder_attention
+
+    peer, peer_tokenizer = _roberta_folder(tmp_path)
+    text = "Each query weighs the keys, and values follow."
+    maps, tokens = encoder_attention(
+        BertModel.from_pretrained(tmp_path), load_tokenizer(tmp_path), text
+    )
+    ids = peer_tokenizer(text, return_tensors="pt")
+    assert tokens == peer_tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
+    with torch.no_grad():
+        want = torch.stack(peer(**ids, output_attentions=True).attentions)[:, 0]
+    torch.testing.assert_close(maps, want, atol=2e-6, rtol=1e-5)
