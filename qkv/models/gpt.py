@@ -74,9 +74,22 @@ class GPTConfig:
     def from_hf(cls, config: dict[str, Any]) -> GPTConfig:
         """Build from a Hugging Face GPT-2 ``config.json`` dict.
 
-        Raises ``ValueError`` for GPT-2 options that change the computation and that qkv
-        does not implement (attention scaling variants, cross-attention).
+        Raises ``ValueError`` for another ``model_type``, a missing size, and GPT-2 options
+        that change the computation and that qkv does not implement (attention scaling
+        variants, cross-attention).
         """
+        kind = config.get("model_type", "gpt2")
+        if kind != "gpt2":
+            raise ValueError(
+                f"model_type {kind!r} is not GPT-2 format (GPT reads model_type 'gpt2')"
+            )
+        missing = [
+            k
+            for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
+            if k not in config
+        ]
+        if missing:
+            raise ValueError(f"GPT-2 config.json lacks {', '.join(missing)}")
         for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
                     "add_cross_attention"):  # fmt: skip
             if config.get(key):

@@ -76,24 +76,53 @@ def load_state_dict(path: str | Path) -> dict[str, Tensor]:
     """The weights of a Hugging Face folder, by their original names.
 
     ``model.safetensors`` is preferred; ``pytorch_model.bin`` is read with
-    ``torch.load(weights_only=True)`` (tensors only, no pickled code). Sharded checkpoints
-    are not supported.
+    ``torch.load(weights_only=True)`` (tensors only, no pickled code). A sharded checkpoint
+    (``model.safetensors.index.json`` or ``pytorch_model.bin.index.json`` naming the shard
+    of each weight) is read shard by shard.
 
     Returns:
         ``{name: tensor}`` on the CPU.
     """
     folder = _folder(path)
     for name in _WEIGHT_FILES:
-        file = folder / name
-        if not file.is_file():
-            continue
-        if name.endswith(".safetensors"):
-            return dict(_need("safetensors.torch").load_file(str(file), device="cpu"))
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict):
-            raise ValueError(f"{file} does not hold a state dict (got {type(state).__name__})")
-        return state
-    raise FileNotFoundError(f"no weights in {folder}: expected one of {', '.join(_WEIGHT_FILES)}")
+        if (folder / name).is_file():
+            return _read_weights(folder / name)
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            return _read_shards(index)
+    raise FileNotFoundError(
+        f"no weights in {folder}: expected one of {', '.join(_WEIGHT_FILES)} "
+        "(or a sharded checkpoint's .index.json)"
+    )
+
+
+def _read_weights(file: Path) -> dict[str, Tensor]:
+    if file.name.endswith(".safetensors"):
+        return dict(_need("safetensors.torch").load_file(str(file), device="cpu"))
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"{file} does not hold a state dict (got {type(state).__name__})")
+    return state
+
+
+def _read_shards(index: Path) -> dict[str, Tensor]:
+    """Every shard that ``index`` names; the weights must be where the index says."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: no weight_map naming the shard of each weight")
+    state: dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        file = index.parent / shard
+        if not file.is_file() or file.parent != index.parent:
+            raise FileNotFoundError(f"{index}: shard {shard!r} not found in {index.parent}")
+        state.update(_read_weights(file))
+    misplaced = sorted(set(weight_map) ^ set(state))
+    if misplaced:
+        raise ValueError(
+            f"{index}: {len(misplaced)} weights differ between the index and its shards, "
+            f"e.g. {misplaced[0]}"
+        )
+    return state
 
 
 def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "checkpoint") -> None:

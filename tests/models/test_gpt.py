@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import pytest
@@ -172,3 +173,27 @@ def test_config_and_length_errors(ours):
         ours.generate(torch.zeros(1, 250, dtype=torch.long), 10)
     with pytest.raises(ValueError, match="attention_mask"):
         ours(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 3))
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_sharded_checkpoints_load_the_same(peer, ours, tmp_path, safe):
+    peer.save_pretrained(tmp_path, max_shard_size="50KB", safe_serialization=safe)
+    index = next(tmp_path.glob("*.index.json"))
+    shards = json.loads(index.read_text())["weight_map"].values()
+    assert len(set(shards)) > 2
+    ids = torch.randint(0, VOCAB, (2, 11))
+    assert torch.equal(GPT.from_pretrained(tmp_path)(ids).logits, ours(ids).logits)
+    (tmp_path / sorted(set(shards))[1]).unlink()
+    with pytest.raises(FileNotFoundError, match="shard .* not found"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_other_architectures_are_refused_by_name(folder, tmp_path):
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neo"}))
+    with pytest.raises(ValueError, match="model_type 'gpt_neo' is not GPT-2 format"):
+        GPT.from_pretrained(tmp_path)
+    del config["n_embd"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="lacks n_embd"):
+        GPT.from_pretrained(tmp_path)
