@@ -96,6 +96,9 @@ def translate_texts(
 ) -> list[list[Translation]]:
     """Translate ``texts`` with greedy (``beam=1``) or beam search, in length-sorted batches.
 
+    A text with no tokens (an empty or blank line) translates to one empty translation
+    without running the model, so that outputs stay line-aligned with their inputs.
+
     Returns:
         For each input text, ``n_best`` translations, best first.
     """
@@ -104,9 +107,11 @@ def translate_texts(
 
     model.eval()
     device = next(model.parameters()).device
-    ids = [src_tokenizer.encode(t) or [src_tokenizer.unk_id] for t in texts]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    results: list[list[Translation]] = [[] for _ in texts]
+    ids = [src_tokenizer.encode(t) for t in texts]
+    results: list[list[Translation]] = [
+        [] if i else [Translation("", [], 0.0, None, eos=True)] for i in ids
+    ]
+    order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
     pad = model.pad_id
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
@@ -196,6 +201,8 @@ def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
             src_tokens = [src_tok.id_to_token(i) for i in src_tok.encode(text)]
             items.append((best.alignment, src_tokens, best.target_labels, text))
     if not items:
+        if not any(src_tok.encode(text) for text in lines):
+            raise UserError("--show-attention: the input has no sentence to show")
         raise UserError("--show-attention: this model has no attention to show")
     try:
         return save_alignments(items, path)

@@ -323,3 +323,25 @@ def test_native_bf16_matches_the_cpu_flags():
 
     flags = set(Path("/proc/cpuinfo").read_text().split())
     assert native_bf16(torch.device("cpu")) == bool(flags & {"amx_tile", "avx512_bf16"})
+
+
+def test_blank_lines_translate_to_blank_lines(tmp_path):
+    from qkv.data.tokenizers import tokenizer_from_json
+    from qkv.evaluate import translate_texts
+    from qkv.models.checkpoint import load_checkpoint
+
+    train(_recipe(tmp_path, steps=2), progress=False)
+    ckpt = load_checkpoint(tmp_path / "last.safetensors")
+    src, tgt = (tokenizer_from_json(ckpt.tokenizers[side]) for side in ("src", "tgt"))
+    out = translate_texts(ckpt.model, src, tgt, ["", "개가 잤다", "   "], beam=2, n_best=2)
+    alone = translate_texts(ckpt.model, src, tgt, ["개가 잤다"], beam=2, n_best=2)[0]
+    assert [t.text for t in out[1]] == [t.text for t in alone]
+    for blank in (out[0], out[2]):  # no model run: no score, no alignment
+        assert [(t.text, t.score, t.alignment) for t in blank] == [("", 0.0, None)]
+    proc = _run_cli("translate", str(tmp_path / "last.safetensors"), stdin="\n개가 잤다\n\n")
+    assert proc.returncode == 0 and len(proc.stdout.split("\n")) == 4, proc.stderr
+    proc = _run_cli(
+        "translate", str(tmp_path / "last.safetensors"), "--show-attention",
+        str(tmp_path / "a.html"), stdin="\n",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "no sentence to show" in proc.stderr
