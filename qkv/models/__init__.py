@@ -4,7 +4,7 @@ from qkv.models.bert import BertConfig, BertModel, BertOutput, encode
 from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.gpt import GPT, GPTConfig, GPTOutput, sample_next
-from qkv.models.hf import load_tokenizer, minilm_path
+from qkv.models.hf import load_tokenizer, minilm_path, sentence_options
 from qkv.models.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention
 from qkv.models.seq2seq_rnn import RNNSeq2Seq, RNNState
 from qkv.models.seq2seq_transformer import TransformerSeq2Seq, TransformerState
@@ -33,4 +33,5 @@ __all__ = [
     "load_tokenizer",
     "minilm_path",
     "sample_next",
+    "sentence_options",
 ]

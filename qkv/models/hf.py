@@ -27,6 +27,7 @@ __all__ = [
     "minilm_path",
     "read_config",
     "read_json",
+    "sentence_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,45 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
     else:
         tokenizer.enable_padding(pad_id=pad_id, pad_token=pad)
     return tokenizer
+
+
+_POOLING_MODES = {  # sentence-transformers Pooling config key -> qkv.models.encode pooling
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+}
+
+
+def sentence_options(path: str | Path) -> dict[str, Any]:
+    """The pooling and normalisation of a sentence-transformers folder, for ``encode``.
+
+    Reads ``modules.json``: the ``Pooling`` module's config gives the pooling, and a
+    ``Normalize`` module turns on normalisation. A folder without ``modules.json`` gets
+    what sentence-transformers builds for a plain model: mean pooling, no normalisation.
+    ``encode(texts, model, tokenizer, **sentence_options(path))`` then gives the
+    embeddings of ``SentenceTransformer(path).encode(texts)``.
+
+    Raises:
+        ValueError: a pooling that ``encode`` lacks (several modes at once, weighted mean,
+            last token, mean scaled by the square root of the length).
+    """
+    folder = _folder(path)
+    modules = read_json(folder / "modules.json") or []
+    if not isinstance(modules, list):
+        raise ValueError(f"{folder / 'modules.json'}: expected a list of modules")
+    kinds = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+    pooling = "mean"
+    if "Pooling" in kinds:
+        file = folder / kinds["Pooling"] / "config.json"
+        config = read_json(file)
+        modes = [k for k, v in config.items() if k.startswith("pooling_mode") and v is True]
+        if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+            raise ValueError(
+                f"{file}: pooling {', '.join(modes) or 'none'} is not supported "
+                f"(one of {', '.join(_POOLING_MODES)} is)"
+            )
+        pooling = _POOLING_MODES[modes[0]]
+    return {"pooling": pooling, "normalize": "Normalize" in kinds}
 
 
 def minilm_path() -> Path:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from qkv.models import BertModel, encode, load_tokenizer, minilm_path  # noqa: E402
+from qkv.models import BertModel, encode, load_tokenizer, minilm_path, sentence_options  # noqa: E402
 from qkv.models.hf import load_state_dict  # noqa: E402
 
 LONG = (
@@ -35,6 +37,8 @@ SENTENCES = [
     "Why?",
     "Transformers replaced RNNs in machine translation.",
 ]
+
+POOLS = {"cls": "cls_token", "max": "max_tokens"}  # sentence-transformers' config names
 
 
 @pytest.fixture(scope="module")
@@ -106,19 +110,38 @@ def test_float64_matches_transformers_float64(ours, peer, batch):
     assert (out32.double() - out)[real].abs().max() <= 1e-4  # fp32 error is small, not zero
 
 
-def test_sentence_embeddings_match_sentence_transformers(folder, ours):
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_sentence_embeddings_match_sentence_transformers(folder, ours, pooling, tmp_path):
     st = pytest.importorskip("sentence_transformers")
+    if pooling != "mean":  # the same encoder with another pooling and no Normalize module
+        shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+        modules = json.loads((tmp_path / "modules.json").read_text())[:2]
+        (tmp_path / "modules.json").write_text(json.dumps(modules))
+        config = json.loads((tmp_path / "1_Pooling" / "config.json").read_text())
+        config.update(pooling_mode_mean_tokens=False, **{f"pooling_mode_{POOLS[pooling]}": True})
+        (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
+        folder = tmp_path
+    options = sentence_options(folder)
+    assert options == {"pooling": pooling, "normalize": pooling == "mean"}
     texts = random.sample(SENTENCES, len(SENTENCES))
     ref = st.SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
-    ref = torch.nn.functional.normalize(ref.float(), dim=-1)
-    emb = encode(texts, ours, load_tokenizer(folder), batch_size=3)
+    emb = encode(texts, ours, load_tokenizer(folder), batch_size=3, **options)
     assert emb.shape == (len(texts), 384)
-    torch.testing.assert_close(emb.norm(dim=-1), torch.ones(len(texts)))
-    cosine = (emb * ref).sum(-1)
-    assert cosine.min() >= 0.99999, cosine
+    torch.testing.assert_close(emb, ref.float(), atol=2e-6, rtol=1e-5)
     # batching and padding do not change an embedding
-    alone = encode(texts[:1], ours, load_tokenizer(folder))
-    assert (alone[0] @ emb[0]) >= 0.99999
+    alone = encode(texts[:1], ours, load_tokenizer(folder), **options)
+    torch.testing.assert_close(alone[0], emb[0], atol=2e-6, rtol=1e-5)
+
+
+def test_unsupported_sentence_pooling_is_named(folder, tmp_path):
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "1_Pooling" / "config.json").read_text())
+    config["pooling_mode_lasttoken"] = True
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="pooling_mode_mean_tokens, pooling_mode_lasttoken"):
+        sentence_options(tmp_path)
+    (tmp_path / "modules.json").unlink()  # a plain model: mean pooling, not normalised
+    assert sentence_options(tmp_path) == {"pooling": "mean", "normalize": False}
 
 
 def test_bin_weights_with_bert_prefix_load_the_same(folder, ours, batch, tmp_path):
