@@ -18,6 +18,7 @@ the last hidden state.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,7 +32,7 @@ from qkv.models.bert_hf import config_values, encoder_weights
 from qkv.models.hf import load_into, load_state_dict, read_config
 from qkv.modules.transformer import Encoder, EncoderLayer
 
-__all__ = ["BertConfig", "BertModel", "BertOutput", "encode"]
+__all__ = ["BertConfig", "BertModel", "BertOutput", "encode", "relative_buckets"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class BertConfig:
             real tokens from ``pad_token_id + 1`` and gives padding ``pad_token_id``.
         embedding_size: width of the embeddings when narrower than ``hidden_size``
             (ELECTRA); a linear layer projects them up. ``None``: ``hidden_size``.
+        relative_attention_num_buckets: 0, or the buckets of a learned relative-position
+            bias added to every layer's scores (MPNet; see :func:`relative_buckets`).
         layer_norm_eps: epsilon of every layer norm (1e-12 in BERT).
         hidden_dropout_prob, attention_probs_dropout_prob: dropout while training.
         pad_token_id: the padding id. add_pooler: build the ``[CLS]`` pooler.
@@ -72,6 +75,7 @@ class BertConfig:
     add_pooler: bool = True
     position_style: str = "bert"
     embedding_size: int | None = None
+    relative_attention_num_buckets: int = 0
 
     def __post_init__(self) -> None:
         if self.hidden_act not in _HF_ACTIVATIONS:
@@ -182,6 +186,10 @@ class BertModel(nn.Module):
 
         self.embeddings = BertEmbeddings(config)
         self.encoder = Encoder(layer, config.num_hidden_layers)
+        self.relative_bias = None  # (buckets, H): one bias per head and distance bucket
+        if config.relative_attention_num_buckets:
+            heads = config.num_attention_heads
+            self.relative_bias = nn.Embedding(config.relative_attention_num_buckets, heads)
         self.pooler = None
         if config.add_pooler:
             self.pooler = nn.Sequential()
@@ -209,7 +217,11 @@ class BertModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         key_mask = None if attention_mask is None else attention_mask.bool()  # (B, T)
         x = self.embeddings(input_ids, token_type_ids)
-        out = self.encoder(x, key_mask=key_mask, need_weights=need_weights)
+        bias = None
+        if self.relative_bias is not None:  # the same (1, H, T, T) bias in every layer
+            buckets = relative_buckets(input_ids.shape[1], device=input_ids.device)
+            bias = self.relative_bias(buckets).permute(2, 0, 1).unsqueeze(0).to(x.dtype)
+        out = self.encoder(x, key_mask=key_mask, mask=bias, need_weights=need_weights)
         hidden = out.hidden  # (B, T, E)
         pooled = self.pooler(hidden[:, 0]) if self.pooler is not None else None  # (B, E)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled, attentions=out.attentions)
@@ -233,6 +245,27 @@ class BertModel(nn.Module):
         model = cls(BertConfig.from_hf(config, **overrides))
         load_into(model, renamed, what=str(path))
         return model.eval()
+
+
+def relative_buckets(
+    t: int, num_buckets: int = 32, max_distance: int = 128, device: torch.device | None = None
+) -> Tensor:
+    """The distance bucket of every (query, key) pair, ``(T, T)`` long (MPNet, from T5).
+
+    Half the buckets are for keys before the query, half for keys after it. Within a half,
+    distances below a quarter of ``num_buckets`` get a bucket each; longer ones share
+    buckets on a log scale up to ``max_distance``, and everything beyond shares the last.
+    MPNet always uses 32 buckets and 128 as the distance, whatever its config says.
+    """
+    pos = torch.arange(t, device=device)
+    distance = pos[:, None] - pos[None, :]  # query - key: > 0 for keys before the query
+    half = num_buckets // 2
+    exact = half // 2
+    side = (distance < 0).long() * half  # keys after the query use the upper half
+    n = distance.abs()
+    scaled = torch.log(n.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+    far = (exact + (scaled * (half - exact)).long()).clamp(max=half - 1)
+    return side + torch.where(n < exact, n, far)
 
 
 @torch.no_grad()

@@ -11,6 +11,8 @@ that change the output if ignored:
   (``embedding_size``), followed by a linear projection to ``hidden_size``.
 - **DistilBERT** (Sanh et al. 2019): no segment embeddings, other config keys and weight
   names (``q_lin``, ``sa_layer_norm``, ``ffn.lin1``, ...).
+- **MPNet** (Song et al. 2020; all-mpnet-base-v2): RoBERTa positions (padding id 1), no
+  segment embeddings, and a learned relative-position bias shared by all layers.
 
 A checkpoint with a task head (``BertForMaskedLM``, ``RobertaForSequenceClassification``)
 stores the encoder under a prefix (``bert.``, ``roberta.``, ...); only those weights are
@@ -25,13 +27,13 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["ROBERTA_TYPES", "SUPPORTED_TYPES", "config_values", "encoder_weights"]
+__all__ = ["PADDED_POSITIONS", "SUPPORTED_TYPES", "config_values", "encoder_weights"]
 
 log = logging.getLogger(__name__)
 
-ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
-SUPPORTED_TYPES = ("bert", "electra", "distilbert", *ROBERTA_TYPES)
-_PREFIX = {"bert": "bert", "electra": "electra", "distilbert": "distilbert"}  # else roberta
+PADDED_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")  # from pad_token_id + 1
+SUPPORTED_TYPES = ("bert", "electra", "distilbert", *PADDED_POSITIONS)
+_PREFIX = {"bert": "bert", "electra": "electra", "distilbert": "distilbert", "mpnet": "mpnet"}
 
 _DISTILBERT_CONFIG = {  # DistilBERT config.json key -> BertConfig field
     "dim": "hidden_size",
@@ -58,6 +60,15 @@ _BERT_NAMES = [  # Hugging Face name (prefix removed) -> qkv name
     (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ff.linear1."),
     (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ff.linear2."),
     (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.norm2."),
+]
+_MPNET_NAMES = [
+    (_LAYER + r"attention\.attn\.q\.", r"encoder.layers.\1.self_attn.q_proj."),
+    (_LAYER + r"attention\.attn\.k\.", r"encoder.layers.\1.self_attn.k_proj."),
+    (_LAYER + r"attention\.attn\.v\.", r"encoder.layers.\1.self_attn.v_proj."),
+    (_LAYER + r"attention\.attn\.o\.", r"encoder.layers.\1.self_attn.out_proj."),
+    (_LAYER + r"attention\.LayerNorm\.", r"encoder.layers.\1.norm1."),
+    (r"^encoder\.relative_attention_bias\.", "relative_bias."),
+    *_BERT_NAMES,
 ]
 _DLAYER = r"^transformer\.layer\.(\d+)\."
 _DISTILBERT_NAMES = [
@@ -96,8 +107,12 @@ def config_values(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     if kind == "distilbert":
         config = {_DISTILBERT_CONFIG.get(k, k): v for k, v in config.items()}
         config.update(type_vocab_size=0, layer_norm_eps=1e-12, add_pooler=False)
+    if kind == "mpnet":  # Hugging Face's MPNet fixes the padding id at 1
+        config = {**config, "type_vocab_size": 0, "pad_token_id": 1}
     values = {k: v for k, v in config.items() if k in fields}
-    if kind in ROBERTA_TYPES:
+    if kind != "mpnet":
+        values.pop("relative_attention_num_buckets", None)
+    if kind in PADDED_POSITIONS:
         values["position_style"] = "roberta"
     if kind != "electra":
         values.pop("embedding_size", None)
@@ -112,13 +127,13 @@ def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[st
     unknown name is kept, so that the name check reports it.
     """
     kind = model_type(config)
-    prefix = _PREFIX.get(kind, "roberta") + "."
+    prefix = _PREFIX.get(kind, "roberta") + "."  # RoBERTa's family: roberta.
     if any(name.startswith(prefix) for name in state):
         heads = sorted(name for name in state if not name.startswith(prefix))
         if heads:
             log.info("ignoring %d weights outside the encoder: %s ...", len(heads), heads[0])
         state = {name[len(prefix) :]: t for name, t in state.items() if name.startswith(prefix)}
-    renames = _DISTILBERT_NAMES if kind == "distilbert" else _BERT_NAMES
+    renames = {"distilbert": _DISTILBERT_NAMES, "mpnet": _MPNET_NAMES}.get(kind, _BERT_NAMES)
     return {
         _rename(name, renames): tensor for name, tensor in state.items() if not _BUFFERS.match(name)
     }

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.models.bert_hf import ROBERTA_TYPES
+from qkv.models.bert_hf import PADDED_POSITIONS
 
 __all__ = [
     "check_names",
@@ -162,7 +162,7 @@ def _is_persistent(model: nn.Module, name: str) -> bool:
 def _model_positions(config: dict[str, Any]) -> int | None:
     """The longest input of a model config: RoBERTa-style models lose ``pad_token_id + 1``."""
     positions = config.get("max_position_embeddings")
-    if positions is not None and config.get("model_type") in ROBERTA_TYPES:
+    if positions is not None and config.get("model_type") in PADDED_POSITIONS:
         positions -= config.get("pad_token_id", 1) + 1
     return positions
 

@@ -1,4 +1,4 @@
-"""BertModel on random RoBERTa, XLM-R, CamemBERT, ELECTRA and DistilBERT folders vs transformers."""
+"""BertModel on random folders of the BERT family (RoBERTa, ELECTRA, MPNet, ...) vs transformers."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
 from qkv.models import BertModel, load_tokenizer, minilm_path  # noqa: E402
+from qkv.models.bert import relative_buckets  # noqa: E402
 
 VOCAB, POSITIONS = 120, 40
 SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's, pad id 1
@@ -42,6 +43,10 @@ FAMILIES = {  # name -> (config, bare model, model with a task head, head's enco
     "electra": (  # embeddings narrower than the encoder: a projection in between
         lambda: transformers.ElectraConfig(**SIZES, embedding_size=16, hidden_act="gelu"),
         transformers.ElectraModel, transformers.ElectraForPreTraining, "electra",
+    ),
+    "mpnet": (  # a relative-position bias in every layer
+        lambda: transformers.MPNetConfig(**SIZES),
+        transformers.MPNetModel, transformers.MPNetForMaskedLM, "mpnet",
     ),
     "distilbert": (
         lambda: transformers.DistilBertConfig(**DISTILBERT),
@@ -157,3 +162,13 @@ def test_show_maps_of_a_roberta_folder_match_transformers(tmp_path):
     with torch.no_grad():
         want = torch.stack(peer(**ids, output_attentions=True).attentions)[:, 0]
     torch.testing.assert_close(maps, want, atol=2e-6, rtol=1e-5)
+
+
+def test_relative_buckets_match_mpnet_beyond_the_longest_distance():
+    encoder = transformers.models.mpnet.modeling_mpnet.MPNetEncoder
+    t = 300  # distances past max_distance = 128 share the last bucket of each side
+    pos = torch.arange(t)
+    want = encoder.relative_position_bucket(pos[None, :] - pos[:, None])
+    got = relative_buckets(t)
+    assert torch.equal(got, want)
+    assert got.unique().tolist() == [b for b in range(32) if b != 16]  # no key at distance -0
