@@ -10,7 +10,7 @@ token in both directions:
     \\mathrm{pooler} = \\tanh(W h_L[\\mathrm{CLS}] + b)
 
 :meth:`BertModel.from_pretrained` reads any Hugging Face BERT-family folder (BERT, MiniLM,
-RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, sentence-transformers encoders; see
+RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, MPNet, DistilBERT, sentence-transformers encoders; see
 :mod:`qkv.models.bert_hf`); :func:`encode` turns texts into sentence embeddings by pooling
 the last hidden state.
 """
