@@ -29,14 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.bert_hf import config_values, encoder_weights
-from qkv.models.hf import load_into, load_state_dict, read_config
+from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
 from qkv.modules.transformer import Encoder, EncoderLayer
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "encode", "relative_buckets"]
 
 log = logging.getLogger(__name__)
-
-_HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class BertConfig:
     Args:
         vocab_size: V. hidden_size: E. num_hidden_layers: layers. num_attention_heads: H.
         intermediate_size: feed-forward inner width.
-        hidden_act: ``"gelu"`` (exact), ``"gelu_new"`` (tanh) or ``"relu"``.
+        hidden_act: a key of :data:`qkv.models.hf.HF_ACTIVATIONS` (``"gelu"``, ``"gelu_new"``, ...).
         max_position_embeddings: position embeddings. type_vocab_size: segment types (0:
             none, as in DistilBERT).
         position_style: ``"bert"`` numbers tokens ``0 .. T-1``; ``"roberta"`` numbers the
@@ -78,9 +76,9 @@ class BertConfig:
     relative_attention_num_buckets: int = 0
 
     def __post_init__(self) -> None:
-        if self.hidden_act not in _HF_ACTIVATIONS:
+        if self.hidden_act not in HF_ACTIVATIONS:
             raise ValueError(
-                f"hidden_act {self.hidden_act!r} not supported: {list(_HF_ACTIVATIONS)}"
+                f"hidden_act {self.hidden_act!r} not supported: {list(HF_ACTIVATIONS)}"
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -177,7 +175,7 @@ class BertModel(nn.Module):
         def layer() -> EncoderLayer:
             new = EncoderLayer(
                 config.hidden_size, config.num_attention_heads, config.intermediate_size,
-                dropout=config.hidden_dropout_prob, activation=_HF_ACTIVATIONS[config.hidden_act],
+                dropout=config.hidden_dropout_prob, activation=HF_ACTIVATIONS[config.hidden_act],
                 norm_first=False, layer_norm_eps=config.layer_norm_eps,
             )  # fmt: skip
             new.self_attn.dropout = config.attention_probs_dropout_prob

@@ -24,16 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.models.hf import load_into, load_state_dict, read_config
+from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
 __all__ = ["GPT", "GPTConfig", "GPTOutput", "sample_next"]
 
 log = logging.getLogger(__name__)
-
-_HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
-                   "relu": "relu"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,12 +94,12 @@ class GPTConfig:
         if not config.get("scale_attn_weights", True):
             raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
         act = config.get("activation_function", "gelu_new")
-        if act not in _HF_ACTIVATIONS:
-            raise ValueError(f"activation_function {act!r} not supported: {list(_HF_ACTIVATIONS)}")
+        if act not in HF_ACTIVATIONS:
+            raise ValueError(f"activation_function {act!r} not supported: {list(HF_ACTIVATIONS)}")
         return cls(
             vocab_size=config["vocab_size"], max_len=config["n_positions"],
             num_layers=config["n_layer"], num_heads=config["n_head"], dim=config["n_embd"],
-            ff_dim=config.get("n_inner"), activation=_HF_ACTIVATIONS[act],
+            ff_dim=config.get("n_inner"), activation=HF_ACTIVATIONS[act],
             layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
             tie_embeddings=config.get("tie_word_embeddings", True),
         )  # fmt: skip

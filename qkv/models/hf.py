@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from qkv.models.bert_hf import PADDED_POSITIONS
 
 __all__ = [
+    "HF_ACTIVATIONS",
     "check_names",
     "load_state_dict",
     "load_tokenizer",
@@ -33,6 +34,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+HF_ACTIVATIONS = {  # Hugging Face activation name -> qkv.modules.FeedForward's
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
 
 
 def _need(module: str, extra: str = "hf") -> Any:

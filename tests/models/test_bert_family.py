@@ -41,7 +41,9 @@ FAMILIES = {  # name -> (config, bare model, model with a task head, head's enco
         transformers.CamembertModel, transformers.CamembertForMaskedLM, "roberta",
     ),
     "electra": (  # embeddings narrower than the encoder: a projection in between
-        lambda: transformers.ElectraConfig(**SIZES, embedding_size=16, hidden_act="gelu"),
+        lambda: transformers.ElectraConfig(
+            **SIZES, embedding_size=16, hidden_act="gelu_pytorch_tanh"
+        ),
         transformers.ElectraModel, transformers.ElectraForPreTraining, "electra",
     ),
     "mpnet": (  # a relative-position bias in every layer
