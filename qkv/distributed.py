@@ -16,7 +16,11 @@ import torch
 import torch.distributed as td
 from torch import nn
 
-__all__ = ["Dist", "native_bf16", "uses_bf16"]
+__all__ = ["DeviceError", "Dist", "native_bf16", "uses_bf16"]
+
+
+class DeviceError(ValueError):
+    """The asked-for device is not on this machine."""
 
 
 @dataclass
@@ -33,7 +37,7 @@ class Dist:
         rank = int(os.environ.get("RANK", "0"))
         cuda = torch.cuda.is_available() and device in ("auto", "cuda")
         if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("train.device: 'cuda' was asked for but no CUDA device is available")
+            raise DeviceError("'cuda' was asked for but no CUDA device is available")
         if cuda:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local)

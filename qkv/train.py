@@ -24,7 +24,7 @@ from torch import nn
 
 from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
-from qkv.distributed import Dist, uses_bf16
+from qkv.distributed import DeviceError, Dist, uses_bf16
 from qkv.evaluate import bleu, translate_texts
 from qkv.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -159,7 +159,10 @@ def _batcher(data: Prepared, examples, recipe: Recipe, shuffle: bool, dist: Dist
 def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``."""
     cfg = recipe.train
-    dist = Dist.from_env(cfg.device)
+    try:
+        dist = Dist.from_env(cfg.device)
+    except DeviceError as err:  # the config asks for what this machine lacks
+        raise ConfigError(f"train.device: {err}") from None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = recipe.out_dir

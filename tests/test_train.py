@@ -203,6 +203,15 @@ def test_train_cli_bad_input_exits_2(tmp_path, content, match):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_train_cli_asking_for_a_missing_gpu_exits_2(tmp_path):
+    config = Path(__file__).parents[1] / "configs" / "toy-transformer.yaml"
+    proc = _run_cli("train", str(config), "--set", "train.device=cuda", "--out", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "train.device: 'cuda'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_translate_and_evaluate_cli(tmp_path):
     train(_recipe(tmp_path, steps=4), progress=False)
     ckpt = tmp_path / "last.safetensors"
