@@ -185,7 +185,9 @@ def _token(value: Any) -> str | None:
 def load_tokenizer(path: str | Path, max_length: int | None = None):
     """The checkpoint's tokenizer, padding each batch to its longest sequence.
 
-    Reads ``tokenizer.json`` with the ``tokenizers`` library. Truncation length: the
+    Reads ``tokenizer.json`` with the ``tokenizers`` library; a folder with only a
+    ``vocab.txt`` (older BERT-family folders) gets BERT's WordPiece tokenizer built from it,
+    as ``transformers.BertTokenizer`` reads it. Truncation length: the
     ``max_length`` argument, else ``sentence_bert_config.json``'s ``max_seq_length``, else
     ``tokenizer_config.json``'s ``model_max_length``, else the positions that
     ``config.json`` gives the model (the first that applies). Padding uses the folder's
@@ -196,12 +198,19 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         token type ids.
     """
     folder = _folder(path)
-    file = folder / "tokenizer.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} not found (qkv reads fast-tokenizer files only)")
-    tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
     tok_config = read_json(folder / "tokenizer_config.json")
-    special = read_json(folder / "special_tokens_map.json")
+    given = {k: v for k, v in tok_config.items() if v is not None}
+    options = {**read_json(folder / "special_tokens_map.json"), **given}
+    file = folder / "tokenizer.json"
+    if file.is_file():
+        tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
+    elif (folder / "vocab.txt").is_file():
+        options = {"pad_token": "[PAD]", **options}  # BertTokenizer's default
+        tokenizer = _wordpiece(folder / "vocab.txt", options)
+    else:
+        raise FileNotFoundError(
+            f"{file} not found, nor a WordPiece vocab.txt (the tokenizers qkv reads)"
+        )
     if max_length is None:
         limits = [
             read_json(folder / "sentence_bert_config.json").get("max_seq_length"),
@@ -214,7 +223,7 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         tokenizer.enable_truncation(max_length=max_length)
     else:
         tokenizer.no_truncation()
-    pad = _token(tok_config.get("pad_token")) or _token(special.get("pad_token"))
+    pad = _token(options.get("pad_token"))
     pad_id = tokenizer.token_to_id(pad) if pad else None
     if pad_id is None:
         log.info("tokenizer in %s has no pad token: padding disabled", folder)
@@ -261,6 +270,34 @@ def sentence_options(path: str | Path) -> dict[str, Any]:
             )
         pooling = _POOLING_MODES[modes[0]]
     return {"pooling": pooling, "normalize": "Normalize" in kinds}
+
+
+def _wordpiece(vocab: Path, config: dict[str, Any]):
+    """BERT's tokenizer from a ``vocab.txt``: clean, split, lower-case, WordPiece, [CLS]/[SEP].
+
+    ``config`` holds ``tokenizer_config.json``'s options (``do_lower_case``,
+    ``strip_accents``, ``tokenize_chinese_chars``) and special tokens, with BERT's defaults.
+    """
+    tk = _need("tokenizers")
+    names = {key: _token(config.get(f"{key}_token")) or f"[{key.upper()}]"
+             for key in ("unk", "sep", "cls", "pad", "mask")}  # fmt: skip
+    tokenizer = tk.Tokenizer(tk.models.WordPiece.from_file(str(vocab), unk_token=names["unk"]))
+    lowercase = config.get("do_lower_case", True)
+    tokenizer.normalizer = tk.normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=config.get("tokenize_chinese_chars", True),
+        strip_accents=config.get("strip_accents"),  # None: strip when lower-casing
+        lowercase=lowercase,
+    )
+    tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    ids = {key: tokenizer.token_to_id(names[key]) for key in ("sep", "cls")}
+    if None in ids.values():
+        raise ValueError(f"{vocab}: no {names['cls']} or {names['sep']} token in the vocabulary")
+    tokenizer.post_processor = tk.processors.BertProcessing(
+        (names["sep"], ids["sep"]), (names["cls"], ids["cls"])
+    )
+    tokenizer.decoder = tk.decoders.WordPiece(prefix="##")
+    return tokenizer
 
 
 def minilm_path() -> Path:

@@ -66,6 +66,26 @@ def batch(folder):
     return texts, ids, mask, types
 
 
+@pytest.mark.parametrize("lower", [True, False])
+def test_a_folder_with_only_vocab_txt_tokenizes_as_bert_tokenizer(folder, tmp_path, lower):
+    for name in ("vocab.txt", "config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    config = {"do_lower_case": lower, "model_max_length": 64, "tokenize_chinese_chars": True}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = load_tokenizer(tmp_path)
+    peer = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=lower)
+    texts = [*random.sample(SENTENCES, len(SENTENCES)), "Café naïve ÉCOLE", "注意力 is all"]
+    pairs = list(zip(texts, reversed(texts)))
+    want = peer(texts, padding=True, truncation=True, max_length=64)
+    got = ours.encode_batch(texts)
+    assert [e.ids for e in got] == want["input_ids"]
+    assert [e.attention_mask for e in got] == want["attention_mask"]
+    want = peer(*zip(*pairs), padding=True, truncation=True, max_length=64)
+    got = ours.encode_batch(pairs)
+    assert [e.ids for e in got] == want["input_ids"]
+    assert [e.type_ids for e in got] == want["token_type_ids"]
+
+
 def test_tokenization_matches_the_checkpoint(folder, batch):
     texts, ids, mask, types = batch
     ref = transformers.AutoTokenizer.from_pretrained(folder)(
