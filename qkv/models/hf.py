@@ -280,14 +280,13 @@ def _wordpiece(vocab: Path, config: dict[str, Any]):
     """
     tk = _need("tokenizers")
     names = {key: _token(config.get(f"{key}_token")) or f"[{key.upper()}]"
-             for key in ("unk", "sep", "cls", "pad", "mask")}  # fmt: skip
+             for key in ("unk", "sep", "cls")}  # fmt: skip
     tokenizer = tk.Tokenizer(tk.models.WordPiece.from_file(str(vocab), unk_token=names["unk"]))
-    lowercase = config.get("do_lower_case", True)
     tokenizer.normalizer = tk.normalizers.BertNormalizer(
         clean_text=True,
         handle_chinese_chars=config.get("tokenize_chinese_chars", True),
         strip_accents=config.get("strip_accents"),  # None: strip when lower-casing
-        lowercase=lowercase,
+        lowercase=config.get("do_lower_case", True),
     )
     tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     ids = {key: tokenizer.token_to_id(names[key]) for key in ("sep", "cls")}
