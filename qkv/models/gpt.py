@@ -262,8 +262,10 @@ class GPT(nn.Module):
 
         GPT-2 stores its linear layers transposed (``Conv1D``: ``(in, out)``) and packs the
         query, key and value projections in one ``c_attn``; both are converted. Names may
-        carry the ``transformer.`` prefix; the causal-mask buffers of old checkpoints
-        (``attn.bias``, ``attn.masked_bias``) are ignored, and so is a tied ``lm_head``.
+        carry the ``transformer.`` prefix, and then other heads than ``lm_head``
+        (``score.*`` of ``GPT2ForSequenceClassification``) are ignored; the causal-mask
+        buffers of old checkpoints (``attn.bias``, ``attn.masked_bias``) are ignored, and so
+        is a tied ``lm_head``.
         Missing or unknown names are an error that lists them. Returns the model in eval mode.
         """
         config = GPTConfig.from_hf(read_config(path))
@@ -305,6 +307,11 @@ def sample_next(
 def _convert_gpt2(hf: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
     """Rename (and transpose, split) Hugging Face GPT-2 weights into qkv names."""
     state: dict[str, Tensor] = {}
+    if any(name.startswith("transformer.") for name in hf):  # a checkpoint with a head
+        heads = [n for n in hf if not n.startswith("transformer.") and n != "lm_head.weight"]
+        if heads:
+            log.info("ignoring %d weights outside the decoder: %s ...", len(heads), heads[0])
+        hf = {n: t for n, t in hf.items() if n not in heads}
     top = {
         "wte.weight": "tok_emb.weight",
         "wpe.weight": "pos_emb.weight",

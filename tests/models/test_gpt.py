@@ -197,3 +197,15 @@ def test_other_architectures_are_refused_by_name(folder, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="lacks n_embd"):
         GPT.from_pretrained(tmp_path)
+
+
+def test_a_classifier_checkpoint_loads_its_decoder(folder, tmp_path):
+    config = transformers.GPT2Config.from_pretrained(folder)
+    classifier = transformers.GPT2ForSequenceClassification(config).eval()
+    classifier.save_pretrained(tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    with torch.no_grad():
+        hidden = classifier.transformer(ids).last_hidden_state
+        want = hidden @ classifier.transformer.wte.weight.T  # GPT's tied LM head
+        got = GPT.from_pretrained(tmp_path)(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
