@@ -21,17 +21,15 @@ read, as ``transformers`` does when it loads the bare encoder from such a checkp
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
 from torch import Tensor
 
-__all__ = ["PADDED_POSITIONS", "SUPPORTED_TYPES", "config_values", "encoder_weights"]
+from qkv.models.hf import PADDED_POSITIONS, base_weights
 
-log = logging.getLogger(__name__)
+__all__ = ["SUPPORTED_TYPES", "config_values", "encoder_weights"]
 
-PADDED_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")  # from pad_token_id + 1
 SUPPORTED_TYPES = ("bert", "electra", "distilbert", *PADDED_POSITIONS)
 _PREFIX = {"bert": "bert", "electra": "electra", "distilbert": "distilbert", "mpnet": "mpnet"}
 
@@ -127,12 +125,7 @@ def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[st
     unknown name is kept, so that the name check reports it.
     """
     kind = model_type(config)
-    prefix = _PREFIX.get(kind, "roberta") + "."  # RoBERTa's family: roberta.
-    if any(name.startswith(prefix) for name in state):
-        heads = sorted(name for name in state if not name.startswith(prefix))
-        if heads:
-            log.info("ignoring %d weights outside the encoder: %s ...", len(heads), heads[0])
-        state = {name[len(prefix) :]: t for name, t in state.items() if name.startswith(prefix)}
+    state = base_weights(state, _PREFIX.get(kind, "roberta") + ".")  # RoBERTa's family: roberta.
     renames = {"distilbert": _DISTILBERT_NAMES, "mpnet": _MPNET_NAMES}.get(kind, _BERT_NAMES)
     return {
         _rename(name, renames): tensor for name, tensor in state.items() if not _BUFFERS.match(name)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
+from qkv.models.hf import HF_ACTIVATIONS, base_weights, load_into, load_state_dict, read_config
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
@@ -307,11 +307,7 @@ def sample_next(
 def _convert_gpt2(hf: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
     """Rename (and transpose, split) Hugging Face GPT-2 weights into qkv names."""
     state: dict[str, Tensor] = {}
-    if any(name.startswith("transformer.") for name in hf):  # a checkpoint with a head
-        heads = [n for n in hf if not n.startswith("transformer.") and n != "lm_head.weight"]
-        if heads:
-            log.info("ignoring %d weights outside the decoder: %s ...", len(heads), heads[0])
-        hf = {n: t for n, t in hf.items() if n not in heads}
+    hf = base_weights(hf, "transformer.", keep=["lm_head.weight"])
     top = {
         "wte.weight": "tok_emb.weight",
         "wpe.weight": "pos_emb.weight",
@@ -319,7 +315,6 @@ def _convert_gpt2(hf: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]
         "ln_f.bias": "decoder.final_norm.bias",
     }
     for name, tensor in hf.items():
-        name = name.removeprefix("transformer.")
         if name == "lm_head.weight":
             if not config.tie_embeddings:
                 state["lm_head.weight"] = tensor

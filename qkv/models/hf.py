@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.models.bert_hf import PADDED_POSITIONS
-
 __all__ = [
     "HF_ACTIVATIONS",
+    "PADDED_POSITIONS",
+    "base_weights",
     "check_names",
     "load_state_dict",
     "load_tokenizer",
@@ -34,6 +34,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# model_types whose positions count real tokens from pad_token_id + 1 (RoBERTa's scheme)
+PADDED_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")
 HF_ACTIVATIONS = {  # Hugging Face activation name -> qkv.modules.FeedForward's
     "gelu": "gelu",
     "gelu_python": "gelu",
@@ -132,6 +134,24 @@ def _read_shards(index: Path) -> dict[str, Tensor]:
             f"e.g. {misplaced[0]}"
         )
     return state
+
+
+def base_weights(
+    state: dict[str, Tensor], prefix: str, keep: Iterable[str] = ()
+) -> dict[str, Tensor]:
+    """The base model's weights of a checkpoint that has a task head, without ``prefix``.
+
+    ``BertForMaskedLM`` stores its encoder under ``bert.``, ``GPT2LMHeadModel`` its decoder
+    under ``transformer.``; the head's own weights are dropped (logged), except the names
+    in ``keep``. A checkpoint in which no name has ``prefix`` is returned as it is.
+    """
+    if not any(name.startswith(prefix) for name in state):
+        return state
+    keep = set(keep)
+    heads = {n for n in state if not n.startswith(prefix) and n not in keep}
+    if heads:
+        log.info("ignoring %d weights of a task head: %s ...", len(heads), min(heads))
+    return {n.removeprefix(prefix): t for n, t in state.items() if n not in heads}
 
 
 def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "checkpoint") -> None:
