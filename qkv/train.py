@@ -27,7 +27,14 @@ from qkv.data.prepare import Prepared, prepare
 from qkv.distributed import DeviceError, Dist, uses_bf16
 from qkv.evaluate import bleu, translate_texts
 from qkv.memory import bound_onednn_caches, reuse_freed_memory
-from qkv.models.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from qkv.models.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    model_kind,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 from qkv.recipe import ConfigError, Recipe, load_yaml
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
@@ -349,6 +356,17 @@ class _Loop:
 
 def _restore(path: Path, model: nn.Module, optimizer) -> _State:
     ckpt = load_checkpoint(path)
+    wanted = (model_kind(model), json.loads(json.dumps(model.config.to_dict())))  # as saved
+    if (ckpt.model_type, ckpt.model_config) != wanted:
+        changed = sorted(
+            k for k in {**ckpt.model_config, **wanted[1]}
+            if ckpt.model_config.get(k) != wanted[1].get(k)
+        )  # fmt: skip
+        what = "type" if ckpt.model_type != wanted[0] else ", ".join(changed)
+        raise CheckpointError(
+            f"{path}: cannot resume: the config's model differs from the checkpoint's "
+            f"({what}); use the same model and data, or another --out"
+        )
     model.load_state_dict(ckpt.model.state_dict())
     if ckpt.optimizer_state is not None:
         optimizer.load_state_dict(ckpt.optimizer_state)

@@ -105,6 +105,20 @@ def test_resume_continues_with_identical_losses(tmp_path):
     assert _losses(part) == _losses(full)
 
 
+def test_resume_with_another_model_names_what_changed(tmp_path):
+    train(_recipe(tmp_path, steps=4), progress=False)
+    before = (tmp_path / "last.safetensors").read_bytes()
+    d = json.loads(json.dumps(TINY))
+    d.update(out=str(tmp_path))
+    d["model"]["ff_dim"] = 48
+    with pytest.raises(CheckpointError, match=r"cannot resume: .*\(ff_dim\)"):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    d["model"] = {"type": "rnn", "hidden_dim": 32, "embed_dim": 16}
+    with pytest.raises(CheckpointError, match=r"cannot resume: .*\(type\)"):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    assert (tmp_path / "last.safetensors").read_bytes() == before  # nothing overwritten
+
+
 def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
     train(_recipe(tmp_path / "reuse", steps=6), progress=False)
     monkeypatch.setattr(qkv.train, "reuse_freed_memory", lambda: contextlib.nullcontext())
