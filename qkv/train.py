@@ -356,16 +356,11 @@ class _Loop:
 
 def _restore(path: Path, model: nn.Module, optimizer) -> _State:
     ckpt = load_checkpoint(path)
-    wanted = (model_kind(model), json.loads(json.dumps(model.config.to_dict())))  # as saved
-    if (ckpt.model_type, ckpt.model_config) != wanted:
-        changed = sorted(
-            k for k in {**ckpt.model_config, **wanted[1]}
-            if ckpt.model_config.get(k) != wanted[1].get(k)
-        )  # fmt: skip
-        what = "type" if ckpt.model_type != wanted[0] else ", ".join(changed)
+    change = _model_change(ckpt, model)
+    if change:
         raise CheckpointError(
             f"{path}: cannot resume: the config's model differs from the checkpoint's "
-            f"({what}); use the same model and data, or another --out"
+            f"({change}); use the same model and data, or another --out"
         )
     model.load_state_dict(ckpt.model.state_dict())
     if ckpt.optimizer_state is not None:
@@ -374,6 +369,16 @@ def _restore(path: Path, model: nn.Module, optimizer) -> _State:
         restore_rng(ckpt.rng)
     saved = ckpt.extra.get("train", {})
     return _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
+
+
+def _model_change(ckpt, model: nn.Module) -> str | None:
+    """What differs between a checkpoint's model and ``model``: "type", fields, or None."""
+    if ckpt.model_type != model_kind(model):
+        return "type"
+    config = json.loads(json.dumps(model.config.to_dict()))  # as the checkpoint stores it
+    saved = ckpt.model_config
+    changed = sorted(k for k in config.keys() | saved.keys() if config.get(k) != saved.get(k))
+    return ", ".join(changed) or None
 
 
 def _trim_log(path: Path, step: int) -> None:

@@ -43,45 +43,41 @@ _DISTILBERT_CONFIG = {  # DistilBERT config.json key -> BertConfig field
     "attention_dropout": "attention_probs_dropout_prob",
 }
 
-_LAYER = r"^encoder\.layer\.(\d+)\."
-_BERT_NAMES = [  # Hugging Face name (prefix removed) -> qkv name
+_EMBEDDINGS = [  # Hugging Face name (prefix removed) -> qkv name, in every family
     (r"^embeddings\.word_embeddings\.", "embeddings.word."),
     (r"^embeddings\.position_embeddings\.", "embeddings.position."),
     (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
     (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
     (r"^embeddings_project\.", "embeddings.project."),  # ELECTRA
-    (_LAYER + r"attention\.self\.query\.", r"encoder.layers.\1.self_attn.q_proj."),
-    (_LAYER + r"attention\.self\.key\.", r"encoder.layers.\1.self_attn.k_proj."),
-    (_LAYER + r"attention\.self\.value\.", r"encoder.layers.\1.self_attn.v_proj."),
-    (_LAYER + r"attention\.output\.dense\.", r"encoder.layers.\1.self_attn.out_proj."),
-    (_LAYER + r"attention\.output\.LayerNorm\.", r"encoder.layers.\1.norm1."),
-    (_LAYER + r"intermediate\.dense\.", r"encoder.layers.\1.ff.linear1."),
-    (_LAYER + r"output\.dense\.", r"encoder.layers.\1.ff.linear2."),
-    (_LAYER + r"output\.LayerNorm\.", r"encoder.layers.\1.norm2."),
+    (r"^encoder\.relative_attention_bias\.", "relative_bias."),  # MPNet
 ]
-_MPNET_NAMES = [
-    (_LAYER + r"attention\.attn\.q\.", r"encoder.layers.\1.self_attn.q_proj."),
-    (_LAYER + r"attention\.attn\.k\.", r"encoder.layers.\1.self_attn.k_proj."),
-    (_LAYER + r"attention\.attn\.v\.", r"encoder.layers.\1.self_attn.v_proj."),
-    (_LAYER + r"attention\.attn\.o\.", r"encoder.layers.\1.self_attn.out_proj."),
-    (_LAYER + r"attention\.LayerNorm\.", r"encoder.layers.\1.norm1."),
-    (r"^encoder\.relative_attention_bias\.", "relative_bias."),
-    *_BERT_NAMES,
-]
-_DLAYER = r"^transformer\.layer\.(\d+)\."
-_DISTILBERT_NAMES = [
-    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
-    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
-    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
-    (_DLAYER + r"attention\.q_lin\.", r"encoder.layers.\1.self_attn.q_proj."),
-    (_DLAYER + r"attention\.k_lin\.", r"encoder.layers.\1.self_attn.k_proj."),
-    (_DLAYER + r"attention\.v_lin\.", r"encoder.layers.\1.self_attn.v_proj."),
-    (_DLAYER + r"attention\.out_lin\.", r"encoder.layers.\1.self_attn.out_proj."),
-    (_DLAYER + r"sa_layer_norm\.", r"encoder.layers.\1.norm1."),
-    (_DLAYER + r"ffn\.lin1\.", r"encoder.layers.\1.ff.linear1."),
-    (_DLAYER + r"ffn\.lin2\.", r"encoder.layers.\1.ff.linear2."),
-    (_DLAYER + r"output_layer_norm\.", r"encoder.layers.\1.norm2."),
-]
+# The modules of one qkv encoder layer, and what each family calls them, in the same order.
+_QKV_LAYER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+              "norm1", "ff.linear1", "ff.linear2", "norm2")  # fmt: skip
+_BERT_LAYER = ("attention.self.query", "attention.self.key", "attention.self.value",
+               "attention.output.dense", "attention.output.LayerNorm",
+               "intermediate.dense", "output.dense", "output.LayerNorm")  # fmt: skip
+_MPNET_LAYER = ("attention.attn.q", "attention.attn.k", "attention.attn.v", "attention.attn.o",
+                "attention.LayerNorm", "intermediate.dense", "output.dense",
+                "output.LayerNorm")  # fmt: skip
+_DISTILBERT_LAYER = ("attention.q_lin", "attention.k_lin", "attention.v_lin",
+                     "attention.out_lin", "sa_layer_norm", "ffn.lin1", "ffn.lin2",
+                     "output_layer_norm")  # fmt: skip
+
+
+def _names(layers: str, parts: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(pattern, replacement) pairs: the embeddings, then layer ``i``'s ``parts``."""
+    return _EMBEDDINGS + [
+        (rf"^{re.escape(layers)}\.(\d+)\.{re.escape(theirs)}\.", rf"encoder.layers.\1.{ours}.")
+        for theirs, ours in zip(parts, _QKV_LAYER, strict=True)
+    ]
+
+
+_RENAMES = {
+    "distilbert": _names("transformer.layer", _DISTILBERT_LAYER),
+    "mpnet": _names("encoder.layer", _MPNET_LAYER),
+}
+_BERT_NAMES = _names("encoder.layer", _BERT_LAYER)  # BERT, RoBERTa's family, ELECTRA
 _BUFFERS = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")  # index buffers, not weights
 
 
@@ -126,7 +122,7 @@ def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[st
     """
     kind = model_type(config)
     state = base_weights(state, _PREFIX.get(kind, "roberta") + ".")  # RoBERTa's family: roberta.
-    renames = {"distilbert": _DISTILBERT_NAMES, "mpnet": _MPNET_NAMES}.get(kind, _BERT_NAMES)
+    renames = _RENAMES.get(kind, _BERT_NAMES)
     return {
         _rename(name, renames): tensor for name, tensor in state.items() if not _BUFFERS.match(name)
     }

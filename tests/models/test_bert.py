@@ -134,13 +134,10 @@ def test_float64_matches_transformers_float64(ours, peer, batch):
 def test_sentence_embeddings_match_sentence_transformers(folder, ours, pooling, tmp_path):
     st = pytest.importorskip("sentence_transformers")
     if pooling != "mean":  # the same encoder with another pooling and no Normalize module
-        shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
-        modules = json.loads((tmp_path / "modules.json").read_text())[:2]
-        (tmp_path / "modules.json").write_text(json.dumps(modules))
-        config = json.loads((tmp_path / "1_Pooling" / "config.json").read_text())
-        config.update(pooling_mode_mean_tokens=False, **{f"pooling_mode_{POOLS[pooling]}": True})
-        (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
-        folder = tmp_path
+        folder = _repooled(folder, tmp_path, pooling_mode_mean_tokens=False,
+                           **{f"pooling_mode_{POOLS[pooling]}": True})  # fmt: skip
+        modules = json.loads((folder / "modules.json").read_text())[:2]
+        (folder / "modules.json").write_text(json.dumps(modules))
     options = sentence_options(folder)
     assert options == {"pooling": pooling, "normalize": pooling == "mean"}
     texts = random.sample(SENTENCES, len(SENTENCES))
@@ -154,14 +151,19 @@ def test_sentence_embeddings_match_sentence_transformers(folder, ours, pooling, 
 
 
 def test_unsupported_sentence_pooling_is_named(folder, tmp_path):
-    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
-    config = json.loads((tmp_path / "1_Pooling" / "config.json").read_text())
-    config["pooling_mode_lasttoken"] = True
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    _repooled(folder, tmp_path, pooling_mode_lasttoken=True)
     with pytest.raises(ValueError, match="pooling_mode_mean_tokens, pooling_mode_lasttoken"):
         sentence_options(tmp_path)
     (tmp_path / "modules.json").unlink()  # a plain model: mean pooling, not normalised
     assert sentence_options(tmp_path) == {"pooling": "mean", "normalize": False}
+
+
+def _repooled(folder, tmp_path, **modes):
+    """A copy of ``folder`` in ``tmp_path`` with ``modes`` changed in its Pooling config."""
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    file = tmp_path / "1_Pooling" / "config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **modes}))
+    return tmp_path
 
 
 def test_bin_weights_with_bert_prefix_load_the_same(folder, ours, batch, tmp_path):
