@@ -9,13 +9,14 @@ final layer norm and the transposed token embedding (tied weights) give the logi
     \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
 
 :meth:`GPT.generate` decodes greedily or by sampling, with a key/value cache (each step
-feeds only the new token) or by recomputing the whole prefix. :meth:`GPT.from_pretrained`
+feeds only the new token) or by recomputing the whole prefix, until end tokens if given. :meth:`GPT.from_pretrained`
 reads a Hugging Face GPT-2 folder.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,8 @@ class GPT(nn.Module):
         seed: int | None = None,
         use_cache: bool = True,
         attention_mask: Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
     ) -> Tensor:
         """Continue each prompt by ``max_new_tokens`` tokens.
 
@@ -231,12 +234,20 @@ class GPT(nn.Module):
             use_cache: feed only the new token each step, reusing cached keys/values;
                 ``False`` recomputes the whole prefix every step (same tokens, slower).
             attention_mask: ``(B, T)``, 0 on the prompts' padding.
+            eos_token_id: token id(s) that end a row. A finished row continues with
+                ``pad_token_id`` (default: the first end id), and generation stops as soon
+                as every row has finished, as Hugging Face ``generate`` does.
 
         Returns:
-            ``(B, T + max_new_tokens)``: the prompts followed by the new tokens.
+            ``(B, T + N)``: the prompts followed by the new tokens, ``N = max_new_tokens``
+            unless every row ended earlier.
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        stops = _end_ids(eos_token_id, input_ids.device)
+        if stops is not None and pad_token_id is None:
+            pad_token_id = int(stops[0])
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         generator = None
         if seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
@@ -250,10 +261,15 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             logits = self(step_ids if use_cache else ids, mask, cache=cache).logits[:, -1]
             token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            if stops is not None:
+                token = token.masked_fill(done, pad_token_id)
+                done |= torch.isin(token, stops)
             ids = torch.cat([ids, token[:, None]], dim=1)
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             step_ids = token[:, None]  # (B, 1)
+            if stops is not None and bool(done.all()):
+                break
         return ids
 
     @classmethod
@@ -273,6 +289,16 @@ class GPT(nn.Module):
         state = _convert_gpt2(load_state_dict(path), config)
         load_into(model, state, what=str(path))
         return model.eval()
+
+
+def _end_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor | None:
+    """The end-of-sequence ids as a 1-d tensor, or ``None`` for no end token."""
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not ids:
+        raise ValueError("eos_token_id is an empty list; give None for no end token")
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def sample_next(

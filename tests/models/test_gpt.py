@@ -97,6 +97,35 @@ def test_greedy_generation_matches_transformers(ours, peer):
     assert torch.equal(out, ref), (out[:, 17:] != ref[:, 17:]).nonzero()[:5]
 
 
+def test_generation_ends_at_eos_as_transformers_does(ours, peer):
+    ids, mask = _padded_batch("left")
+    plain = ours.generate(ids, 40, attention_mask=mask)[:, 17:]  # (4, 40)
+    # end tokens that the rows really produce, at different steps (some rows may never)
+    ends = [int(plain[0, 3]), int(plain[2, 11])]
+    with torch.no_grad():
+        ref = peer.generate(
+            ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+            eos_token_id=ends, pad_token_id=0,
+        )  # fmt: skip
+    out = ours.generate(ids, 40, attention_mask=mask, eos_token_id=ends, pad_token_id=0)
+    assert torch.equal(out, ref), (out.shape, ref.shape)
+    new = out[:, 17:]
+    for row in range(4):
+        hits = torch.isin(new[row], torch.tensor(ends)).nonzero()
+        if len(hits):  # after its first end token a row holds only padding
+            first = int(hits[0])
+            assert torch.equal(new[row, : first + 1], plain[row, : first + 1])
+            assert (new[row, first + 1 :] == 0).all()
+        else:
+            assert torch.equal(new[row], plain[row, : new.shape[1]])
+    # one row that ends: generation stops there, and the default padding is the end id
+    alone = ours.generate(ids[:1], 40, eos_token_id=int(plain[0, 3]))
+    first = int((alone[0, 17:] == plain[0, 3]).nonzero()[0])
+    assert alone.shape == (1, 17 + first + 1)
+    with pytest.raises(ValueError, match="empty"):
+        ours.generate(ids, 5, eos_token_id=[])
+
+
 def test_cache_and_recompute_generate_the_same(ours):
     ids, mask = _padded_batch("left")
     cached = ours.generate(ids, 20, attention_mask=mask, use_cache=True)
