@@ -9,8 +9,8 @@ final layer norm and the transposed token embedding (tied weights) give the logi
     \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
 
 :meth:`GPT.generate` decodes greedily or by sampling, with a key/value cache (each step
-feeds only the new token) or by recomputing the whole prefix, until end tokens if given. :meth:`GPT.from_pretrained`
-reads a Hugging Face GPT-2 folder.
+feeds only the new token) or by recomputing the whole prefix, up to end tokens if given.
+:meth:`GPT.from_pretrained` reads a Hugging Face GPT-2 folder.
 """
 
 from __future__ import annotations
