@@ -42,10 +42,15 @@ class GPTConfig:
         vocab_size: V. max_len: longest sequence (learned positions).
         num_layers: decoder layers. num_heads: H. dim: model width E.
         ff_dim: feed-forward inner width (default 4E).
-        activation: ``"gelu_tanh"`` (GPT-2), ``"gelu"`` or ``"relu"``.
+        activation: ``"gelu_tanh"`` (GPT-2), ``"gelu"``, ``"relu"``, ``"silu"`` or
+            ``"quick_gelu"``.
         dropout: on embeddings, attention weights and residual branches while training.
         layer_norm_eps: epsilon of every layer norm.
         tie_embeddings: the output projection is the token embedding (transposed).
+        scale_by_head_dim: scores are divided by ``sqrt(D)`` (GPT-2's
+            ``scale_attn_weights``; ``False`` leaves them unscaled).
+        scale_by_layer: scores of layer ``l`` (from 0) are also divided by ``l + 1``
+            (``scale_attn_by_inverse_layer_idx``, used by Stanford's Mistral GPT-2 runs).
     """
 
     vocab_size: int = 50257
@@ -58,6 +63,8 @@ class GPTConfig:
     dropout: float = 0.0
     layer_norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    scale_by_head_dim: bool = True
+    scale_by_layer: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_len", "num_layers", "num_heads", "dim"):
@@ -68,13 +75,19 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
+    def attention_scale(self, layer: int) -> float:
+        """The factor on ``QK^T`` in layer ``layer`` (0-based)."""
+        scale = (self.dim // self.num_heads) ** -0.5 if self.scale_by_head_dim else 1.0
+        return scale / (layer + 1) if self.scale_by_layer else scale
+
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> GPTConfig:
         """Build from a Hugging Face GPT-2 ``config.json`` dict.
 
         Raises ``ValueError`` for another ``model_type``, a missing size, and GPT-2 options
-        that change the computation and that qkv does not implement (attention scaling
-        variants, cross-attention).
+        that change the computation and that qkv does not implement (cross-attention).
+        ``reorder_and_upcast_attn`` is accepted: it changes how half-precision scores are
+        rounded (Hugging Face then computes them in float32), not what is computed.
         """
         kind = config.get("model_type", "gpt2")
         if kind != "gpt2":
@@ -88,12 +101,8 @@ class GPTConfig:
         ]
         if missing:
             raise ValueError(f"GPT-2 config.json lacks {', '.join(missing)}")
-        for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
-                    "add_cross_attention"):  # fmt: skip
-            if config.get(key):
-                raise ValueError(f"GPT-2 option {key}=true is not supported")
-        if not config.get("scale_attn_weights", True):
-            raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
+        if config.get("add_cross_attention"):
+            raise ValueError("GPT-2 option add_cross_attention=true is not supported")
         act = config.get("activation_function", "gelu_new")
         if act not in HF_ACTIVATIONS:
             raise ValueError(f"activation_function {act!r} not supported: {list(HF_ACTIVATIONS)}")
@@ -103,6 +112,8 @@ class GPTConfig:
             ff_dim=config.get("n_inner"), activation=HF_ACTIVATIONS[act],
             layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
             tie_embeddings=config.get("tie_word_embeddings", True),
+            scale_by_head_dim=config.get("scale_attn_weights", True),
+            scale_by_layer=config.get("scale_attn_by_inverse_layer_idx", False),
         )  # fmt: skip
 
 
@@ -150,6 +161,8 @@ class GPT(nn.Module):
         self.decoder = Decoder(
             layer, c.num_layers, final_norm=nn.LayerNorm(c.dim, c.layer_norm_eps)
         )
+        for i, layer in enumerate(self.decoder.layers):
+            layer.self_attn.scale = c.attention_scale(i)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         if c.tie_embeddings:

@@ -41,7 +41,11 @@ HF_ACTIVATIONS = {  # Hugging Face activation name -> qkv.modules.FeedForward's
     "gelu_python": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
     "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "quick_gelu": "quick_gelu",
 }
 
 

@@ -34,6 +34,7 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights while training.
         positional: a :class:`~qkv.modules.positional.AttentionPositional` (RoPE, ALiBi)
             applied inside self-attention.
+        scale: factor on the scores ``QK^T`` (default ``1/sqrt(D)``).
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"reference"``, ...).
 
     Shape:
@@ -56,6 +57,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         positional: AttentionPositional | None = None,
+        scale: float | None = None,
         backend: str = "auto",
     ):
         super().__init__()
@@ -74,6 +76,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.dropout = dropout
         self.positional = positional
+        self.scale = scale
         self.backend = backend
 
     def forward(
@@ -126,6 +129,7 @@ class MultiHeadAttention(nn.Module):
             v,
             full,
             causal=causal,
+            scale=self.scale,
             dropout_p=dropout_p,
             need_weights=need_weights,
             backend=self.backend,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -21,7 +22,16 @@ _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
     "gelu": nn.GELU,  # exact, with erf (BERT, torch's "gelu")
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": nn.SiLU,  # x * sigmoid(x), also called swish
+    "quick_gelu": lambda: _QuickGELU(),  # x * sigmoid(1.702 x) (CLIP, some BERT variants)
 }
+
+
+class _QuickGELU(nn.Module):
+    """The sigmoid approximation of GELU (Hendrycks and Gimpel 2016): x * sigmoid(1.702 x)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
 
 
 class FeedForward(nn.Module):
@@ -33,7 +43,8 @@ class FeedForward(nn.Module):
     Args:
         dim: model width E.
         hidden_dim: inner width (4E in most models).
-        activation: ``"relu"``, ``"gelu"`` (exact) or ``"gelu_tanh"`` (tanh approximation).
+        activation: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` (tanh approximation),
+            ``"silu"`` or ``"quick_gelu"``.
         dropout: dropout after the activation while training.
         bias: biases on both linear maps.
 

@@ -174,3 +174,13 @@ def test_relative_buckets_match_mpnet_beyond_the_longest_distance():
     got = relative_buckets(t)
     assert torch.equal(got, want)
     assert got.unique().tolist() == [b for b in range(32) if b != 16]  # no key at distance -0
+
+
+@pytest.mark.parametrize("act", ["silu", "swish", "quick_gelu", "gelu_fast"])
+def test_other_activations_match_transformers(act, tmp_path):
+    peer = _save(transformers.BertModel(transformers.BertConfig(**SIZES, hidden_act=act)), tmp_path)
+    ids, mask = _batch(peer.config, 12)
+    with torch.no_grad():
+        got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
+        want = peer(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)

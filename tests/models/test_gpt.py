@@ -217,6 +217,33 @@ def test_sharded_checkpoints_load_the_same(peer, ours, tmp_path, safe):
         GPT.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(scale_attn_weights=False),
+        dict(scale_attn_by_inverse_layer_idx=True),
+        dict(scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True),
+        dict(activation_function="silu"),
+        dict(activation_function="quick_gelu"),
+    ],
+)
+def test_gpt2_options_match_transformers(folder, options, tmp_path):
+    config = transformers.GPT2Config.from_pretrained(folder)
+    for key, value in options.items():
+        setattr(config, key, value)
+    peer = transformers.GPT2LMHeadModel(config).eval()
+    peer.save_pretrained(tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 13))
+    ours = GPT.from_pretrained(tmp_path)
+    with torch.no_grad():
+        want, got = peer(ids).logits, ours(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # the option matters: the same weights without it give other logits
+    plain = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(plain))
+    assert (GPT.from_pretrained(tmp_path)(ids).logits - want).abs().max() > 1e-3
+
+
 def test_other_architectures_are_refused_by_name(folder, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neo"}))
