@@ -10,9 +10,9 @@ token in both directions:
     \\mathrm{pooler} = \\tanh(W h_L[\\mathrm{CLS}] + b)
 
 :meth:`BertModel.from_pretrained` reads any Hugging Face BERT-family folder (BERT, MiniLM,
-RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, MPNet, DistilBERT, sentence-transformers encoders; see
-:mod:`qkv.models.bert_hf`); :func:`encode` turns texts into sentence embeddings by pooling
-the last hidden state.
+RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, ALBERT, MPNet, DistilBERT, sentence-transformers
+encoders; see :mod:`qkv.models.bert_hf`); :func:`encode` turns texts into sentence
+embeddings by pooling the last hidden state.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.models.bert_hf import config_values, encoder_weights
+from qkv.models.bert_hf import config_values, encoder_weights, layer_groups
 from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
 from qkv.modules.transformer import Encoder, EncoderLayer
 
@@ -49,8 +49,10 @@ class BertConfig:
             none, as in DistilBERT).
         position_style: ``"bert"`` numbers tokens ``0 .. T-1``; ``"roberta"`` numbers the
             real tokens from ``pad_token_id + 1`` and gives padding ``pad_token_id``.
-        embedding_size: width of the embeddings when narrower than ``hidden_size``
-            (ELECTRA); a linear layer projects them up. ``None``: ``hidden_size``.
+        embedding_size: width of the embeddings, then projected to ``hidden_size`` by a
+            linear layer (ELECTRA, ALBERT). ``None``: ``hidden_size``, no projection.
+        num_hidden_groups: ``None`` (every layer has its own weights), or the number of
+            weight sets that consecutive layers share (ALBERT).
         relative_attention_num_buckets: 0, or the buckets of a learned relative-position
             bias added to every layer's scores (MPNet; see :func:`relative_buckets`).
         layer_norm_eps: epsilon of every layer norm (1e-12 in BERT).
@@ -74,6 +76,7 @@ class BertConfig:
     position_style: str = "bert"
     embedding_size: int | None = None
     relative_attention_num_buckets: int = 0
+    num_hidden_groups: int | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_act not in HF_ACTIVATIONS:
@@ -136,7 +139,7 @@ class BertEmbeddings(nn.Module):
         )
         self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.project = nn.Linear(e, config.hidden_size) if e != config.hidden_size else None
+        self.project = None if config.embedding_size is None else nn.Linear(e, config.hidden_size)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         t = input_ids.shape[1]
@@ -183,7 +186,9 @@ class BertModel(nn.Module):
             return new
 
         self.embeddings = BertEmbeddings(config)
-        self.encoder = Encoder(layer, config.num_hidden_layers)
+        groups = layer_groups(config.num_hidden_layers, config.num_hidden_groups)
+        weights = [layer() for _ in range(max(groups) + 1)]  # ALBERT: fewer than the layers
+        self.encoder = Encoder([weights[g] for g in groups])
         self.relative_bias = None  # (buckets, H): one bias per head and distance bucket
         if config.relative_attention_num_buckets:
             heads = config.num_attention_heads

@@ -13,6 +13,9 @@ that change the output if ignored:
   names (``q_lin``, ``sa_layer_norm``, ``ffn.lin1``, ...).
 - **MPNet** (Song et al. 2020; all-mpnet-base-v2): RoBERTa positions (padding id 1), no
   segment embeddings, and a learned relative-position bias shared by all layers.
+- **ALBERT** (Lan et al. 2020): narrow embeddings with a projection (as ELECTRA), and
+  layers that share weights: ``num_hidden_groups`` sets of layer weights, each used by
+  consecutive layers (one set for all of them in the released models).
 
 A checkpoint with a task head (``BertForMaskedLM``, ``RobertaForSequenceClassification``)
 stores the encoder under a prefix (``bert.``, ``roberta.``, ...); only those weights are
@@ -28,10 +31,11 @@ from torch import Tensor
 
 from qkv.models.hf import PADDED_POSITIONS, base_weights
 
-__all__ = ["SUPPORTED_TYPES", "config_values", "encoder_weights"]
+__all__ = ["SUPPORTED_TYPES", "config_values", "encoder_weights", "layer_groups"]
 
-SUPPORTED_TYPES = ("bert", "electra", "distilbert", *PADDED_POSITIONS)
-_PREFIX = {"bert": "bert", "electra": "electra", "distilbert": "distilbert", "mpnet": "mpnet"}
+SUPPORTED_TYPES = ("bert", "electra", "distilbert", "albert", *PADDED_POSITIONS)
+_PREFIX = {"bert": "bert", "electra": "electra", "distilbert": "distilbert", "mpnet": "mpnet",
+           "albert": "albert"}  # fmt: skip
 
 _DISTILBERT_CONFIG = {  # DistilBERT config.json key -> BertConfig field
     "dim": "hidden_size",
@@ -60,6 +64,8 @@ _BERT_LAYER = ("attention.self.query", "attention.self.key", "attention.self.val
 _MPNET_LAYER = ("attention.attn.q", "attention.attn.k", "attention.attn.v", "attention.attn.o",
                 "attention.LayerNorm", "intermediate.dense", "output.dense",
                 "output.LayerNorm")  # fmt: skip
+_ALBERT_LAYER = ("attention.query", "attention.key", "attention.value", "attention.dense",
+                 "attention.LayerNorm", "ffn", "ffn_output", "full_layer_layer_norm")  # fmt: skip
 _DISTILBERT_LAYER = ("attention.q_lin", "attention.k_lin", "attention.v_lin",
                      "attention.out_lin", "sa_layer_norm", "ffn.lin1", "ffn.lin2",
                      "output_layer_norm")  # fmt: skip
@@ -76,7 +82,12 @@ def _names(layers: str, parts: tuple[str, ...]) -> list[tuple[str, str]]:
 _RENAMES = {
     "distilbert": _names("transformer.layer", _DISTILBERT_LAYER),
     "mpnet": _names("encoder.layer", _MPNET_LAYER),
-}
+    # ALBERT numbers weight groups, not layers (see encoder_weights), one layer per group
+    "albert": _names("encoder.albert_layer_groups",
+                     tuple(f"albert_layers.0.{name}" for name in _ALBERT_LAYER))
+    + [(r"^encoder\.embedding_hidden_mapping_in\.", "embeddings.project."),
+       (r"^pooler\.(weight|bias)$", r"pooler.dense.\1")],
+}  # fmt: skip
 _BERT_NAMES = _names("encoder.layer", _BERT_LAYER)  # BERT, RoBERTa's family, ELECTRA
 _BUFFERS = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")  # index buffers, not weights
 
@@ -108,9 +119,26 @@ def config_values(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         values.pop("relative_attention_num_buckets", None)
     if kind in PADDED_POSITIONS:
         values["position_style"] = "roberta"
-    if kind != "electra":
+    if kind == "albert" and config.get("inner_group_num", 1) != 1:
+        raise ValueError(
+            f"ALBERT inner_group_num={config['inner_group_num']} is not supported (1 is)"
+        )
+    if kind != "albert":
+        values.pop("num_hidden_groups", None)
+    if kind not in ("electra", "albert") or (
+        kind == "electra" and values.get("embedding_size") == values.get("hidden_size")
+    ):  # ELECTRA projects only narrower embeddings, ALBERT always
         values.pop("embedding_size", None)
     return values
+
+
+def layer_groups(num_layers: int, num_groups: int | None) -> list[int]:
+    """The weight group of each layer: its own (``None``) or ALBERT's consecutive groups."""
+    if num_groups is None:
+        return list(range(num_layers))
+    if not 1 <= num_groups <= num_layers:
+        raise ValueError(f"num_hidden_groups must be in 1..{num_layers}, got {num_groups}")
+    return [int(i / (num_layers / num_groups)) for i in range(num_layers)]  # as transformers
 
 
 def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Tensor]:
@@ -123,9 +151,21 @@ def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[st
     kind = model_type(config)
     state = base_weights(state, _PREFIX.get(kind, "roberta") + ".")  # RoBERTa's family: roberta.
     renames = _RENAMES.get(kind, _BERT_NAMES)
-    return {
+    renamed = {
         _rename(name, renames): tensor for name, tensor in state.items() if not _BUFFERS.match(name)
     }
+    if kind == "albert":  # group g's weights belong to the first layer that uses them
+        groups = layer_groups(config["num_hidden_layers"], config.get("num_hidden_groups", 1))
+        first = {g: groups.index(g) for g in set(groups)}
+        renamed = {_renumber(name, first): tensor for name, tensor in renamed.items()}
+    return renamed
+
+
+def _renumber(name: str, first: dict[int, int]) -> str:
+    match = re.match(r"^encoder\.layers\.(\d+)\.", name)
+    if match is None or int(match[1]) not in first:
+        return name
+    return f"encoder.layers.{first[int(match[1])]}.{name[match.end() :]}"
 
 
 def _rename(name: str, renames: list[tuple[str, str]]) -> str:

@@ -50,6 +50,16 @@ FAMILIES = {  # name -> (config, bare model, model with a task head, head's enco
         lambda: transformers.MPNetConfig(**SIZES),
         transformers.MPNetModel, transformers.MPNetForMaskedLM, "mpnet",
     ),
+    "albert": (  # narrow embeddings, and both layers share one set of weights
+        lambda: transformers.AlbertConfig(**SIZES, embedding_size=16),
+        transformers.AlbertModel, transformers.AlbertForMaskedLM, "albert",
+    ),
+    "albert-groups": (  # four layers in two groups of weights, embeddings as wide as layers
+        lambda: transformers.AlbertConfig(
+            **{**SIZES, "num_hidden_layers": 4}, num_hidden_groups=2, embedding_size=32
+        ),
+        transformers.AlbertModel, transformers.AlbertForPreTraining, "albert",
+    ),
     "distilbert": (
         lambda: transformers.DistilBertConfig(**DISTILBERT),
         transformers.DistilBertModel, transformers.DistilBertForMaskedLM, "distilbert",
@@ -95,7 +105,7 @@ def test_outputs_and_attentions_match_transformers(family):
     torch.testing.assert_close(
         got.last_hidden_state[real], want.last_hidden_state[real], atol=2e-5, rtol=1e-5
     )
-    assert len(got.attentions) == len(want.attentions) == 2
+    assert len(got.attentions) == len(want.attentions) == peer.config.num_hidden_layers
     for a, b in zip(got.attentions, want.attentions):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
     assert (got.pooler_output is None) == (getattr(peer, "pooler", None) is None)
@@ -123,10 +133,26 @@ def test_checkpoint_with_a_task_head_loads_its_encoder(family, tmp_path):
 
 
 def test_other_architectures_are_refused_by_name(tmp_path):
-    config = transformers.AlbertConfig(**{**SIZES, "embedding_size": 16})
-    transformers.AlbertModel(config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="model_type 'albert' is not a BERT-family encoder"):
+    config = transformers.DebertaV2Config(**SIZES)
+    transformers.DebertaV2Model(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type 'deberta-v2' is not a BERT-family encoder"):
         BertModel.from_pretrained(tmp_path)
+    config = transformers.AlbertConfig(**SIZES, embedding_size=16, inner_group_num=2)
+    transformers.AlbertModel(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="inner_group_num=2 is not supported"):
+        BertModel.from_pretrained(tmp_path)
+
+
+def test_albert_layers_share_their_weights(tmp_path):
+    config = transformers.AlbertConfig(
+        **{**SIZES, "num_hidden_layers": 6}, num_hidden_groups=3, embedding_size=16
+    )
+    transformers.AlbertModel(config).save_pretrained(tmp_path)
+    layers = BertModel.from_pretrained(tmp_path).encoder.layers
+    assert [layers[i] is layers[i + 1] for i in range(5)] == [True, False] * 2 + [True]
+    assert sum(p.numel() for p in layers.parameters()) == 3 * sum(
+        p.numel() for p in layers[0].parameters()
+    )
 
 
 def test_roberta_tokenizer_truncates_to_the_usable_positions(tmp_path):
