@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.functional import combine_masks, scaled_dot_product_attention
+from qkv.functional import causal_mask, combine_masks, scaled_dot_product_attention
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.positional import AttentionPositional
 
@@ -35,6 +36,10 @@ class MultiHeadAttention(nn.Module):
         positional: a :class:`~qkv.modules.positional.AttentionPositional` (RoPE, ALiBi)
             applied inside self-attention.
         scale: factor on the scores ``QK^T`` (default ``1/sqrt(D)``).
+        add_bias_kv: append one learned key and value to every sequence of keys.
+        add_zero_attn: append one all-zero key and value (after the learned one).
+            Both as in ``torch.nn.MultiheadAttention``: every query may attend to these
+            extra keys whatever the masks say, and the weights have a column for each.
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"reference"``, ...).
 
     Shape:
@@ -58,6 +63,8 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         positional: AttentionPositional | None = None,
         scale: float | None = None,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
         backend: str = "auto",
     ):
         super().__init__()
@@ -77,6 +84,10 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.positional = positional
         self.scale = scale
+        # torch draws them with xavier_normal_ on (1, 1, width): a std of width ** -0.5
+        self.bias_k = nn.Parameter(torch.randn(kv_width) * kv_width**-0.5) if add_bias_kv else None
+        self.bias_v = nn.Parameter(torch.randn(kv_width) * kv_width**-0.5) if add_bias_kv else None
+        self.add_zero_attn = add_zero_attn
         self.backend = backend
 
     def forward(
@@ -116,10 +127,15 @@ class MultiHeadAttention(nn.Module):
             if layer is not None:
                 k, v = layer.append(k, v) if self_attn else layer.set_static(k, v)
 
-        # 2) one mask: user mask, key padding and positional bias
+        # 2) one mask: user mask, key padding and positional bias (+ the extra keys)
         tq, tk = q.shape[-2], k.shape[-2]
         bias = self.positional.bias(tq, tk, past, q.device) if self._has_bias(self_attn) else None
         full = combine_masks(_as_4d(mask, tq, tk), _key_mask(key_mask, tk), bias)
+        k, v = self._extra_keys(k, v)
+        if k.shape[-2] > tk:
+            if causal:  # causal over the real keys only; the extra ones stay visible
+                full, causal = combine_masks(full, causal_mask(tq, tk, device=q.device)), False
+            full = _visible(full, tk, k.shape[-2] - tk)
 
         # 3) attend in every head at once
         dropout_p = self.dropout if self.training else 0.0
@@ -139,6 +155,17 @@ class MultiHeadAttention(nn.Module):
         # 4) concatenate heads and project: (B, H, Tq, D) -> (B, Tq, E)
         out = out.transpose(1, 2).reshape(query.shape[0], tq, self.embed_dim)
         return self.out_proj(out), weights
+
+    def _extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the learned and the zero key/value (``add_bias_kv``, ``add_zero_attn``)."""
+        b, hkv, _, d = k.shape
+        if self.bias_k is not None:
+            k = torch.cat([k, self.bias_k.view(1, hkv, 1, d).expand(b, -1, -1, -1)], dim=2)
+            v = torch.cat([v, self.bias_v.view(1, hkv, 1, d).expand(b, -1, -1, -1)], dim=2)
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(b, hkv, 1, d)], dim=2)
+            v = torch.cat([v, v.new_zeros(b, hkv, 1, d)], dim=2)
+        return k, v
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
@@ -165,12 +192,9 @@ class MultiHeadAttention(nn.Module):
         """A qkv module with the weights of ``torch.nn.MultiheadAttention`` ``m``.
 
         Packed (``in_proj_weight``) and separate (``q/k/v_proj_weight``, when kdim/vdim
-        differ) layouts are both copied. ``add_bias_kv`` and ``add_zero_attn`` are not
-        supported. Feed batch-first inputs, and translate masks with
-        :func:`qkv.functional.from_torch_masks`.
+        differ) layouts are both copied, and so are ``add_bias_kv``'s key and value. Feed
+        batch-first inputs, and translate masks with :func:`qkv.functional.from_torch_masks`.
         """
-        if m.bias_k is not None or m.add_zero_attn:
-            raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
         w = m.out_proj.weight
         new = cls(
             m.embed_dim,
@@ -179,6 +203,8 @@ class MultiHeadAttention(nn.Module):
             vdim=m.vdim,
             bias=m.in_proj_bias is not None,
             dropout=m.dropout,
+            add_bias_kv=m.bias_k is not None,
+            add_zero_attn=m.add_zero_attn,
         ).to(device=w.device, dtype=w.dtype)
         if m._qkv_same_embed_dim:
             wq, wk, wv = m.in_proj_weight.detach().chunk(3)
@@ -192,6 +218,9 @@ class MultiHeadAttention(nn.Module):
                     proj.bias.copy_(b)
                 new.out_proj.bias.copy_(m.out_proj.bias)
             new.out_proj.weight.copy_(m.out_proj.weight)
+            if m.bias_k is not None:
+                new.bias_k.copy_(m.bias_k.flatten())
+                new.bias_v.copy_(m.bias_v.flatten())
         return new
 
 
@@ -217,6 +246,14 @@ def _as_4d(mask: Tensor | None, tq: int, tk: int) -> Tensor | None:
             f"Tq={tq}, Tk={tk}; got {tuple(mask.shape)}"
         )
     return mask
+
+
+def _visible(mask: Tensor | None, tk: int, extra: int) -> Tensor | None:
+    """Widen a mask over ``tk`` keys by ``extra`` key columns that every query may see."""
+    if mask is None:
+        return None
+    allow = True if mask.dtype == torch.bool else 0.0
+    return F.pad(mask.expand(*mask.shape[:-1], tk), (0, extra), value=allow)
 
 
 def _key_mask(key_mask: Tensor | None, tk: int) -> Tensor | None:

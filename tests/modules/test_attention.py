@@ -14,8 +14,21 @@ from qkv.functional import from_torch_masks
 E, H = 24, 4
 
 
-def _torch_mha(batch_first, kdim=None, vdim=None, bias=True):
-    m = nn.MultiheadAttention(E, H, batch_first=batch_first, kdim=kdim, vdim=vdim, bias=bias)
+EXTRAS = {  # torch.nn.MultiheadAttention's options that append keys
+    "plain": {},
+    "bias_kv": dict(add_bias_kv=True),
+    "zero_attn": dict(add_zero_attn=True),
+    "both": dict(add_bias_kv=True, add_zero_attn=True),
+}
+
+
+def _torch_mha(batch_first, kdim=None, vdim=None, bias=True, **extras):
+    m = nn.MultiheadAttention(
+        E, H, batch_first=batch_first, kdim=kdim, vdim=vdim, bias=bias, **extras
+    )
+    if m.bias_k is not None:  # torch starts them at small random values; make them count
+        nn.init.normal_(m.bias_k)
+        nn.init.normal_(m.bias_v)
     return m.double()
 
 
@@ -39,9 +52,10 @@ def _torch_masks(kind, b, tq, tk):
 @pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
 @pytest.mark.parametrize("masks", ["none", "keypad", "bool", "float", "both", "per-head"])
 @pytest.mark.parametrize("kv", ["self", "cross", "kdim-vdim"])
-def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv):
+@pytest.mark.parametrize("extras", sorted(EXTRAS))
+def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv, extras):
     kdim, vdim = (10, 14) if kv == "kdim-vdim" else (None, None)
-    ref = _torch_mha(batch_first, kdim, vdim)
+    ref = _torch_mha(batch_first, kdim, vdim, **EXTRAS[extras])
     ours = qkv.MultiHeadAttention.from_torch(ref)
     b, tq, tk = 3, 5, 7 if kv != "self" else 5
     x = torch.randn(b, tq, E, dtype=torch.float64)
@@ -87,6 +101,9 @@ def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv
     torch.testing.assert_close(ours.out_proj.weight.grad, ref.out_proj.weight.grad)
     bias_grads = [ours.q_proj.bias.grad, ours.k_proj.bias.grad, ours.v_proj.bias.grad]
     torch.testing.assert_close(torch.cat(bias_grads), ref.in_proj_bias.grad)
+    if ref.bias_k is not None:
+        torch.testing.assert_close(ours.bias_k.grad, ref.bias_k.grad.flatten())
+        torch.testing.assert_close(ours.bias_v.grad, ref.bias_v.grad.flatten())
 
 
 def test_from_torch_float32_fast_path_and_no_bias():
@@ -102,9 +119,25 @@ def test_from_torch_float32_fast_path_and_no_bias():
     torch.testing.assert_close(out[1, :6], out_ref[1, :6], atol=1e-5, rtol=1e-5)
 
 
-def test_from_torch_rejects_bias_kv():
-    with pytest.raises(ValueError, match="add_bias_kv"):
-        qkv.MultiHeadAttention.from_torch(nn.MultiheadAttention(E, H, add_bias_kv=True))
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
+def test_extra_keys_with_causal_and_cache(backend):
+    """Causal attention over the real keys, and cached decoding, beside the extra keys."""
+    ours = qkv.MultiHeadAttention(E, H, add_bias_kv=True, add_zero_attn=True, backend=backend)
+    ours = ours.double().requires_grad_(False)
+    nn.init.normal_(ours.bias_k)
+    nn.init.normal_(ours.bias_v)
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    out, w = ours(x, causal=True, need_weights=True)
+    assert w.shape == (2, H, 6, 8)
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    assert (w[..., :6][..., future] == 0).all() and (w[..., 6:] > 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 6, dtype=torch.float64))
+    plain = qkv.MultiHeadAttention(E, H, backend="reference").double()
+    plain.load_state_dict({k: v for k, v in ours.state_dict().items() if "bias_" not in k})
+    assert not torch.allclose(out, plain(x, causal=True)[0])  # the extra keys change it
+    cache = qkv.KVCache(1)
+    steps = [ours(x[:, t : t + 1], cache=cache)[0] for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), out, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
