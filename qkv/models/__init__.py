@@ -3,7 +3,8 @@
 from qkv.models.bert import BertConfig, BertModel, BertOutput, encode
 from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
-from qkv.models.gpt import GPT, GPTConfig, GPTOutput, sample_next
+from qkv.models.generation import DecodingRules, sample_next
+from qkv.models.gpt import GPT, GPTConfig, GPTOutput
 from qkv.models.hf import load_tokenizer, minilm_path, sentence_options
 from qkv.models.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention
 from qkv.models.seq2seq_rnn import RNNSeq2Seq, RNNState
@@ -26,6 +27,7 @@ __all__ = [
     "BertConfig",
     "BertModel",
     "BertOutput",
+    "DecodingRules",
     "GPT",
     "GPTConfig",
     "GPTOutput",

@@ -25,11 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.models.generation import DecodingRules, decode
 from qkv.models.hf import HF_ACTIVATIONS, base_weights, load_into, load_state_dict, read_config
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
-__all__ = ["GPT", "GPTConfig", "GPTOutput", "sample_next"]
+__all__ = ["GPT", "GPTConfig", "GPTOutput"]
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,6 @@ class GPT(nn.Module):
         logits = self.lm_head(out.hidden)  # (B, T, V)
         return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
 
-    @torch.no_grad()
     def generate(
         self,
         input_ids: Tensor,
@@ -233,8 +233,11 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        min_new_tokens: int = 0,
     ) -> Tensor:
-        """Continue each prompt by ``max_new_tokens`` tokens.
+        """Continue each prompt by ``max_new_tokens`` tokens (as transformers' ``generate``).
 
         Args:
             input_ids: prompts ``(B, T)``; pad batches on the left.
@@ -249,41 +252,25 @@ class GPT(nn.Module):
             attention_mask: ``(B, T)``, 0 on the prompts' padding.
             eos_token_id: token id(s) that end a row. A finished row continues with
                 ``pad_token_id`` (default: the first end id), and generation stops as soon
-                as every row has finished, as Hugging Face ``generate`` does.
+                as every row has finished.
+            repetition_penalty, no_repeat_ngram_size, min_new_tokens: the rules of
+                :class:`~qkv.models.generation.DecodingRules`, applied as transformers does.
 
         Returns:
             ``(B, T + N)``: the prompts followed by the new tokens, ``N = max_new_tokens``
             unless every row ended earlier.
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        stops = _end_ids(eos_token_id, input_ids.device)
-        if stops is not None and pad_token_id is None:
-            pad_token_id = int(stops[0])
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        rules = DecodingRules(
+            temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size,
+            min_new_tokens, eos_token_id, pad_token_id,
+        )  # fmt: skip
         generator = None
         if seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-        ids = input_ids
-        # Without padding no mask at all (the same positions and attention; each step then
-        # skips building and checking an all-true one, ~15% of a cached step here).
-        padded = attention_mask is not None and not bool(attention_mask.all())
-        mask = attention_mask.bool() if padded else None
-        cache = self.new_cache() if use_cache else None
-        step_ids = ids
-        for _ in range(max_new_tokens):
-            logits = self(step_ids if use_cache else ids, mask, cache=cache).logits[:, -1]
-            token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-            if stops is not None:
-                token = token.masked_fill(done, pad_token_id)
-                done |= torch.isin(token, stops)
-            ids = torch.cat([ids, token[:, None]], dim=1)
-            if mask is not None:
-                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            step_ids = token[:, None]  # (B, 1)
-            if stops is not None and bool(done.all()):
-                break
-        return ids
+        return decode(
+            self, input_ids, max_new_tokens, rules, attention_mask=attention_mask,
+            use_cache=use_cache, generator=generator,
+        )  # fmt: skip
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> GPT:
@@ -302,45 +289,6 @@ class GPT(nn.Module):
         state = _convert_gpt2(load_state_dict(path), config)
         load_into(model, state, what=str(path))
         return model.eval()
-
-
-def _end_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor | None:
-    """The end-of-sequence ids as a 1-d tensor, or ``None`` for no end token."""
-    if eos_token_id is None:
-        return None
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if not ids:
-        raise ValueError("eos_token_id is an empty list; give None for no end token")
-    return torch.tensor(ids, dtype=torch.long, device=device)
-
-
-def sample_next(
-    logits: Tensor,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Pick one token per row of ``logits`` ``(B, V)``: argmax, or a filtered sample.
-
-    Returns:
-        ``(B,)`` token ids.
-    """
-    if temperature <= 0.0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
-        drop_sorted = before >= top_p  # the most likely token is always kept
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def _convert_gpt2(hf: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:

@@ -122,8 +122,46 @@ def test_generation_ends_at_eos_as_transformers_does(ours, peer):
     alone = ours.generate(ids[:1], 40, eos_token_id=int(plain[0, 3]))
     first = int((alone[0, 17:] == plain[0, 3]).nonzero()[0])
     assert alone.shape == (1, 17 + first + 1)
-    with pytest.raises(ValueError, match="empty"):
-        ours.generate(ids, 5, eos_token_id=[])
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        dict(repetition_penalty=1.5),
+        dict(repetition_penalty=0.7),
+        dict(no_repeat_ngram_size=1),
+        dict(no_repeat_ngram_size=3),
+        dict(min_new_tokens=12),
+        dict(repetition_penalty=1.2, no_repeat_ngram_size=2, min_new_tokens=5),
+    ],
+    ids=["penalty", "reward", "ngram1", "ngram3", "min-new", "all"],
+)
+def test_decoding_rules_match_transformers(ours, peer, rules):
+    ids, mask = _padded_batch("left")
+    plain = ours.generate(ids, 30, attention_mask=mask)
+    end = dict(eos_token_id=[int(plain[0, 17 + 2]), int(plain[3, 17 + 4])], pad_token_id=0)
+    with torch.no_grad():
+        ref = peer.generate(
+            ids, attention_mask=mask, max_new_tokens=30, do_sample=False, **end, **rules
+        )
+    out = ours.generate(ids, 30, attention_mask=mask, **end, **rules)
+    assert torch.equal(out, ref), (out.shape, ref.shape)
+    assert not torch.equal(out, ours.generate(ids, 30, attention_mask=mask, **end))  # it acts
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
+        (dict(eos_token_id=[]), "empty"),
+    ],
+)
+def test_bad_decoding_rules_are_refused_by_name(ours, bad, match):
+    with pytest.raises(ValueError, match=match):
+        ours.generate(torch.zeros(1, 3, dtype=torch.long), 2, **bad)
 
 
 def test_cache_and_recompute_generate_the_same(ours):
