@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from qkv.models.generation import DecodingRules, decode
 from qkv.models.hf import HF_ACTIVATIONS, base_weights, load_into, load_state_dict, read_config
+from qkv.models.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
@@ -236,6 +237,10 @@ class GPT(nn.Module):
         repetition_penalty: float = 1.0,
         no_repeat_ngram_size: int = 0,
         min_new_tokens: int = 0,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        num_return_sequences: int = 1,
     ) -> Tensor:
         """Continue each prompt by ``max_new_tokens`` tokens (as transformers' ``generate``).
 
@@ -255,15 +260,24 @@ class GPT(nn.Module):
                 as every row has finished.
             repetition_penalty, no_repeat_ngram_size, min_new_tokens: the rules of
                 :class:`~qkv.models.generation.DecodingRules`, applied as transformers does.
+            num_beams, length_penalty, early_stopping, num_return_sequences: beam search
+                (:mod:`qkv.models.lm_beam`) when ``num_beams > 1``: the best
+                ``num_return_sequences`` continuations of each prompt, best first.
 
         Returns:
-            ``(B, T + N)``: the prompts followed by the new tokens, ``N = max_new_tokens``
-            unless every row ended earlier.
+            ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
+            ``N = max_new_tokens`` unless every row ended earlier.
         """
         rules = DecodingRules(
             temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size,
             min_new_tokens, eos_token_id, pad_token_id,
         )  # fmt: skip
+        if num_beams > 1 or num_return_sequences > 1:
+            return beam_decode(
+                self, input_ids, max_new_tokens, num_beams, rules, length_penalty=length_penalty,
+                early_stopping=early_stopping, num_return_sequences=num_return_sequences,
+                attention_mask=attention_mask,
+            )  # fmt: skip
         generator = None
         if seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)

@@ -150,6 +150,46 @@ def test_decoding_rules_match_transformers(ours, peer, rules):
 
 
 @pytest.mark.parametrize(
+    "beams, options",
+    [
+        (2, {}),
+        (4, dict(num_return_sequences=3)),
+        (3, dict(length_penalty=0.0)),
+        (3, dict(length_penalty=2.0, early_stopping="never")),
+        (4, dict(early_stopping=True, num_return_sequences=2)),
+        (3, dict(repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=4)),
+    ],
+    ids=["plain", "n-best", "no-penalty", "never", "early", "rules"],
+)
+def test_beam_search_matches_transformers(ours, peer, beams, options):
+    ids, mask = _padded_batch("left")
+    plain = ours.generate(ids, 16, attention_mask=mask)[:, 17:]
+    end = dict(eos_token_id=[int(plain[1, 1]), int(plain[2, 5])], pad_token_id=3)
+    with torch.no_grad():
+        ref = peer.generate(
+            ids, attention_mask=mask, max_new_tokens=16, num_beams=beams, do_sample=False,
+            **end, **options,
+        )  # fmt: skip
+    out = ours.generate(ids, 16, attention_mask=mask, num_beams=beams, **end, **options)
+    assert out.shape == ref.shape and torch.equal(out, ref)
+    rows = options.get("num_return_sequences", 1)
+    assert out.shape[0] == 4 * rows and torch.equal(out[::rows, :17], ids)
+    if rows == 1:  # beam search does not just repeat greedy search
+        assert not torch.equal(out, ours.generate(ids, 16, attention_mask=mask, **end))
+
+
+def test_beam_search_without_end_tokens(ours, peer):
+    ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        ref = peer.generate(ids, max_new_tokens=12, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, 12, num_beams=3), ref)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        ours.generate(ids, 5, num_beams=2, num_return_sequences=3)
+    with pytest.raises(ValueError, match="deterministic"):
+        ours.generate(ids, 5, num_beams=2, temperature=1.0)
+
+
+@pytest.mark.parametrize(
     "bad, match",
     [
         (dict(repetition_penalty=0.0), "repetition_penalty"),
