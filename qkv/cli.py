@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a command that stopped reading (| head)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as err:  # a path the user gave cannot be read or written
+        where = f": {err.filename}" if err.filename else ""
+        print(f"qkv {args.command}: error: {err.strerror or err}{where}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

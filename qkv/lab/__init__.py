@@ -3,8 +3,8 @@
 ``qkv lab NAME [--quick] [--out DIR]`` runs one experiment, writes ``result.json`` (every
 number, the config, the seeds, the versions) and its figures into ``DIR`` (default
 ``runs/lab/NAME``) and prints a short table. ``--quick`` is a small setting that finishes in
-well under a minute and is what the tests run; the claims themselves (``docs/claims.md``)
-come from full runs.
+seconds to about a minute on two cores (``heads`` is the slowest) and is what the tests run;
+the claims themselves (``docs/claims.md``) come from full runs.
 
 =============  ==============================================================
 name           claim

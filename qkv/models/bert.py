@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.functional import causal_mask, combine_masks
 from qkv.models.bert_hf import config_values, encoder_weights, layer_groups
-from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
+from qkv.models.hf import HF_ACTIVATIONS, check_token_ids, load_into, load_state_dict, read_config
 from qkv.modules.transformer import Encoder, EncoderLayer
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "encode", "relative_buckets"]
@@ -58,6 +59,8 @@ class BertConfig:
         layer_norm_eps: epsilon of every layer norm (1e-12 in BERT).
         hidden_dropout_prob, attention_probs_dropout_prob: dropout while training.
         pad_token_id: the padding id. add_pooler: build the ``[CLS]`` pooler.
+        is_decoder: attend causally, each token to itself and the tokens before it
+            (``BertLMHeadModel``, ``RobertaForCausalLM``).
     """
 
     vocab_size: int = 30522
@@ -77,6 +80,7 @@ class BertConfig:
     embedding_size: int | None = None
     relative_attention_num_buckets: int = 0
     num_hidden_groups: int | None = None
+    is_decoder: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_act not in HF_ACTIVATIONS:
@@ -106,8 +110,11 @@ class BertConfig:
         The ``model_type`` must be one of :data:`qkv.models.bert_hf.SUPPORTED_TYPES`; only
         absolute position embeddings are supported.
         """
-        values = config_values(config, {f.name for f in fields(cls)})
-        return cls(**{**values, **overrides})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown BertConfig field(s): {', '.join(unknown)}")
+        return cls(**{**config_values(config, known), **overrides})
 
 
 @dataclass
@@ -145,6 +152,7 @@ class BertEmbeddings(nn.Module):
         t = input_ids.shape[1]
         if t > self.config.max_length:
             raise ValueError(f"input length {t} exceeds the {self.config.max_length} positions")
+        check_token_ids(input_ids, self.config.vocab_size)
         x = self.word(input_ids)
         if self.token_type is not None:
             x = x + self.token_type(token_type_ids)
@@ -224,21 +232,27 @@ class BertModel(nn.Module):
         if self.relative_bias is not None:  # the same (1, H, T, T) bias in every layer
             buckets = relative_buckets(input_ids.shape[1], device=input_ids.device)
             bias = self.relative_bias(buckets).permute(2, 0, 1).unsqueeze(0).to(x.dtype)
+        if self.config.is_decoder:
+            t = input_ids.shape[1]
+            bias = combine_masks(bias, causal_mask(t, t, device=input_ids.device))
         out = self.encoder(x, key_mask=key_mask, mask=bias, need_weights=need_weights)
         hidden = out.hidden  # (B, T, E)
         pooled = self.pooler(hidden[:, 0]) if self.pooler is not None else None  # (B, E)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled, attentions=out.attentions)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **overrides: Any) -> BertModel:
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype | str | None = None, **overrides: Any
+    ) -> BertModel:
         """Load a Hugging Face BERT-family folder (``config.json`` and the weights).
 
         The architectures and their weight names are in :mod:`qkv.models.bert_hf`. Weight
         names may carry the encoder's prefix (``bert.``, ``roberta.``: checkpoints with a
         task head, whose head is ignored), and the old ``gamma``/``beta`` layer-norm names
         are accepted. Any other unknown or missing name is an error that lists them. A
-        checkpoint without pooler weights gives a model without pooler. ``overrides``
-        replace config values. Returns the model in eval mode.
+        checkpoint without pooler weights gives a model without pooler. ``dtype``: float32
+        (``None``), the checkpoint's own type (``"auto"``) or a floating ``torch.dtype``.
+        ``overrides`` replace config values. Returns the model in eval mode.
         """
         state = load_state_dict(path)
         config = read_config(path)
@@ -246,7 +260,7 @@ class BertModel(nn.Module):
         has_pooler = any(n.startswith("pooler.") for n in renamed)
         overrides.setdefault("add_pooler", has_pooler)
         model = cls(BertConfig.from_hf(config, **overrides))
-        load_into(model, renamed, what=str(path))
+        load_into(model, renamed, what=str(path), dtype=dtype)
         return model.eval()
 
 

@@ -119,6 +119,8 @@ def config_values(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         values.pop("relative_attention_num_buckets", None)
     if kind in PADDED_POSITIONS:
         values["position_style"] = "roberta"
+    if config.get("add_cross_attention"):
+        raise ValueError("add_cross_attention=true (cross-attention layers) is not supported")
     if kind == "albert" and config.get("inner_group_num", 1) != 1:
         raise ValueError(
             f"ALBERT inner_group_num={config['inner_group_num']} is not supported (1 is)"

@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.generation import DecodingRules, decode
-from qkv.models.hf import HF_ACTIVATIONS, base_weights, load_into, load_state_dict, read_config
+from qkv.models.hf import (
+    HF_ACTIVATIONS,
+    base_weights,
+    check_token_ids,
+    load_into,
+    load_state_dict,
+    read_config,
+)
 from qkv.models.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
@@ -216,6 +223,7 @@ class GPT(nn.Module):
             positions = torch.arange(past, past + t, device=input_ids.device).expand(b, t)
         if past + t > self.config.max_len:
             raise ValueError(f"sequence length {past + t} exceeds max_len {self.config.max_len}")
+        check_token_ids(input_ids, self.config.vocab_size)
 
         x = self.tok_emb(input_ids) + F.embedding(positions, self.pos_emb.weight)  # (B, T, E)
         out = self.decoder(self.drop(x), key_mask=key_mask, need_weights=need_weights, cache=cache)
@@ -287,7 +295,7 @@ class GPT(nn.Module):
         )  # fmt: skip
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> GPT:
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> GPT:
         """Load a Hugging Face GPT-2 folder (``config.json`` and the weights).
 
         GPT-2 stores its linear layers transposed (``Conv1D``: ``(in, out)``) and packs the
@@ -296,12 +304,14 @@ class GPT(nn.Module):
         (``score.*`` of ``GPT2ForSequenceClassification``) are ignored; the causal-mask
         buffers of old checkpoints (``attn.bias``, ``attn.masked_bias``) are ignored, and so
         is a tied ``lm_head``.
-        Missing or unknown names are an error that lists them. Returns the model in eval mode.
+        Missing or unknown names are an error that lists them. ``dtype``: float32 (``None``),
+        the checkpoint's own type (``"auto"``) or a floating ``torch.dtype``. Returns the
+        model in eval mode.
         """
         config = GPTConfig.from_hf(read_config(path))
         model = cls(config)
         state = _convert_gpt2(load_state_dict(path), config)
-        load_into(model, state, what=str(path))
+        load_into(model, state, what=str(path), dtype=dtype)
         return model.eval()
 
 

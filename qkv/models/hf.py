@@ -23,6 +23,7 @@ __all__ = [
     "PADDED_POSITIONS",
     "base_weights",
     "check_names",
+    "check_token_ids",
     "load_state_dict",
     "load_tokenizer",
     "minilm_path",
@@ -71,8 +72,11 @@ def read_json(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         return {}
-    with path.open(encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with path.open(encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -84,7 +88,10 @@ def read_config(path: str | Path) -> dict[str, Any]:
     file = _folder(path) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found (a Hugging Face model folder has one)")
-    return read_json(file)
+    config = read_json(file)
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    return config
 
 
 def load_state_dict(path: str | Path) -> dict[str, Tensor]:
@@ -112,9 +119,15 @@ def load_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 
 def _read_weights(file: Path) -> dict[str, Tensor]:
-    if file.name.endswith(".safetensors"):
-        return dict(_need("safetensors.torch").load_file(str(file), device="cpu"))
-    state = torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        if file.name.endswith(".safetensors"):
+            return dict(_need("safetensors.torch").load_file(str(file), device="cpu"))
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except ModuleNotFoundError:
+        raise
+    except Exception as err:  # SafetensorError, torch's RuntimeError or unpickling errors
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{file}: not a readable checkpoint ({first})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{file} does not hold a state dict (got {type(state).__name__})")
     return state
@@ -177,12 +190,53 @@ def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "c
         raise ValueError("\n".join(lines))
 
 
-def load_into(model: nn.Module, state: dict[str, Tensor], *, what: str) -> None:
-    """Check the names of ``state`` against ``model`` (tied weights count once) and load it."""
+def check_token_ids(ids: Tensor, vocab_size: int) -> None:
+    """Raise ``ValueError`` when a token id is outside ``0 .. vocab_size - 1``."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+        raise ValueError(
+            f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}): "
+            "is the tokenizer the model's own?"
+        )
+
+
+def load_into(
+    model: nn.Module,
+    state: dict[str, Tensor],
+    *,
+    what: str,
+    dtype: torch.dtype | str | None = None,
+) -> None:
+    """Check ``state`` against ``model`` (names, tied weights once; shapes), load it, cast it.
+
+    ``dtype``: ``None`` for float32, ``"auto"`` for the checkpoint's own floating type, or
+    a floating ``torch.dtype``.
+    """
+    target = _load_dtype(dtype, state)
     names = set(dict(model.named_parameters()))  # tied parameters appear once
     names |= {n for n, _ in model.named_buffers() if _is_persistent(model, n)}
     check_names(names, state, what=what)
+    own = model.state_dict()
+    wrong = [n for n, t in state.items() if t.shape != own[n].shape]
+    if wrong:
+        n = wrong[0]
+        raise ValueError(
+            f"weights of {what} do not fit the sizes of its config.json: {n} is "
+            f"{tuple(state[n].shape)} in the checkpoint, {tuple(own[n].shape)} in the model"
+            + (f" ({len(wrong) - 1} more)" if len(wrong) > 1 else "")
+        )
     model.load_state_dict(state, strict=False)
+    model.to(target)
+
+
+def _load_dtype(dtype: torch.dtype | str | None, state: dict[str, Tensor]) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if dtype == "auto":
+        return next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise ValueError(f"dtype must be None, 'auto' or a floating torch.dtype, got {dtype!r}")
 
 
 def _is_persistent(model: nn.Module, name: str) -> bool:
@@ -227,7 +281,10 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
     options = {**read_json(folder / "special_tokens_map.json"), **given}
     file = folder / "tokenizer.json"
     if file.is_file():
-        tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
+        try:
+            tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
+        except Exception as err:  # the Rust library raises a bare Exception
+            raise ValueError(f"{file}: not a tokenizers file ({err})") from None
     elif (folder / "vocab.txt").is_file():
         options = {"pad_token": "[PAD]", **options}  # BertTokenizer's default
         tokenizer = _wordpiece(folder / "vocab.txt", options)
@@ -304,8 +361,11 @@ def _wordpiece(vocab: Path, config: dict[str, Any]):
     """
     tk = _need("tokenizers")
     names = {key: _token(config.get(f"{key}_token")) or f"[{key.upper()}]"
-             for key in ("unk", "sep", "cls")}  # fmt: skip
+             for key in ("unk", "sep", "pad", "cls", "mask")}  # fmt: skip
     tokenizer = tk.Tokenizer(tk.models.WordPiece.from_file(str(vocab), unk_token=names["unk"]))
+    # special tokens stay whole ("[MASK]" is one token, not "[", "mask", "]")
+    known = [t for t in names.values() if tokenizer.token_to_id(t) is not None]
+    tokenizer.add_special_tokens(known)
     tokenizer.normalizer = tk.normalizers.BertNormalizer(
         clean_text=True,
         handle_chinese_chars=config.get("tokenize_chinese_chars", True),

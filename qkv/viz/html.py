@@ -236,11 +236,14 @@ def _page(
         payload=json_for_script(payload),
         js=_asset("viewer.js"),
     )
-    if len(page.encode("utf-8")) > _SIZE_BUDGET:
-        log.warning(
-            "attention page is %.1f MB; quantization='uint8' halves the weights",
-            len(page.encode("utf-8")) / 1e6,
+    size = len(page.encode("utf-8"))
+    if size > _SIZE_BUDGET:  # advice that applies: 8-bit weights, else fewer tokens
+        hint = (
+            "quantization='uint8' halves the weights"
+            if encodings[0]["dtype"] != "uint8"
+            else "fewer tokens or layers make it smaller"
         )
+        log.warning("attention page is %.1f MB; %s", size / 1e6, hint)
     return page
 
 

@@ -123,6 +123,9 @@ def _load(folder: Path) -> tuple[BertModel, Any]:
         model = BertModel.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
         raise _user_error(f"{folder}: cannot load a BERT model: {_one_line(err)}") from None
+    limit = (tokenizer.truncation or {}).get("max_length")
+    if limit is None or limit > model.config.max_length:  # never past the positions
+        tokenizer.enable_truncation(max_length=model.config.max_length)
     return model, tokenizer
 
 
@@ -195,7 +198,10 @@ def run_cli(args: argparse.Namespace) -> int:
     _check_index("layer", args.layer, config.num_hidden_layers)
     _check_index("head", args.head, config.num_attention_heads)
     model, tokenizer = _load(folder)
-    maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
+    try:
+        maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
+    except ValueError as err:  # e.g. a tokenizer whose ids the model does not have
+        raise _user_error(f"{folder}: {_one_line(err)}") from None
     _write(out, maps, tokens, args.layer, args.head, _title(name, args.text, args.text_b))
     print(f"wrote {out}")
     for line in summary(maps, tokens):

@@ -19,6 +19,15 @@ def test_unknown_experiment_exits_2_and_lists_the_names(capsys):
         assert name in err
 
 
+def test_an_output_folder_that_is_a_file_exits_2(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["lab", "word-order", "--quick", "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("qkv lab: error: ") and str(taken) in err
+    assert taken.read_text() == "not a folder"
+
+
 def test_run_experiment_rejects_unknown_names(tmp_path):
     with pytest.raises(KeyError):
         run_experiment("nope", tmp_path)

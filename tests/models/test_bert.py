@@ -75,6 +75,7 @@ def test_a_folder_with_only_vocab_txt_tokenizes_as_bert_tokenizer(folder, tmp_pa
     ours = load_tokenizer(tmp_path)
     peer = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=lower)
     texts = [*random.sample(SENTENCES, len(SENTENCES)), "Café naïve ÉCOLE", "注意力 is all"]
+    texts += ["a [MASK] b", "[CLS] x [SEP][PAD] y [UNK]"]  # special tokens stay whole
     pairs = list(zip(texts, reversed(texts)))
     want = peer(texts, padding=True, truncation=True, max_length=64)
     got = ours.encode_batch(texts)

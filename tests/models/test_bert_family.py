@@ -210,3 +210,53 @@ def test_other_activations_match_transformers(act, tmp_path):
         got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
         want = peer(input_ids=ids, attention_mask=mask.long()).last_hidden_state
     torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+
+
+def test_a_causal_bert_attends_causally(tmp_path):
+    config = transformers.BertConfig(**SIZES, is_decoder=True)
+    peer = _save(transformers.BertModel(config), tmp_path)
+    ids, mask = _batch(peer.config, 12)
+    with torch.no_grad():
+        got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask, need_weights=True)
+        want = peer(input_ids=ids, attention_mask=mask.long(), output_attentions=True)
+    torch.testing.assert_close(
+        got.last_hidden_state[mask], want.last_hidden_state[mask], atol=2e-5, rtol=1e-5
+    )
+    assert (got.attentions[0][..., torch.ones(12, 12).triu(1).bool()] == 0).all()
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {**json.loads((tmp_path / "config.json").read_text()), "add_cross_attention": True}
+        )
+    )
+    with pytest.raises(ValueError, match="add_cross_attention"):
+        BertModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("saved", [torch.float16, torch.bfloat16])
+def test_dtype_of_the_loaded_model(saved, tmp_path):
+    peer = _save(transformers.BertModel(transformers.BertConfig(**SIZES)).to(saved), tmp_path)
+    assert BertModel.from_pretrained(tmp_path).embeddings.word.weight.dtype == torch.float32
+    auto = BertModel.from_pretrained(tmp_path, dtype="auto")
+    assert {p.dtype for p in auto.parameters()} == {saved}
+    ids, mask = _batch(peer.config, 9)
+    with torch.no_grad():
+        want = peer.float()(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        got = BertModel.from_pretrained(tmp_path, dtype=torch.float64)(ids, attention_mask=mask)
+    assert got.last_hidden_state.dtype == torch.float64
+    torch.testing.assert_close(got.last_hidden_state[mask].float(), want[mask], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="dtype must be"):
+        BertModel.from_pretrained(tmp_path, dtype=torch.int8)
+    with pytest.raises(ValueError, match="unknown BertConfig field.*torch_dtype"):
+        BertModel.from_pretrained(tmp_path, torch_dtype=torch.float16)
+
+
+def test_sizes_that_do_not_fit_and_foreign_token_ids_are_named(tmp_path):
+    _save(transformers.BertModel(transformers.BertConfig(**SIZES)), tmp_path)
+    ours = BertModel.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"token id {VOCAB} is outside .* \\(0..{VOCAB - 1}\\)"):
+        ours(torch.tensor([[1, VOCAB, 2]]))
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["intermediate_size"]  # back to BERT's default of 3072
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"do not fit .* is \(48,\) in the checkpoint, \(3072,\)"):
+        BertModel.from_pretrained(tmp_path)

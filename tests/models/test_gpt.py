@@ -322,6 +322,17 @@ def test_gpt2_options_match_transformers(folder, options, tmp_path):
     assert (GPT.from_pretrained(tmp_path)(ids).logits - want).abs().max() > 1e-3
 
 
+def test_half_precision_folders_and_foreign_token_ids(peer, ours, tmp_path):
+    copy.deepcopy(peer).half().save_pretrained(tmp_path)
+    assert GPT.from_pretrained(tmp_path).lm_head.weight.dtype == torch.float32
+    half = GPT.from_pretrained(tmp_path, dtype="auto")
+    assert {p.dtype for p in half.parameters()} == {torch.float16}
+    ids = torch.randint(0, VOCAB, (2, 7))
+    torch.testing.assert_close(half(ids).logits.float(), ours(ids).logits, atol=0.05, rtol=0)
+    with pytest.raises(ValueError, match=f"token id {VOCAB + 5} is outside"):
+        ours(torch.tensor([[3, VOCAB + 5]]))
+
+
 def test_other_architectures_are_refused_by_name(folder, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neo"}))

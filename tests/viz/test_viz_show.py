@@ -121,3 +121,64 @@ def test_bad_input_exits_2_with_one_line(minilm, tmp_path, args, message):
     assert run.stdout == ""
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
     assert run.stderr.startswith("qkv show: error: ") and message in run.stderr
+
+
+@pytest.fixture(scope="module")
+def small_bert(minilm, tmp_path_factory):
+    """Random 2-layer BERTs with 40 positions and MiniLM's tokenizer: ``{vocabulary: folder}``.
+
+    With 30522 words the tokenizer's ids fit; with 100 they do not.
+    """
+    transformers = pytest.importorskip("transformers")
+    folders = {}
+    for vocab in (100, 30522):
+        config = transformers.BertConfig(
+            vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=40,
+        )  # fmt: skip
+        folder = folders[vocab] = tmp_path_factory.mktemp(f"bert-{vocab}")
+        transformers.BertModel(config).save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).write_bytes((minilm[0] / name).read_bytes())
+    return folders
+
+
+def _copy(folder: Path, to: Path, **files: str) -> str:
+    """A copy of ``folder`` with some files replaced (``name=text``; dots as ``__``)."""
+    to.mkdir()
+    for item in folder.iterdir():
+        (to / item.name).write_bytes(item.read_bytes())
+    for name, text in files.items():
+        (to / name.replace("__", ".")).write_text(text)
+    return str(to)
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({}, "outside the model's vocabulary (0..99)"),  # the 100-word model
+        ({"tokenizer__json": "garbage"}, "not a tokenizers file"),
+        ({"config__json": "[1, 2]"}, "expected a JSON object"),
+        ({"config__json": "{"}, "not valid JSON"),
+        ({"model__safetensors": "garbage"}, "not a readable checkpoint"),
+    ],
+    ids=["vocabulary", "tokenizer", "config-list", "config-json", "weights"],
+)
+def test_broken_folders_exit_2_with_one_line(small_bert, tmp_path, files, message):
+    folder = _copy(small_bert[30522 if files else 100], tmp_path / "m", **files)
+    run = qkv("words beyond a hundred", "--model", folder, "--out", str(tmp_path / "a.html"))
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1 and message in run.stderr, run.stderr
+
+
+def test_long_text_is_cut_to_the_models_positions(small_bert, tmp_path):
+    page = tmp_path / "a.html"
+    run = qkv(" ".join([TEXT] * 30), "--model", str(small_bert[30522]), "--out", str(page))
+    assert run.returncode == 0, run.stderr
+    assert extract_payload(page.read_text())["shape"] == [2, 4, 40, 40]  # not 256 tokens
+
+
+def test_unwritable_output_exits_2(minilm, tmp_path):
+    run = qkv(TEXT, "--out", "/proc/attention.html")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1 and "/proc/attention.html" in run.stderr
