@@ -37,6 +37,7 @@ Weights, when asked for, are recomputed block by block
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.backends import rows as rows_path
@@ -285,14 +286,33 @@ def _flash_with_lse(
     mask's bias goes in ``scratch`` when given."""
     mask = _block_mask(req, sel, qs, qe, ks, ke, dense)
     bias = None if mask is None else as_bias(mask, req.q.dtype, scratch)
-    q, k, v = req.q[sel, :, qs:qe], req.k[sel, :, ks:ke], req.v[sel, :, ks:ke]
+    q, k, v = req.remember("flash_inputs", lambda: _flash_inputs(req))
+    q, k, v = q[sel, :, qs:qe], k[sel, :, ks:ke], v[sel, :, ks:ke]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k, v, attn_mask=bias, scale=req.scale)
+    out = out[..., : req.v.shape[-1]]  # the columns of zeros padded onto v, if any
     if bias is not None and exact_lse:  # the kernel reports lse 0 (and out 0) for a row
         seen = visible_rows(mask)  # that sees nothing: make it -inf (None: every row sees)
         if seen is not None:
             lse.masked_fill_(~seen.squeeze(-1), float("-inf"))
     return out, lse
+
+
+def _flash_inputs(req: AttentionRequest) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as torch's CPU flash kernel takes them, copied once per request if needed.
+
+    The kernel reads a last dimension of stride other than 1 wrongly without a word (a
+    transposed key: errors of order 1), and wants one head size: zeros padded onto q and
+    k (to Dv) change no score, and zeros padded onto v (to D) only add output columns,
+    which :func:`_flash_with_lse` drops.
+    """
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (req.q, req.k, req.v))
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv > d:
+        q, k = F.pad(q, (0, dv - d)), F.pad(k, (0, dv - d))
+    elif dv < d:
+        v = F.pad(v, (0, d - dv))
+    return q, k, v
 
 
 def _fused_call(req: AttentionRequest, sel: slice, qs: int, qe: int, run: tuple) -> Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import qkv
 from qkv.backends import chunked, native, rows
@@ -108,17 +110,76 @@ def test_half_masked_runs(kind, path, dtype, monkeypatch):
     req = _request(q, k, v, mask, causal, None, 0.0, False, False)
     out = chunked.chunked_attention(req, block_q=16).out
     assert out.dtype == dtype
+    _assert_near_reference(out, q, k, v, mask, causal, split=path == "split")
+
+
+def _assert_near_reference(out, q, k, v, mask, causal, split):
+    """``out`` against float64 attention: float32 and float64 by a tolerance, half types
+    within twice the error of torch's SDPA on the same inputs (plus a small atol, and for
+    split calls their rounding before the merge); rows that see no key are zeros."""
     ref, ref_w = naive_attention(q, k, v, mask, causal)
-    full = req.full_mask()
-    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full, enable_gqa=hkv < 3)
     seen = ref_w.sum(-1, keepdim=True).expand_as(ref) > 0  # torch gives NaN for the others
-    err, peer_err = ((x.double() - ref)[seen].abs().max().item() for x in (out, peer))
-    bound = 2 * peer_err + {torch.bfloat16: 1e-3, torch.float16: 2e-4}[dtype]
-    if path == "split":  # each call's output is rounded to dtype before the merge; the
-        # merge averages them (weights summing to 1): at most half an ulp of max |v| more
-        bound += half_ulp(v.double(), dtype)
-    assert err <= bound, (err, peer_err)
     assert (out.double()[~seen] == 0).all()
+    if q.dtype in (torch.float64, torch.float32):
+        tol = 1e-12 if q.dtype == torch.float64 else 2e-6
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=0)
+        return
+    full = _request(q, k, v, mask, causal, None, 0.0, False, False).full_mask()
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    gqa = k.shape[1] < q.shape[1]
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full, enable_gqa=gqa)
+    err, peer_err = ((x.double() - ref)[seen].abs().max().item() for x in (out, peer))
+    bound = 2 * peer_err + {torch.bfloat16: 1e-3, torch.float16: 2e-4}[q.dtype]
+    if split:  # each call's output is rounded to dtype before the merge; the merge
+        # averages them (weights summing to 1): at most half an ulp of max |v| more
+        bound += half_ulp(v.double(), q.dtype)
+    assert err <= bound, (err, peer_err)
+
+
+# How a (B, H, T, D) tensor may lie in memory: torch's CPU flash kernel needs the last
+# dimension of stride 1, and read the others wrongly without an error.
+LAYOUTS = {
+    "contiguous": lambda x: x,
+    "transposed": lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2),
+    "every-other": lambda x: torch.stack([x, torch.randn_like(x)], -1).flatten(-2)[..., ::2],
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]),
+    layouts=st.tuples(*[st.sampled_from(list(LAYOUTS))] * 3),
+    dv=st.sampled_from([4, 8, 12]),  # D = 8: value heads narrower, equal, wider
+    kind=st.sampled_from(["band", "band-causal", "rows-hidden", "alibi", "random-causal"]),
+    seed=st.integers(0, 2**16),
+)
+def test_masked_split_calls_take_any_layout_and_value_head_size(dtype, layouts, dv, kind, seed):
+    """Split calls to torch's CPU flash kernel (float32 too, as with QKV_NATIVE=0) get the
+    right answer from strided q, k, v and from value heads of another size than D."""
+    torch.manual_seed(seed)
+    q, k, _, mask, causal = _inputs(kind, 2, 3, 3, 70, 90, dtype)
+    v = torch.randn(2, 3, 90, dv, dtype=torch.float64).to(dtype)
+    q, k, v = (LAYOUTS[name](x) for name, x in zip(layouts, (q, k, v)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunked, "SPLIT_ROWS", 12)
+        patch.setattr(chunked, "SPLIT_KEYS", 16)
+        patch.setattr(rows, "serves", lambda req: False)
+        req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+        assert chunked._splittable(req)
+        out = chunked.chunked_attention(req, block_q=16).out
+    assert out.shape == (2, 3, 70, dv) and out.dtype == dtype
+    _assert_near_reference(out, q, k, v, mask, causal, split=True)
+
+
+def test_auto_runs_chunked_for_value_heads_of_another_size():
+    """explain_dispatch says chunked for a sliding window with Dv != D, and chunked runs it."""
+    t = 1024
+    q, k = (torch.randn(1, 2, t, 16, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, 2, t, 8, dtype=torch.bfloat16)
+    mask = _band(t, t, 32)
+    assert qkv.explain_dispatch(q, k, v, mask).chosen == "chunked"
+    out = qkv.scaled_dot_product_attention(q, k, v, mask)
+    _assert_near_reference(out, q, k, v, mask, False, split=True)
 
 
 def _inputs(kind, b, h, hkv, tq, tk, dtype):
