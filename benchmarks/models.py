@@ -6,7 +6,8 @@
   against ``SentenceTransformer.encode``;
 * a random GPT-2-shaped model generates 200 tokens with the KV cache against recomputing
   the prefix at every step (target: at least 5× faster), and against transformers'
-  ``generate`` with its cache.
+  ``generate`` with its cache; and beam search (4 beams, an end token) against
+  ``generate(num_beams=4)``, with the same tokens.
 
 Run: ``python benchmarks/models.py [--quick] [--out DIR]`` or ``qkv bench models``.
 """
@@ -132,19 +133,36 @@ def generation_rows(new_tokens: int) -> list[dict]:
     )
     same = torch.equal(ours.generate(prompt, new_tokens), peer_generate(peer, prompt, new_tokens))
     case = f"GPT (6×384) greedy, {new_tokens} new tokens, prompt 16"
+    beam = dict(num_beams=4, eos_token_id=int(peer_generate(peer, prompt, 8)[0, -1]))
+    prompts = torch.randint(0, 8000, (2, 16))
+    beam_s, hf_beam_s = _paired(
+        [
+            lambda: ours.generate(prompts, new_tokens, **beam, pad_token_id=3),
+            lambda: peer_generate(peer, prompts, new_tokens, **beam),
+        ],
+        repeat=3,
+    )
+    same_beam = torch.equal(
+        ours.generate(prompts, new_tokens, **beam, pad_token_id=3),
+        peer_generate(peer, prompts, new_tokens, **beam),
+    )
     return [
         _row(f"{case}: KV cache", cached, "qkv recompute prefix", recompute,
              target="≤ 0.2× (≥ 5× faster)", met=cached * 5 <= recompute),
         _row(f"{case}: KV cache", cached, "transformers generate (cache)", hf_s,
              same_tokens=same),
+        _row(f"GPT (6×384) beam 4, 2 prompts, up to {new_tokens} new tokens, an end token",
+             beam_s, "transformers generate(num_beams=4)", hf_beam_s, same_tokens=same_beam),
     ]  # fmt: skip
 
 
-def peer_generate(peer, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def peer_generate(peer, prompt: torch.Tensor, new_tokens: int, **options) -> torch.Tensor:
+    """transformers' greedy generate of exactly ``new_tokens`` (or beam search, ``options``)."""
+    exact = {} if options else dict(min_new_tokens=new_tokens)
     with torch.inference_mode():
         return peer.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+            do_sample=False, pad_token_id=3, **exact, **options,
         )  # fmt: skip
 
 
