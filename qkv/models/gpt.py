@@ -270,7 +270,8 @@ class GPT(nn.Module):
                 :class:`~qkv.models.generation.DecodingRules`, applied as transformers does.
             num_beams, length_penalty, early_stopping, num_return_sequences: beam search
                 (:mod:`qkv.models.lm_beam`) when ``num_beams > 1``: the best
-                ``num_return_sequences`` continuations of each prompt, best first.
+                ``num_return_sequences`` continuations of each prompt, best first (always
+                with the cache).
 
         Returns:
             ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
