@@ -1,7 +1,8 @@
 """Attention backends and the dispatch that chooses between them.
 
-Every backend declares what it cannot do (:meth:`Backend.why_not`); ``auto`` takes the
-first backend in :data:`PREFERENCE` that can serve a request, and
+Every backend declares what it cannot do (:meth:`Backend.why_not`) and what it would
+rather leave to another (:meth:`Backend.why_not_auto`); ``auto`` takes the first backend
+in :data:`PREFERENCE` that neither rules out, and
 :func:`explain` says why each other one was not taken. Two measured exceptions, both on
 the CPU: ``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at
 least half of a large score matrix in whole blocks, or a per-head float mask; see
@@ -168,7 +169,7 @@ def _signature(req: AttentionRequest) -> tuple | None:
 
 
 def _why_not(name: str, req: AttentionRequest) -> list[str]:
-    why = list(_REGISTRY[name].why_not(req))  # a name from available_backends()
+    why = list(_REGISTRY[name].why_not_auto(req))  # a name from available_backends()
     if name == "reference" and not why:
         why = _reference_too_large(req)
     return why

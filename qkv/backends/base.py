@@ -6,8 +6,10 @@ mask is ``None``, a boolean tensor (``True`` = may attend) or a float tensor (ad
 scores), broadcastable to ``(B, H, Tq, Tk)``, and ``causal`` means bottom-right aligned.
 
 Each backend declares what it supports through :meth:`Backend.why_not`, which returns
-the reasons it cannot serve a request (an empty list means it can). Dispatch and
-``explain_dispatch`` are built on those reasons.
+the reasons it cannot serve a request (an empty list means it can), and
+:meth:`Backend.why_not_auto` adds those for which ``auto`` should rather take another.
+Dispatch and ``explain_dispatch`` are built on the latter; an explicitly named backend
+refuses only what it cannot do.
 """
 
 from __future__ import annotations
@@ -106,6 +108,11 @@ class Backend:
     def why_not(self, req: AttentionRequest) -> list[str]:
         """Reasons this backend cannot serve ``req``; empty when it can."""
         raise NotImplementedError
+
+    def why_not_auto(self, req: AttentionRequest) -> list[str]:
+        """Reasons ``auto`` passes this backend over: :meth:`why_not`, and the requests it
+        can serve but another serves cheaper (which an explicit ``backend=`` still runs)."""
+        return self.why_not(req)
 
     def __call__(self, req: AttentionRequest) -> AttentionResult:
         raise NotImplementedError

@@ -148,6 +148,8 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
         lse = lse.unsqueeze(-1).to(s.dtype)
         lse = torch.where(torch.isinf(lse), float("inf"), lse)  # exp(-inf) = 0
         p = torch.exp(s.sub_(lse), out=out) if out is not None else torch.exp(s - lse)
+    elif may_hide_rows and s.requires_grad:  # see _softmax_of_rows_seen
+        return _softmax_of_rows_seen(s)
     else:
         p = torch.softmax(s, dim=-1, out=out) if out is not None else torch.softmax(s, dim=-1)
     if not may_hide_rows:
@@ -156,6 +158,17 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     if bool(empty.any()):
         p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
+
+
+def _softmax_of_rows_seen(s: Tensor) -> Tensor:
+    """``softmax(s)`` with zeros for rows whose every score is ``-inf``, and zero gradients
+    there: softmax's backward turns such a row's NaN into NaN gradients even where its
+    output is filled with zeros afterwards, so the row is made finite before the softmax
+    (as the reference backend does)."""
+    empty = s.amax(dim=-1, keepdim=True) == float("-inf")
+    if not bool(empty.any()):
+        return torch.softmax(s, dim=-1)
+    return torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
 
 
 def _streamed(req: AttentionRequest, qb: Tensor, kh: Tensor, mask, rows, s: Tensor, dest):

@@ -100,11 +100,15 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         causal: bool = False,
         need_weights: bool | Sequence[int] = False,
+        weight_rows: slice | None = None,
         cache: KVCache | LayerKV | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when ``key`` is None).
 
-        With ``cache``, self-attention appends the new keys/values and attends to all of
+        ``need_weights`` (``True`` or a list of heads) and ``weight_rows`` (a slice of
+        query rows) select the weights returned, as in
+        :func:`qkv.functional.scaled_dot_product_attention`. With ``cache``, self-attention
+        appends the new keys/values and attends to all of
         them (``key_mask`` then covers every cached position); cross-attention projects
         ``key``/``value`` on the first call and reuses them afterwards.
         """
@@ -148,6 +152,7 @@ class MultiHeadAttention(nn.Module):
             scale=self.scale,
             dropout_p=dropout_p,
             need_weights=need_weights,
+            weight_rows=weight_rows,
             backend=self.backend,
         )
         out, weights = result if isinstance(result, tuple) else (result, None)

@@ -160,3 +160,57 @@ def test_weights_under_autograd_are_never_kept(monkeypatch):
     _, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="chunked")
     (w * torch.randn_like(w)).sum().backward()
     assert kept._kept == [] and q.grad is not None
+
+
+def _rows_unseen(kind: str):
+    """q, k, v (float64, requiring gradients) and a mask under which some query rows see
+    no key, with the causal flag: a boolean mask with empty rows, a float mask with a row
+    of -inf (its gradient is checked too), or causal with more queries than keys."""
+    b, h, hkv, d = 2, 4, 2, 8
+    tq, tk = (7, 4) if kind == "causal-tq>tk" else (6, 5)
+    q = torch.randn(b, h, tq, d, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, hkv, tk, d, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    mask = None
+    if kind == "bool":
+        mask = torch.rand(b, h, tq, tk) > 0.4
+        mask[:, :, 1] = False
+    elif kind == "float":
+        mask = torch.randn(1, h, tq, tk, dtype=torch.float64)
+        mask[:, :, 2] = float("-inf")
+        mask.requires_grad_(True)
+    return q, k, v, mask, kind == "causal-tq>tk"
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+@pytest.mark.parametrize("selection", ["all", "heads", "heads-and-rows"])
+@pytest.mark.parametrize("kind", ["bool", "float", "causal-tq>tk"])
+def test_weights_under_autograd_equal_the_reference(backend, selection, kind):
+    """A fused backend named explicitly returns weights under autograd (``auto`` prefers
+    the reference there): outputs, weights and the gradients of both equal float64
+    attention, zeros and not NaN for rows that see no key."""
+    q, k, v, mask, causal = _rows_unseen(kind)
+    heads = {"all": True, "heads": [3, 0], "heads-and-rows": [1]}[selection]
+    rows = slice(1, 4) if selection == "heads-and-rows" else None
+    out, w = qkv.scaled_dot_product_attention(
+        q, k, v, mask, causal=causal, need_weights=heads, weight_rows=rows, backend=backend
+    )
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
+    ref_w = ref_w.expand(q.shape[0], -1, -1, -1)[:, [0, 1, 2, 3] if heads is True else heads]
+    ref_w = ref_w[:, :, rows] if rows is not None else ref_w
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(w, ref_w, atol=1e-12, rtol=1e-10)
+    inputs = [t for t in (q, k, v, mask) if t is not None and t.requires_grad]
+    g_out, g_w = torch.randn_like(out), torch.randn_like(w)
+    ours = torch.autograd.grad((out * g_out).sum() + (w * g_w).sum(), inputs)
+    theirs = torch.autograd.grad((ref_out * g_out).sum() + (ref_w * g_w).sum(), inputs)
+    for a, b in zip(ours, theirs):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_auto_still_leaves_weights_under_autograd_to_the_reference():
+    q, k, v, _, _ = _rows_unseen("bool")
+    d = qkv.explain_dispatch(q, k, v, need_weights=True)
+    assert d.chosen == "reference" and "under autograd" in d.reasons["sdpa"][0]
+    with torch.no_grad():
+        assert qkv.explain_dispatch(q, k, v, need_weights=True).chosen == "sdpa"

@@ -220,6 +220,30 @@ def test_dropout_only_while_training():
     assert not torch.allclose(m(x)[0], m(x)[0])
 
 
+@pytest.mark.parametrize("heads, rows", [(True, None), ([3, 1], slice(2, 5))], ids=["all", "some"])
+def test_explicit_sdpa_returns_weights_under_autograd(heads, rows):
+    """``backend="sdpa"`` with weights while training (auto would take the reference):
+    outputs, the weights asked for (heads and ``weight_rows``) and the gradients of both
+    equal the reference backend's in float64."""
+    fused = qkv.MultiHeadAttention(E, H, num_kv_heads=2, backend="sdpa").double()
+    ref = qkv.MultiHeadAttention(E, H, num_kv_heads=2, backend="reference").double()
+    ref.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    key_mask = qkv.padding_mask(torch.tensor([6, 3]), 6)
+    out, w = fused(x, key_mask=key_mask, causal=True, need_weights=heads, weight_rows=rows)
+    ref_out, ref_w = ref(x, key_mask=key_mask, causal=True, need_weights=True)
+    ref_w = ref_w[:, list(range(H)) if heads is True else heads, rows or slice(None)]
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(w, ref_w, atol=1e-12, rtol=1e-10)
+    g_out, g_w = torch.randn_like(out), torch.randn_like(w)
+    ours = torch.autograd.grad((out * g_out).sum() + (w * g_w).sum(), list(fused.parameters()))
+    theirs = torch.autograd.grad(
+        (ref_out * g_out).sum() + (ref_w * g_w).sum(), list(ref.parameters())
+    )
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
 @pytest.mark.parametrize(
     "kwargs, call, match",
     [
