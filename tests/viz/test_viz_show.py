@@ -96,9 +96,9 @@ def test_grid_png_and_initial_view_in_process(minilm, tmp_path, capsys):
 
 
 def _not_bert(tmp: Path) -> str:
-    folder = tmp / "gpt2"
+    folder = tmp / "t5"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "num_layers": 2}))
     return str(folder)
 
 
@@ -182,3 +182,45 @@ def test_unwritable_output_exits_2(minilm, tmp_path):
     run = qkv(TEXT, "--out", "/proc/attention.html")
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert run.stderr.count("\n") == 1 and "/proc/attention.html" in run.stderr
+
+
+@pytest.fixture(scope="module")
+def small_gpt(tmp_path_factory):
+    """A random GPT-2 folder with a byte-level BPE tokenizer trained on a few sentences."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path_factory.mktemp("gpt2")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator([TEXT, TEXT_B, "The mat was red."] * 10, trainer)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=32,
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_gpt2_decoder_shows_causal_attention(small_gpt, tmp_path):
+    from qkv.models import GPT, load_tokenizer
+
+    page = tmp_path / "gpt.html"
+    run = qkv(TEXT, "--model", str(small_gpt), "--out", str(page))
+    assert run.returncode == 0, run.stderr
+    payload = extract_payload(page.read_text(encoding="utf-8"))
+    ids = load_tokenizer(small_gpt).encode(TEXT).ids
+    with torch.no_grad():
+        out = GPT.from_pretrained(small_gpt)(torch.tensor([ids]), need_weights=True)
+    want = torch.stack([a[0] for a in out.attentions]).double().numpy()  # (2, 4, T, T)
+    assert payload["shape"] == [2, 4, len(ids), len(ids)]
+    got = decode_payload(payload)
+    assert np.abs(got - want).max() <= payload["encoding"]["maxError"] + 1e-6
+    assert np.abs(np.triu(got, 1)).max() == 0  # no token looks ahead
+    assert "".join(payload["queryTokens"]) == TEXT  # pieces read as text, not "Ġcat"
+    run = qkv(TEXT, TEXT_B, "--model", str(small_gpt), "--out", str(page))
+    assert run.returncode == 2 and "reads one text, not a pair" in run.stderr
