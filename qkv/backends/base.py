@@ -32,6 +32,7 @@ __all__ = [
     "bool_to_bias",
     "causal_mask",
     "float_bits",
+    "kernel_bias",
     "restrict",
     "shape_problem",
     "visible_rows",
@@ -183,6 +184,20 @@ def bool_to_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = Non
 def as_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = None) -> Tensor:
     """A mask as the additive bias of a fused kernel in ``dtype`` (booleans: 0 / -inf)."""
     return bool_to_bias(mask, dtype, scratch) if mask.dtype == torch.bool else mask.to(dtype)
+
+
+def kernel_bias(mask: Tensor, q: Tensor, scratch: Scratch | None = None) -> Tensor:
+    """A mask as the bias of torch's fused kernel on ``q``: :func:`as_bias` in q's dtype,
+    except for a float mask with half-precision inputs on the CPU, which stays float32.
+
+    Torch's CPU kernels take a float32 mask beside half inputs and add it to float32
+    scores; cast to half, a large finite value such as ``torch.finfo(float32).min`` would
+    become ``-inf`` and hide a row that the mask only penalises.
+    """
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if half and q.device.type == "cpu" and mask.dtype != torch.bool:
+        return mask.to(torch.float32)
+    return as_bias(mask, q.dtype, scratch)
 
 
 class Scratch:

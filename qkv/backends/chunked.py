@@ -46,7 +46,7 @@ from qkv.backends.base import (
     AttentionResult,
     Backend,
     Scratch,
-    as_bias,
+    kernel_bias,
     restrict,
     visible_rows,
 )
@@ -285,7 +285,7 @@ def _flash_with_lse(
     without ``exact_lse``, rows that see no key keep the kernel's lse of 0. A boolean
     mask's bias goes in ``scratch`` when given."""
     mask = _block_mask(req, sel, qs, qe, ks, ke, dense)
-    bias = None if mask is None else as_bias(mask, req.q.dtype, scratch)
+    bias = None if mask is None else kernel_bias(mask, req.q, scratch)
     q, k, v = req.remember("flash_inputs", lambda: _flash_inputs(req))
     q, k, v = q[sel, :, qs:qe], k[sel, :, ks:ke], v[sel, :, ks:ke]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -36,9 +36,13 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
     # 1) compare every query with every key: (B, H, Tq, D) @ (B, H, D, Tk) -> (B, H, Tq, Tk).
     #    Scaled after the product, the order Hugging Face uses, which keeps pretrained
     #    models bit-exact (a power-of-two scale goes on the queries: the same bits, see
-    #    `prescaled`); the in-place multiply adds no allocation.
-    q, post = prescaled(q, req.scale)
-    scores = torch.matmul(q, k.transpose(-2, -1))
+    #    `prescaled`); the in-place multiply adds no allocation. Half types score in
+    #    float32, as torch's fused kernels do: a product past 65504 stays finite in
+    #    float16, and so does a float32 mask's torch.finfo(float32).min (as -inf in half,
+    #    it would hide a row that the mask only penalises).
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q, post = prescaled(q.to(compute), req.scale)
+    scores = torch.matmul(q, k.to(compute).transpose(-2, -1))
     if post is not None:
         scores = scores.mul_(post)
 
@@ -55,14 +59,13 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
         scores = torch.where(visible, scores, torch.zeros((), dtype=scores.dtype))
 
     # 3) turn each row of scores into a probability distribution (float32 for half types).
-    compute = torch.float32 if scores.dtype in (torch.float16, torch.bfloat16) else scores.dtype
-    weights = torch.softmax(scores.to(compute), dim=-1)
-    lse = torch.logsumexp(scores.to(compute), dim=-1) if req.need_lse else None
+    weights = torch.softmax(scores, dim=-1)
+    lse = torch.logsumexp(scores, dim=-1) if req.need_lse else None
     if visible is not None:
         weights = torch.where(visible, weights, torch.zeros((), dtype=weights.dtype))
         if lse is not None:
             lse = lse.masked_fill(~visible.squeeze(-1), float("-inf"))
-    weights = weights.to(q.dtype)
+    weights = weights.to(req.q.dtype)
 
     # 4) dropout acts on the weights, as in the Transformer paper.
     dropped = F.dropout(weights, p=req.dropout_p) if req.dropout_p > 0 else weights

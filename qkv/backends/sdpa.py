@@ -15,7 +15,7 @@ from qkv.backends.base import (
     AttentionRequest,
     AttentionResult,
     Backend,
-    as_bias,
+    kernel_bias,
     visible_rows,
 )
 from qkv.backends.weights import attention_weights
@@ -59,7 +59,7 @@ class SDPABackend(Backend):
             else:
                 mask = torch.where(visible, mask, torch.zeros((), dtype=mask.dtype))
         if mask is not None:
-            mask = as_bias(mask, q.dtype)  # what SDPA would do, in fewer passes
+            mask = kernel_bias(mask, q)  # what SDPA would do, in fewer passes
         out = F.scaled_dot_product_attention(
             q,
             k,

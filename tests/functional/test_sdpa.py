@@ -126,6 +126,47 @@ def test_half_precision_error_is_close_to_torch(dtype, backend):
     assert err_ours <= 2 * err_torch + 1e-3
 
 
+def _within_twice_torchs_error(ours, theirs, exact, atol):
+    err_ours = (ours.double() - exact).abs().max().item()
+    err_torch = (theirs.double() - exact).abs().max().item()
+    assert err_ours <= 2 * err_torch + atol, (err_ours, err_torch)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+def test_half_inputs_with_a_float32_mask_of_huge_negatives_act_as_torch(dtype, backend):
+    """A Hugging Face-style float32 mask, torch.finfo(float32).min on a whole row and on
+    padding keys, beside half inputs: torch adds it to float32 scores (the row then attends
+    uniformly); every backend does the same, without NaN, also in the gradients."""
+    q, k, v = _inputs((2, 4, 4, 6, 5, 8), torch.float64)
+    mask = torch.zeros(2, 1, 6, 5)
+    mask[:, :, 0] = torch.finfo(torch.float32).min
+    mask[1, :, :, 3:] = torch.finfo(torch.float32).min
+    exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.double())
+    q, k, v = (x.to(dtype).requires_grad_() for x in (q, k, v))
+    ours = qkv.scaled_dot_product_attention(q, k, v, mask, backend=backend)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    _within_twice_torchs_error(ours, theirs, exact, 1e-3)
+    with torch.no_grad():  # inference takes other paths (chunked: split kernel calls)
+        inference = qkv.scaled_dot_product_attention(q, k, v, mask, backend=backend)
+    _within_twice_torchs_error(inference, theirs, exact, 1e-3)
+    ours.float().sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_scores_past_its_largest_value_stay_finite(backend):
+    """Products q . k above 65504 overflow float16, but torch's kernels score in float32."""
+    q, k, v = _inputs((1, 2, 2, 4, 6, 48), torch.float64)
+    q, k = q * 120, k * 120
+    assert (q @ k.transpose(-1, -2)).abs().max() > 2 * torch.finfo(torch.float16).max
+    exact, _ = naive_attention(q, k, v)
+    q, k, v = (x.half() for x in (q, k, v))
+    ours, w = qkv.scaled_dot_product_attention(q, k, v, backend=backend, need_weights=True)
+    _within_twice_torchs_error(ours, F.scaled_dot_product_attention(q, k, v), exact, 1e-3)
+    assert torch.isfinite(w).all()
+
+
 def test_weights_sum_to_one_and_equal_reference():
     q, k, v = _inputs((2, 4, 2, 7, 9, 8), torch.float64)
     mask = torch.rand(2, 1, 7, 9) > 0.5
