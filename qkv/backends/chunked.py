@@ -157,10 +157,13 @@ def chunked_attention(
             o, lse = _query_block(req, qg, kg, vg, ug, qs, qe, lo, hi, ranges.dense[g][i], compute)
             o_rows.append(o)
             l_rows.append(lse)
+        if not o_rows:  # Tq = 0: no block of queries
+            o_rows = [qg.new_zeros(qg.shape[:-1] + v.shape[-1:], dtype=compute)]
+            l_rows = [qg.new_zeros(qg.shape[:-1] + (1,), dtype=compute)]
         outs.append(torch.cat(o_rows, dim=-2))
         lses.append(torch.cat(l_rows, dim=-2))
     b, h, tq = req.q.shape[:3]
-    out = torch.cat(outs, dim=0).reshape(b, h, tq, -1).to(req.q.dtype)
+    out = torch.cat(outs, dim=0).reshape(b, h, tq, req.v.shape[-1]).to(req.q.dtype)
     lse = torch.cat(lses, dim=0).reshape(b, h, tq)  # float32 (float64 for float64 inputs)
     weights = None
     if req.need_weights:

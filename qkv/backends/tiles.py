@@ -81,13 +81,14 @@ def weighted_values(p: Tensor, v: Tensor, out: Tensor | None = None) -> Tensor:
     """``p @ v`` for 5-d ``p (B, Hkv, G, rows, keys)`` and ``v (B, Hkv, 1, keys, Dv)``;
     ``out`` (contiguous, the result's shape) receives it without a temporary."""
     b, hkv, g, rows, keys = p.shape
+    dv = v.shape[-1]  # named, not -1: a view of no elements cannot infer it
     if b * hkv == 1:
-        dest = None if out is None else out.view(g * rows, -1)
-        pv = torch.mm(p.reshape(g * rows, keys), v.reshape(keys, -1), out=dest)
-        return pv.view(b, hkv, g, rows, -1)
-    dest = None if out is None else out.view(b * hkv, g * rows, -1)
-    pv = torch.bmm(p.reshape(b * hkv, g * rows, keys), v.reshape(b * hkv, keys, -1), out=dest)
-    return pv.view(b, hkv, g, rows, -1)
+        dest = None if out is None else out.view(g * rows, dv)
+        pv = torch.mm(p.reshape(g * rows, keys), v.reshape(keys, dv), out=dest)
+        return pv.view(b, hkv, g, rows, dv)
+    dest = None if out is None else out.view(b * hkv, g * rows, dv)
+    pv = torch.bmm(p.reshape(b * hkv, g * rows, keys), v.reshape(b * hkv, keys, dv), out=dest)
+    return pv.view(b, hkv, g, rows, dv)
 
 
 def exact_scale(scale: float) -> bool:

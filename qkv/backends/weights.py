@@ -104,7 +104,7 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
     whole = weights.numel() <= SMALL_ELEMENTS
     units = [(slice(None), slice(None))] if whole else _units(*weights.shape[:2])
     n_rows = weights.shape[2]
-    step = n_rows if whole else max(1, ROW_BLOCK_ELEMENTS // max(tk, 1))
+    step = max(1, n_rows if whole else ROW_BLOCK_ELEMENTS // max(tk, 1))
     scratch = Scratch()  # one block of scores, reused: no fresh pages per block
     # A unit's keys and values, contiguous: a projection's views are strided, and the
     # matrix products would gather them again for every block of rows (1.6x slower). Without

@@ -193,3 +193,30 @@ def test_dropout_only_in_backends_that_support_it():
     assert not torch.allclose(a, qkv.scaled_dot_product_attention(q, k, v))
     with pytest.raises(ValueError, match="chunked.*dropout"):
         qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="chunked")
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("sizes", [(0, 4, 5), (2, 0, 5), (2, 4, 0), (0, 0, 0)],
+                         ids=["B=0", "Tq=0", "Tk=0", "all-0"])  # fmt: skip
+@pytest.mark.parametrize("request_kind", ["weights", "some-heads", "causal-mask", "lse"])
+def test_zero_length_inputs_give_empty_or_zero_results(backend, sizes, request_kind):
+    """B, Tq or Tk of 0: results of the right shapes; with no key, zeros (and lse -inf),
+    as the reference backend gives."""
+    b, tq, tk = sizes
+    q, k, v = torch.randn(b, 4, tq, 8), torch.randn(b, 2, tk, 8), torch.randn(b, 2, tk, 6)
+    if request_kind == "lse":
+        if backend == "sdpa":
+            pytest.skip("sdpa does not return the log-sum-exp")
+        out, lse = qkv.attention_lse(q, k, v, causal=True, backend=backend)
+        assert lse.shape == (b, 4, tq)
+        assert tk > 0 or torch.isneginf(lse).all()
+    else:
+        heads = [3, 1] if request_kind == "some-heads" else True
+        mask = torch.ones(tq, tk, dtype=torch.bool) if request_kind == "causal-mask" else None
+        causal = request_kind == "causal-mask"
+        out, w = qkv.scaled_dot_product_attention(
+            q, k, v, mask, causal=causal, need_weights=heads, backend=backend
+        )
+        assert w.shape == (b, 4 if heads is True else 2, tq, tk)
+    assert out.shape == (b, 4, tq, 6)
+    assert tk > 0 or (out == 0).all()
