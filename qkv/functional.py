@@ -8,7 +8,8 @@ query may attend to a key; a float mask is added to the scores.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -78,6 +79,8 @@ def scaled_dot_product_attention(
         that sees no key gets zeros in both.
     """
     req = _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse=False)
+    if weight_rows is not None and not req.need_weights:
+        raise ValueError("weight_rows selects query rows of the weights: pass need_weights too")
     req.weight_rows = _rows(weight_rows, q.shape[2]) if req.need_weights else None
     result = _run(req, backend)
     return (result.out, result.weights) if req.need_weights else result.out
@@ -122,6 +125,7 @@ def merge_attention(
         key on either side stay zero with ``lse = -inf``. ``inplace`` writes the merged
         output into ``out_a``: no temporaries of their size.
     """
+    _check_merge(out_a, lse_a, out_b, lse_b)
     compute = torch.promote_types(lse_a.dtype, torch.float32)
     lse_a, lse_b = lse_a.to(compute), lse_b.to(compute)
     lse = torch.logaddexp(lse_a, lse_b)
@@ -132,6 +136,15 @@ def merge_attention(
         return out_a.mul_(w_a).addcmul_(out_b, w_b), lse
     out = w_a * out_a.to(compute) + w_b * out_b.to(compute)
     return out.to(out_a.dtype), lse
+
+
+def _check_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
+    shapes = [tuple(t.shape) for t in (out_a, lse_a, out_b, lse_b)]
+    if not (out_a.shape == out_b.shape and lse_a.shape == lse_b.shape == out_a.shape[:-1]):
+        raise ValueError(
+            "merge_attention needs out_a, out_b of one shape (..., Tq, Dv) and lse_a, lse_b "
+            "of shape (..., Tq); got out_a {}, lse_a {}, out_b {}, lse_b {}".format(*shapes)
+        )
 
 
 def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
@@ -249,7 +262,14 @@ def _heads(need_weights, h: int) -> tuple[int, ...] | None:
     """``need_weights`` as a head selection: ``None`` for all heads (or none wanted)."""
     if isinstance(need_weights, bool) or need_weights is None:
         return None
-    heads = tuple(int(i) for i in need_weights)
+    if not isinstance(need_weights, Iterable) or isinstance(need_weights, (str, bytes)):
+        raise TypeError(
+            f"need_weights must be True, False or a sequence of head indices, got {need_weights!r}"
+        )
+    try:
+        heads = tuple(operator.index(i) for i in need_weights)
+    except TypeError:
+        raise TypeError(f"need_weights heads must be integers, got {need_weights!r}") from None
     if not heads or any(not 0 <= i < h for i in heads):
         raise ValueError(f"need_weights heads must be indices in [0, {h}), got {list(heads)}")
     return heads

@@ -75,6 +75,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"num_kv_heads {num_kv_heads} must divide num_heads {num_heads}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
+        if positional is not None:
+            positional.check_fits(num_heads, self.head_dim)
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         kv_width = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)

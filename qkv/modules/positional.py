@@ -89,6 +89,10 @@ class AttentionPositional(nn.Module):
         """A float bias broadcastable to ``(B, H, Tq, Tk)`` for keys at ``0 ... Tk-1``."""
         return None
 
+    def check_fits(self, num_heads: int, head_dim: int) -> None:
+        """``ValueError`` unless these positions fit attention with ``num_heads`` query
+        heads of size ``head_dim`` (:class:`MultiHeadAttention` asks when it is built)."""
+
 
 class RotaryPositionalEncoding(AttentionPositional):
     """Rotary position embedding, RoPE (Su et al. 2021), rotate-half convention.
@@ -116,8 +120,16 @@ class RotaryPositionalEncoding(AttentionPositional):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head size, got {head_dim}")
+        self.head_dim = head_dim
         inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.register_buffer("inv_freq", inv, persistent=False)
+
+    def check_fits(self, num_heads: int, head_dim: int) -> None:
+        if head_dim != self.head_dim:
+            raise ValueError(
+                f"RotaryPositionalEncoding({self.head_dim}) rotates heads of size "
+                f"{self.head_dim}, but the attention's heads have size {head_dim}"
+            )
 
     def rotate(self, x: Tensor, start: int = 0) -> Tensor:
         """Rotate ``x`` ``(..., T, D)`` as if its rows sat at positions ``start, start+1, ...``."""
@@ -167,7 +179,15 @@ class ALiBi(AttentionPositional):
 
     def __init__(self, num_heads: int):
         super().__init__()
+        self.num_heads = num_heads
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def check_fits(self, num_heads: int, head_dim: int) -> None:
+        if num_heads != self.num_heads:
+            raise ValueError(
+                f"ALiBi({self.num_heads}) has slopes for {self.num_heads} heads, "
+                f"but the attention has {num_heads} query heads"
+            )
 
     def bias(self, tq: int, tk: int, q_start: int, device=None) -> Tensor:
         qpos = torch.arange(q_start, q_start + tq, device=device).unsqueeze(1)

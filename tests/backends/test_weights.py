@@ -114,6 +114,15 @@ def test_bad_selections_are_rejected():
         qkv.scaled_dot_product_attention(q, k, v, need_weights=[4])
     with pytest.raises(ValueError, match="selects no query row"):
         qkv.scaled_dot_product_attention(q, k, v, need_weights=True, weight_rows=slice(5, 5))
+    for wrong in (2, 1.0, "01"):  # an int is not a head list (True is every head)
+        with pytest.raises(TypeError, match="need_weights .*(sequence of head indices|integers)"):
+            qkv.scaled_dot_product_attention(q, k, v, need_weights=wrong)
+    with pytest.raises(TypeError, match="heads must be integers"):
+        qkv.scaled_dot_product_attention(q, k, v, need_weights=[0, 1.5])
+    with pytest.raises(ValueError, match="weight_rows .*pass need_weights too"):
+        qkv.scaled_dot_product_attention(q, k, v, weight_rows=slice(0, 2))
+    with pytest.raises(ValueError, match="weight_rows .*pass need_weights too"):
+        qkv.MultiHeadAttention(16, 4)(torch.randn(2, 5, 16), weight_rows=slice(0, 2))
 
 
 def test_module_returns_only_the_heads_asked_for():

@@ -66,6 +66,21 @@ def test_merge_of_any_split_equals_whole(tk, tq, split, causal, seed):
     assert (out[..., empty, :] == 0).all() and torch.isinf(lse[..., empty]).all()
 
 
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 5, 8), (2, 5), (2, 5, 8), (2, 6)), ((2, 5, 8), (2, 5), (2, 5, 4), (2, 5)),
+     ((2, 5, 8), (2, 4), (2, 5, 8), (2, 4)), ((1, 5, 8), (1, 5), (2, 5, 8), (2, 5))],
+    ids=["lse-length", "value-size", "lse-rows", "batch"],
+)  # fmt: skip
+def test_merge_of_mismatched_parts_names_the_shapes(shapes):
+    """Parts that broadcast or do not fit at all are refused in one line, by shape."""
+    parts = [torch.randn(s) for s in shapes]
+    shown = ", ".join(f"{n} {s}" for n, s in zip(["out_a", "lse_a", "out_b", "lse_b"], shapes))
+    with pytest.raises(ValueError, match="merge_attention needs") as info:
+        qkv.merge_attention(*parts)
+    assert str(info.value).endswith(shown)
+
+
 @pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_lse_is_logsumexp_of_visible_scores(backend):
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64) for _ in range(3))

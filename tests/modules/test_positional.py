@@ -76,3 +76,13 @@ def test_alibi_bias_is_linear_in_distance():
 def test_rope_needs_even_head_size():
     with pytest.raises(ValueError, match="even"):
         qkv.RotaryPositionalEncoding(7)
+
+
+def test_positions_that_do_not_fit_the_heads_are_refused_when_the_module_is_built():
+    with pytest.raises(ValueError, match=r"RotaryPositionalEncoding\(8\) .* heads have size 4"):
+        qkv.MultiHeadAttention(16, 4, positional=qkv.RotaryPositionalEncoding(8))
+    with pytest.raises(ValueError, match=r"ALiBi\(8\) .* attention has 4 query heads"):
+        qkv.MultiHeadAttention(16, 4, num_kv_heads=2, positional=qkv.ALiBi(8))
+    x = torch.randn(2, 5, 16)  # those that fit run
+    qkv.MultiHeadAttention(16, 4, positional=qkv.RotaryPositionalEncoding(4))(x)
+    qkv.MultiHeadAttention(16, 4, num_kv_heads=2, positional=qkv.ALiBi(4))(x)
