@@ -32,7 +32,9 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads Hkv (default H); must divide H.
         kdim, vdim: widths of key and value inputs (default E), for cross-attention.
         bias: biases on the four projections.
-        dropout: dropout on the attention weights while training.
+        dropout: dropout on the attention weights while training. The weights returned
+            are those before dropout, unlike ``torch.nn.MultiheadAttention``, which
+            returns the dropped ones.
         positional: a :class:`~qkv.modules.positional.AttentionPositional` (RoPE, ALiBi)
             applied inside self-attention.
         scale: factor on the scores ``QK^T`` (default ``1/sqrt(D)``).
