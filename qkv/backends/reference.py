@@ -42,7 +42,7 @@ def reference_attention(req: AttentionRequest) -> AttentionResult:
     #    it would hide a row that the mask only penalises).
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q, post = prescaled(q.to(compute), req.scale)
-    scores = torch.matmul(q, k.to(compute).transpose(-2, -1))
+    scores = torch.matmul(q, k.to(compute).transpose(-2, -1)).to(compute)  # (autocast)
     if post is not None:
         scores = scores.mul_(post)
 
