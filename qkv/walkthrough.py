@@ -20,7 +20,10 @@ from torch import Tensor
 from qkv.functional import scaled_dot_product_attention
 from qkv.modules.positional import SinusoidalPositionalEncoding
 
-__all__ = ["Step", "Walkthrough", "walkthrough", "run_cli"]
+__all__ = ["MAX_DIM", "MAX_HEADS", "Step", "Walkthrough", "walkthrough", "run_cli"]
+
+MAX_DIM = 1024  # the matrices are printed for reading: wider ones only cost memory and time
+MAX_HEADS = 64
 
 
 @dataclass
@@ -41,8 +44,9 @@ class Walkthrough:
     tokens: list[str]
     steps: list[Step] = field(default_factory=list)
     output: Tensor | None = None
-    # per word: max |difference| between its output in the sentence and in the reversed one
-    reorder_diff: dict[str, float] = field(default_factory=dict)
+    # per position: max |difference| between the output of the word there in the sentence
+    # and that of the same word in the reversed sentence
+    reorder_diff: list[float] = field(default_factory=list)
 
 
 def _embed(tokens: list[str], dim: int, seed: int) -> Tensor:
@@ -107,13 +111,23 @@ def walkthrough(
         seed: seed of embeddings and projections.
 
     Returns:
-        A :class:`Walkthrough` with every step, the output, and for each word how much its
-        output changes when the sentence is reversed (0 without positions).
+        A :class:`Walkthrough` with every step, the output, and for each position how much
+        its word's output changes when the sentence is reversed (0 without positions).
+
+    Raises:
+        ValueError: an empty sentence, or ``dim`` (at most ``MAX_DIM``), ``heads`` (at most
+            ``MAX_HEADS``) or ``seed`` out of range.
     """
     tokens = sentence.split()
     if not tokens:
         raise ValueError("the sentence is empty")
-    if heads < 1 or dim < 1 or dim % heads:
+    if not 1 <= dim <= MAX_DIM:
+        raise ValueError(f"--dim {dim}: must be between 1 and {MAX_DIM}")
+    if not 1 <= heads <= MAX_HEADS:
+        raise ValueError(f"--heads {heads}: must be between 1 and {MAX_HEADS}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"--seed {seed}: must be between 0 and 2**32 - 1")
+    if dim % heads:
         raise ValueError(f"--dim {dim} must be a positive multiple of --heads {heads}")
     if positions and dim % 2:
         raise ValueError(f"--dim {dim} must be even for sinusoidal positions")
@@ -130,9 +144,7 @@ def walkthrough(
     result.steps.append(Step("X (input vectors)", x, tokens, [f"d{i}" for i in range(dim)], note))
     result.output = _attend(x, w, heads, result.steps, tokens)
     reversed_out = _attend(inputs(tokens[::-1]), w, heads, None, tokens[::-1]).flip(0)
-    for i, tok in enumerate(tokens):
-        diff = (result.output[i] - reversed_out[i]).abs().max().item()
-        result.reorder_diff[tok] = max(result.reorder_diff.get(tok, 0.0), diff)
+    result.reorder_diff = (result.output - reversed_out).abs().amax(-1).tolist()  # (T,)
     return result
 
 
@@ -199,16 +211,16 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
             cells = [f"{v:+.2f}" for v in row[:max_cols].tolist()]
             table.add_row(label, *cells, *(["..."] if len(step.cols) > max_cols else []))
         console.print(table)
-    same = [tok for tok, diff in result.reorder_diff.items() if diff < 1e-9]
+    same = sum(diff < 1e-9 for diff in result.reorder_diff)
     if positions:
         console.print(
             "With positions, reversing the sentence changes the output of "
-            f"{len(result.tokens) - len(same)} of {len(result.tokens)} words "
-            f"(max change {max(result.reorder_diff.values()):.3g})."
+            f"{len(result.tokens) - same} of {len(result.tokens)} words "
+            f"(max change {max(result.reorder_diff):.3g})."
         )
     else:
         console.print(
             "Without positions, every word keeps exactly the same output vector when the "
-            f"sentence is reversed ({len(same)} of {len(result.tokens)} words, max change "
-            f"{max(result.reorder_diff.values()):.1g}): attention alone does not see word order."
+            f"sentence is reversed ({same} of {len(result.tokens)} words, max change "
+            f"{max(result.reorder_diff):.1g}): attention alone does not see word order."
         )

@@ -28,14 +28,14 @@ def test_without_positions_same_word_same_vector_in_either_order():
     for i, tok in enumerate(a.tokens):
         j = b.tokens.index(tok)
         torch.testing.assert_close(a.output[i], b.output[j], atol=1e-12, rtol=0)
-    assert max(a.reorder_diff.values()) < 1e-12
+    assert max(a.reorder_diff) < 1e-12
 
 
 def test_with_positions_the_vectors_differ():
     a = walkthrough("Sally likes Sam", positions=True)
     b = walkthrough("Sam likes Sally", positions=True)
     assert (a.output[0] - b.output[2]).abs().max() > 1e-3
-    assert max(a.reorder_diff.values()) > 1e-3
+    assert max(a.reorder_diff) > 1e-3
 
 
 def test_cli_prints_shapes_and_hangul(capsys):
@@ -45,12 +45,33 @@ def test_cli_prints_shapes_and_hangul(capsys):
         assert text in out
 
 
-@pytest.mark.parametrize("args", [["   "], ["a b", "--dim", "6", "--heads", "4"]])
-def test_cli_bad_input_exits_2_without_traceback(args):
+def test_repeated_words_are_each_counted(capsys):
+    result = walkthrough("Sally Sally Sam", positions=False)
+    assert len(result.reorder_diff) == 3  # one per position, not one per distinct word
+    assert main(["walkthrough", "Sally Sally Sam", "--no-positions"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(3 of 3 words" in out
+    assert main(["walkthrough", "Sam Sally Sam likes", "--seed", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "of 4 words" in out
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["   "], "empty"),
+        (["a b", "--dim", "6", "--heads", "4"], "multiple"),
+        (["a b", "--dim", "100000"], "--dim 100000: must be between 1 and 1024"),
+        (["a b", "--heads", "100", "--dim", "100"], "--heads 100: must be between 1 and 64"),
+        (["a b", "--seed", str(2**70)], "--seed"),
+    ],
+    ids=["blank", "indivisible", "huge-dim", "many-heads", "huge-seed"],
+)
+def test_cli_bad_input_exits_2_without_traceback(args, match):
     proc = subprocess.run(
         [sys.executable, "-m", "qkv", "walkthrough", *args], capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("qkv walkthrough: error:")
+    assert proc.stderr.startswith("qkv walkthrough: error:") and match in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
