@@ -19,6 +19,7 @@ Corpora (see ``DATASETS``):
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import http.client
@@ -163,6 +164,11 @@ def _fetch(url: str, part: Path, progress: Progress | None) -> None:
         except urllib.error.HTTPError as err:
             raise DownloadError(f"{url}: HTTP {err.code} {err.reason}") from None
         except (OSError, http.client.HTTPException) as err:  # refused, reset, IncompleteRead
+            if url.startswith("file:"):  # a local file does not come back by waiting
+                reason = getattr(err, "reason", None) or err
+                raise DownloadError(
+                    f"{url}: {getattr(reason, 'strerror', None) or reason}"
+                ) from None
             log.info("%s: attempt %d failed (%s), resuming", url, attempt, err)
             last = err
             if attempt < RETRIES:
@@ -309,8 +315,18 @@ def _progress_bar() -> tuple[Any, Progress]:
     tasks: dict[str, Any] = {}
 
     def report(file: str, done: int, total: int | None) -> None:
+        if not tasks:
+            bar.start()  # only once bytes arrive: a bar stopped unused leaves a blank line
         if file not in tasks:
             tasks[file] = bar.add_task(file, total=total)
         bar.update(tasks[file], completed=done, total=total)
 
-    return bar, report
+    @contextlib.contextmanager
+    def running():
+        try:
+            yield
+        finally:
+            if tasks:
+                bar.stop()
+
+    return running(), report

@@ -178,3 +178,30 @@ def test_run_cli(fake, tmp_path, capsys):
     fake.files["text.de.gz"] = gzip.compress(b"other")
     with pytest.raises(UserError, match="checksum mismatch"):
         dl.run_cli(Namespace(name="fake", cache=str(tmp_path / "2"), base_url=None))
+
+
+def test_missing_local_file_fails_at_once(monkeypatch, tmp_path):
+    calls = []
+    real = dl.urllib.request.urlopen
+    monkeypatch.setattr(
+        dl.urllib.request, "urlopen", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
+    with pytest.raises(dl.DownloadError, match="train.en.gz: No such file or directory"):
+        dl.download("multi30k", cache_dir=tmp_path, base_url=(tmp_path / "none").as_uri())
+    assert len(calls) == 1  # not retried: waiting does not bring a local file
+
+
+def test_cli_failure_is_one_line_without_a_blank_line(tmp_path):
+    import subprocess
+    import sys
+
+    url = (tmp_path / "none").as_uri()
+    proc = subprocess.run(
+        [sys.executable, "-m", "qkv", "data", "download", "multi30k", "--cache", str(tmp_path),
+         "--base-url", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"qkv data: error: {url}/train.en.gz: No such file or directory"
+    ]
