@@ -67,10 +67,26 @@ class DataConfig:
         _choice(self, "kind", ("toy", "files", "tsv"))
         for name in ("n_train", "n_valid", "n_test", "min_len", "max_len", "max_tokens"):
             _positive(self, name, allow_zero=name in ("n_valid", "n_test"))
+        if self.kind == "toy" and not 2 <= self.min_len <= self.max_len:
+            raise ConfigError(
+                f"data.min_len: the toy corpus needs 2 <= data.min_len <= data.max_len, "
+                f"got min_len {self.min_len}, max_len {self.max_len}"
+            )
         if self.kind == "files":
-            for name in ("train", "valid"):
-                if len(getattr(self, name)) != 2:
-                    raise ConfigError(f"data.{name}: give two files [SOURCE, TARGET]")
+            for name in ("train", "valid", "test"):
+                files = getattr(self, name)
+                if len(files) != 2 and (name != "test" or files):
+                    optional = " (or none)" if name == "test" else ""
+                    raise ConfigError(
+                        f"data.{name}: give two files [SOURCE, TARGET]{optional}, "
+                        f"got {list(files)!r}"
+                    )
+        for name in ("train", "valid", "test"):
+            if self.kind != "files" and getattr(self, name):
+                raise ConfigError(f"data.{name}: files are read only with kind 'files', "
+                                  f"not {self.kind!r}")  # fmt: skip
+        if self.kind != "tsv" and self.path:
+            raise ConfigError(f"data.path: read only with kind 'tsv', not {self.kind!r}")
         if self.kind == "tsv" and not self.path:
             raise ConfigError("data.path: a TSV file is needed for kind 'tsv'")
 
@@ -204,9 +220,7 @@ def _convert(hint, value, where: str):
         return _build(hint, value, where + ".")
     origin = typing.get_origin(hint)
     if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return tuple(value)
+        return _convert_tuple(typing.get_args(hint), value, where)
     if origin in (typing.Union, types.UnionType) or hint is Any or origin is dict or hint is dict:
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
@@ -216,6 +230,19 @@ def _convert(hint, value, where: str):
     ):
         raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
     return value
+
+
+def _convert_tuple(args: tuple, value, where: str) -> tuple:
+    """A list for ``tuple[X, ...]`` (any length) or ``tuple[X, Y]`` (exactly that many)."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where}: expected a list, got {value!r}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        kinds = [args[0]] * len(value)
+    else:
+        kinds = list(args)
+        if len(value) != len(kinds):
+            raise ConfigError(f"{where}: expected a list of {len(kinds)}, got {list(value)!r}")
+    return tuple(_convert(k, v, f"{where}[{i}]") for i, (k, v) in enumerate(zip(kinds, value)))
 
 
 def _choice(obj, name: str, choices, section: str | None = None) -> None:
@@ -257,8 +284,28 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"--set {key}: the value is not valid YAML ({_yaml_error(err)})"
+            ) from None
     return d
+
+
+def _yaml_error(err: Exception) -> str:
+    """PyYAML's message on one line: the problem, where it is, and the context."""
+    problem = getattr(err, "problem", None)
+    if problem is None:
+        return " ".join(str(err).split())
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    text = f"{where}{problem}"
+    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context:
+        started = f" started at line {cmark.line + 1}, column {cmark.column + 1}" if cmark else ""
+        text += f" ({context}{started})"
+    return text
 
 
 def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -266,12 +313,26 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a YAML config file")
     try:
-        d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte {err.start + 1})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_error(err)}") from None
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of sections at the top, got a {type(d).__name__}"
+        )
     try:
         return recipe_from_dict(apply_overrides(d, overrides or []))
     except ConfigError as err:

@@ -33,3 +33,66 @@ def test_config_is_valid(path):
     assert recipe.name == path.stem
     if recipe.data.kind == "files":
         assert all(f.startswith("../shared/data/") for f in recipe.data.train + recipe.data.valid)
+
+
+TOY = "data: {kind: toy, n_train: 50, n_valid: 5, n_test: 5}\ntrain: {steps: 1}\n"
+FILES = "data: {kind: files, train: [a.de, a.en], valid: [b.de, b.en]}\n"
+
+
+def _train_error(capsys, tmp_path, content, *sets):
+    """``qkv train`` on ``content``: the exit code and the one stderr line (asserted one)."""
+    from qkv.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    args = ["train", str(config), "--out", str(tmp_path / "out")]
+    for item in sets:
+        args += ["--set", item]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return code, err.strip()
+
+
+@pytest.mark.parametrize(
+    "content, sets, match",
+    [
+        ("- a\n- b\n", [], "c.yaml: expected a mapping of sections at the top, got a list"),
+        ("5\n", [], "c.yaml: expected a mapping of sections at the top, got a int"),
+        (TOY, ["train.steps=[1"], "--set train.steps: the value is not valid YAML (line 1, col"),
+        (TOY, ["train.betas=[a, b]"], "train.betas[0]: expected float, got 'a'"),
+        (TOY, ["train.betas=[0.9]"], "train.betas: expected a list of 2, got [0.9]"),
+        (TOY, ["train.betas=[0.9, 0.98, 0.5]"], "train.betas: expected a list of 2"),
+        (TOY, ["data.min_len=20", "data.max_len=5"], "data.min_len: the toy corpus needs 2 <="),
+        (TOY, ["data.test=[va.de, va.en]"], "data.test: files are read only with kind 'files'"),
+        (FILES, ["data.test=[va.de]"], "data.test: give two files [SOURCE, TARGET] (or none)"),
+        (FILES, ["data.train=[1, 2]"], "data.train[0]: expected str, got 1"),
+        ("name: x\ndata: {kind: toy\n", [], "line 3, column 1: expected ',' or '}', but got"),
+    ],
+    ids=["list", "scalar", "set-yaml", "betas-type", "betas-short", "betas-long", "min-max",
+         "toy-files", "one-test-file", "file-types", "yaml-location"],
+)  # fmt: skip
+def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
+    code, err = _train_error(capsys, tmp_path, content, *sets)
+    assert code == 2 and err.startswith("qkv train: error: ") and match in err
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_bad_yaml_message_keeps_where_it_started(capsys, tmp_path):
+    _, err = _train_error(capsys, tmp_path, "name: x\ndata: {kind: toy\n")
+    assert "(while parsing a flow mapping started at line 2, column 7)" in err
+
+
+def test_a_directory_as_config(capsys, tmp_path):
+    from qkv.cli import main
+
+    assert main(["train", str(tmp_path)]) == 2
+    assert "is a directory, not a YAML config file" in capsys.readouterr().err
+
+
+def test_valid_tuples_still_convert():
+    from qkv.recipe import recipe_from_dict
+
+    r = recipe_from_dict({"train": {"betas": [0.8, 1]}, "data": {"kind": "files",
+                          "train": ["a", "b"], "valid": ["c", "d"], "test": []}})  # fmt: skip
+    assert r.train.betas == (0.8, 1.0) and r.data.train == ("a", "b") and r.data.test == ()
