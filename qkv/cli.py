@@ -59,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("translate", help="translate stdin to stdout")
     tr.add_argument("checkpoint")
     tr.add_argument("--beam", type=int, default=1)
-    tr.add_argument("--n-best", type=int, default=1)
+    tr.add_argument(
+        "--n-best",
+        type=int,
+        default=1,
+        help="K rows per input line: LINE, RANK, SCORE (length-normalised, ranks them), "
+        "LOGPROB, TRANSLATION, tab-separated",
+    )
     tr.add_argument("--batch-size", type=int, default=32)
     tr.add_argument("--show-attention", default=None, metavar="OUT.html")
 

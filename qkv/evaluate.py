@@ -7,6 +7,7 @@ sacreBLEU signature.
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ __all__ = [
     "run_translate",
     "run_evaluate",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,13 +71,23 @@ def _same_length(hyps: list[str], refs: list[str]) -> None:
 
 @dataclass
 class Translation:
-    """One n-best entry: detokenised text, token strings, score and alignment."""
+    """One n-best entry: detokenised text, token strings, scores and alignment.
+
+    ``score`` is the sum of the log-probabilities of the generated tokens (EOS included);
+    ``normalized_score`` is that sum divided by the length penalty, what beam search ranks
+    by (equal to ``score`` for greedy search).
+    """
 
     text: str
     tokens: list[str]
     score: float
     alignment: torch.Tensor | None  # (target tokens incl. a final EOS, source tokens)
     eos: bool = True  # False when the hypothesis stopped at the maximum length
+    normalized_score: float | None = None  # None: the same as score
+
+    def __post_init__(self) -> None:
+        if self.normalized_score is None:
+            self.normalized_score = self.score
 
     @property
     def target_labels(self) -> list[str]:
@@ -96,8 +109,12 @@ def translate_texts(
 ) -> list[list[Translation]]:
     """Translate ``texts`` with greedy (``beam=1``) or beam search, in length-sorted batches.
 
-    A text with no tokens (an empty or blank line) translates to one empty translation
-    without running the model, so that outputs stay line-aligned with their inputs.
+    A text with no tokens (an empty or blank line) translates to the empty translation
+    (score 0) without running the model, so that outputs stay line-aligned with their
+    inputs. A text longer than the model reads (``config.max_source_len``, e.g. the
+    Transformer's ``max_len`` positions) is cut to that many tokens, with a warning logged.
+    When fewer than ``n_best`` translations exist (a blank text has only one), the list is
+    filled up with empty translations of score ``-inf``.
 
     Returns:
         For each input text, ``n_best`` translations, best first.
@@ -105,14 +122,20 @@ def translate_texts(
     from qkv.search import beam as beam_search
     from qkv.search import greedy
 
+    if beam < 1 or not 1 <= n_best <= beam or batch_size < 1:
+        raise ValueError(
+            f"need beam >= 1, 1 <= n_best <= beam and batch_size >= 1, "
+            f"got beam={beam}, n_best={n_best}, batch_size={batch_size}"
+        )
     model.eval()
     device = next(model.parameters()).device
-    ids = [src_tokenizer.encode(t) for t in texts]
+    config = getattr(model, "config", None)
+    ids = _fit_sources([src_tokenizer.encode(t) for t in texts], config)
     results: list[list[Translation]] = [
         [] if i else [Translation("", [], 0.0, None, eos=True)] for i in ids
     ]
     order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
-    pad = model.pad_id
+    pad, max_len = model.pad_id, getattr(config, "max_target_len", None)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         longest = max(len(ids[i]) for i in chunk)
@@ -121,11 +144,12 @@ def translate_texts(
             src[row, : len(ids[i])] = torch.tensor(ids[i])
         src = src.to(device)
         if beam == 1 and n_best == 1:
-            hyps = [[h] for h in greedy(model, src)]
+            hyps = [[h] for h in greedy(model, src, max_len=max_len)]
         else:
             hyps = beam_search(
-                model, src, beam_size=beam, n_best=n_best, length_penalty=length_penalty
-            )
+                model, src, beam_size=beam, n_best=n_best, length_penalty=length_penalty,
+                max_len=max_len,
+            )  # fmt: skip
         for i, nbest in zip(chunk, hyps):
             results[i] = [
                 Translation(
@@ -134,10 +158,33 @@ def translate_texts(
                     h.score,
                     h.alignment,
                     h.eos,
+                    h.normalized_score,
                 )
                 for h in nbest
             ]
-    return results
+    filler = Translation("", [], float("-inf"), None, eos=False)
+    return [r + [filler] * (n_best - len(r)) for r in results]
+
+
+def _fit_sources(ids: list[list[int]], config) -> list[list[int]]:
+    """Cut sources to the longest the model reads, with one warning for all cut lines."""
+    limit = getattr(config, "max_source_len", None)
+    long = [n for n, x in enumerate(ids, start=1) if limit is not None and len(x) > limit]
+    if not long:
+        return ids
+    if len(long) == 1:
+        n = long[0]
+        log.warning(
+            "line %d: %d source tokens, more than the %d the model reads (its max_len); "
+            "translating its first %d", n, len(ids[n - 1]), limit, limit,
+        )  # fmt: skip
+    else:
+        shown = ", ".join(map(str, long[:10])) + (", ..." if len(long) > 10 else "")
+        log.warning(
+            "%d lines have more than the %d source tokens the model reads (its max_len): "
+            "lines %s; each is translated from its first %d", len(long), limit, shown, limit,
+        )  # fmt: skip
+    return [x[:limit] for x in ids]
 
 
 def _load(path: str):
@@ -151,24 +198,55 @@ def _load(path: str):
         raise UserError(str(err)) from None
     if set(ckpt.tokenizers) != {"src", "tgt"}:
         raise UserError(f"{path}: the checkpoint holds no tokenizers")
-    return (
-        ckpt.model,
-        tokenizer_from_json(ckpt.tokenizers["src"]),
-        tokenizer_from_json(ckpt.tokenizers["tgt"]),
-        ckpt.extra,
-    )
+    tokenizers = {}
+    for side in ("src", "tgt"):
+        try:
+            tokenizers[side] = tokenizer_from_json(ckpt.tokenizers[side])
+        except ValueError as err:
+            raise UserError(f"{path}: its {side} tokenizer cannot be read: {err}") from None
+    return ckpt.model, tokenizers["src"], tokenizers["tgt"], ckpt.extra
+
+
+def _check_search_args(args) -> None:
+    """``--beam``, ``--n-best`` and ``--batch-size`` (those the command has) are usable."""
+    from qkv.cli import UserError
+
+    if args.beam < 1:
+        raise UserError(f"--beam: must be >= 1, got {args.beam}")
+    n_best = getattr(args, "n_best", 1)
+    if not 1 <= n_best <= args.beam:
+        raise UserError(f"need 1 <= --n-best <= --beam, got --n-best {n_best} --beam {args.beam}")
+    if getattr(args, "batch_size", 1) < 1:
+        raise UserError(f"--batch-size: must be >= 1, got {args.batch_size}")
+
+
+def _read_stdin() -> list[str]:
+    """stdin as UTF-8 lines; bytes that are not UTF-8 are an error naming line and byte."""
+    from qkv.cli import UserError
+    from qkv.data.corpus import CorpusError, decode_lines
+
+    stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
+    data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+    try:
+        return decode_lines(data, "stdin")
+    except CorpusError as err:
+        raise UserError(str(err)) from None
 
 
 def run_translate(args) -> int:
-    """``qkv translate CHECKPOINT``: stdin to stdout, one sentence per line."""
-    from qkv.cli import UserError
+    """``qkv translate CHECKPOINT``: stdin to stdout, one sentence per line.
 
-    if args.beam < 1 or args.n_best < 1 or args.n_best > args.beam:
-        raise UserError(
-            f"need 1 <= --n-best <= --beam, got --n-best {args.n_best} --beam {args.beam}"
-        )
+    With ``--n-best K`` every input line gives exactly K rows,
+    ``LINE<TAB>RANK<TAB>SCORE<TAB>LOGPROB<TAB>TRANSLATION``: the 1-based input line and
+    rank, the length-normalised score that ranks them, and the plain sum of
+    log-probabilities. A blank line's first row is the empty translation (scores 0), and
+    rows with no translation behind them have scores ``-inf`` and no text.
+    """
+    _check_search_args(args)
     model, src_tok, tgt_tok, _ = _load(args.checkpoint)
-    lines = [line.rstrip("\n") for line in sys.stdin]
+    if args.show_attention:
+        _check_attention_output(args.show_attention, model)
+    lines = _read_stdin()
     out = translate_texts(
         model,
         src_tok,
@@ -178,16 +256,43 @@ def run_translate(args) -> int:
         n_best=args.n_best,
         batch_size=args.batch_size,
     )
-    for nbest in out:
+    for number, nbest in enumerate(out, start=1):
         if args.n_best == 1:
             print(nbest[0].text)
         else:
-            for rank, t in enumerate(nbest):
-                print(f"{rank}\t{t.score:.4f}\t{t.text}")
+            for rank, t in enumerate(nbest, start=1):
+                print(f"{number}\t{rank}\t{t.normalized_score:.4f}\t{t.score:.4f}\t{t.text}")
     if args.show_attention:
         written = _write_alignments(args.show_attention, lines, out, src_tok)
         print("attention: " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
+
+
+def _check_attention_output(path: str, model) -> None:
+    """Refuse, before translating, an ``--show-attention`` path that cannot be written."""
+    import os
+    from pathlib import Path
+
+    from qkv.cli import UserError
+    from qkv.viz.alignments import _HTML, _IMAGES
+
+    where = f"--show-attention {path}"
+    target = Path(path)
+    if target.suffix.lower() not in _HTML + _IMAGES:
+        raise UserError(f"{where}: the name must end in {', '.join(_HTML + _IMAGES)}")
+    if getattr(getattr(model, "config", None), "attention", None) == "none":
+        raise UserError(f"{where}: this model has no attention to show")
+    if target.is_dir():
+        raise UserError(f"{where}: is a directory")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UserError(f"{where}: permission denied")
+    folder = target.parent
+    while not folder.exists():  # the page's folders are created when it is written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"{where}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{where}: {folder}: permission denied")
 
 
 def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
@@ -199,6 +304,7 @@ def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
         best = nbest[0]
         if best.alignment is not None:
             src_tokens = [src_tok.id_to_token(i) for i in src_tok.encode(text)]
+            src_tokens = src_tokens[: best.alignment.shape[-1]]  # a long line was cut
             items.append((best.alignment, src_tokens, best.target_labels, text))
     if not items:
         if not any(src_tok.encode(text) for text in lines):
@@ -212,6 +318,7 @@ def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
 
 def run_evaluate(args) -> int:
     """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF."""
+    _check_search_args(args)
     model, src_tok, tgt_tok, extra = _load(args.checkpoint)
     src, ref = _evaluation_texts(args, extra)
     hyps = [n[0].text for n in translate_texts(model, src_tok, tgt_tok, src, beam=args.beam)]
@@ -236,6 +343,9 @@ def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
         src, ref = read_lines(args.src), read_lines(args.ref)
     except CorpusError as err:
         raise UserError(str(err)) from None
+    for path, lines in ((args.src, src), (args.ref, ref)):
+        if not any(line.strip() for line in lines):
+            raise UserError(f"{path}: is empty (no sentence to evaluate)")
     if len(src) != len(ref):
         raise UserError(f"line counts differ: {args.src} has {len(src)}, {args.ref} has {len(ref)}")
     return src, ref

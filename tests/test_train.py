@@ -239,8 +239,8 @@ def test_translate_and_evaluate_cli(tmp_path):
         stdin="고양이가 쥐를 잡았다\n개가 잤다\n",
     )
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 4 and lines[0].startswith("0\t") and lines[1].startswith("1\t")
+    rows = [line.split("\t") for line in proc.stdout.strip().splitlines()]
+    assert [r[:2] for r in rows] == [["1", "1"], ["1", "2"], ["2", "1"], ["2", "2"]]
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a checkpoint")
     proc = _run_cli("translate", str(bad), stdin="x\n")
@@ -359,8 +359,11 @@ def test_blank_lines_translate_to_blank_lines(tmp_path):
     out = translate_texts(ckpt.model, src, tgt, ["", "개가 잤다", "   "], beam=2, n_best=2)
     alone = translate_texts(ckpt.model, src, tgt, ["개가 잤다"], beam=2, n_best=2)[0]
     assert [t.text for t in out[1]] == [t.text for t in alone]
-    for blank in (out[0], out[2]):  # no model run: no score, no alignment
-        assert [(t.text, t.score, t.alignment) for t in blank] == [("", 0.0, None)]
+    for blank in (out[0], out[2]):  # no model run: no score, no alignment; no second best
+        assert [(t.text, t.score, t.alignment) for t in blank] == [
+            ("", 0.0, None),
+            ("", float("-inf"), None),
+        ]
     proc = _run_cli("translate", str(tmp_path / "last.safetensors"), stdin="\n개가 잤다\n\n")
     assert proc.returncode == 0 and len(proc.stdout.split("\n")) == 4, proc.stderr
     proc = _run_cli(

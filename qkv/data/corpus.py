@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["CorpusError", "CorpusReport", "ParallelCorpus", "read_lines", "read_parallel"]
-__all__ += ["read_tsv", "filter_pairs"]
+__all__ += ["read_tsv", "filter_pairs", "decode_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +89,22 @@ def read_lines(path: str | Path) -> list[str]:
         data = path.read_bytes()
     except OSError as err:
         raise CorpusError(f"{path}: cannot read: {err.strerror or err}") from None
+    return decode_lines(data, str(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """Decode UTF-8 bytes into lines as :func:`read_lines` does (``name`` for messages).
+
+    Raises:
+        CorpusError: ``"NAME: line N, byte M: not valid UTF-8 (byte 0x..)"``.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
         raise CorpusError(
-            f"{path}: line {line}, byte {column}: not valid UTF-8 (byte 0x{data[err.start]:02x})"
+            f"{name}: line {line}, byte {column}: not valid UTF-8 (byte 0x{data[err.start]:02x})"
         ) from None
     if text.startswith("\ufeff"):
         text = text[1:]

@@ -262,16 +262,25 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         data = json.loads(text)
         kind = data["type"]
     except (json.JSONDecodeError, TypeError, KeyError) as err:
-        raise ValueError(f"not a qkv tokenizer JSON: {err}") from None
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"not a qkv tokenizer JSON ({first})") from None
     if data.get("version") != FORMAT_VERSION:
         version = data.get("version")
         raise ValueError(f"tokenizer JSON version {version!r}, expected {FORMAT_VERSION}")
-    if kind == "char":
-        return CharTokenizer(data["vocab"])
-    if kind == "word":
-        return WordTokenizer(data["vocab"])
+    if kind in ("char", "word"):
+        vocab = data.get("vocab")
+        if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
+            raise ValueError(f"{kind} tokenizer JSON: 'vocab' must be a list of strings")
+        return (CharTokenizer if kind == "char" else WordTokenizer)(vocab)
     if kind == "bpe":
-        return BPETokenizer(_hf().Tokenizer.from_str(json.dumps(data["tokenizer"])))
+        if not isinstance(data.get("tokenizer"), dict):
+            raise ValueError("bpe tokenizer JSON: 'tokenizer' must be an object")
+        try:
+            hf = _hf().Tokenizer.from_str(json.dumps(data["tokenizer"]))
+        except Exception as err:  # tokenizers raises its own Exception subclass
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(f"bpe tokenizer JSON: not readable by tokenizers ({first})") from None
+        return BPETokenizer(hf)
     raise ValueError(f"unknown tokenizer type {kind!r}; expected bpe, char or word")
 
 

@@ -178,17 +178,24 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
         raise CheckpointError(f"{path}: not a safetensors checkpoint ({err})") from None
     try:
         header = json.loads(meta["qkv"])
-        if header.get("format") != FORMAT:
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise KeyError("format")
     except (KeyError, json.JSONDecodeError):
         raise CheckpointError(f"{path}: not a qkv checkpoint (no '{FORMAT}' header)") from None
+    _check_header(path, header, tensors)
     try:
         model = build_model(header["model_type"], header["model_config"])
         weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-        model.load_state_dict(weights, strict=True)
+        fit = model.load_state_dict(weights, strict=False)
     except (ValueError, RuntimeError, KeyError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        why = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+        raise CheckpointError(f"{path}: weights do not fit the model config ({why})") from None
+    if fit.missing_keys or fit.unexpected_keys:
+        parts = [f"{len(names)} {kind} tensor(s), e.g. model.{names[0]}"
+                 for kind, names in (("missing", fit.missing_keys),
+                                     ("unexpected", fit.unexpected_keys)) if names]  # fmt: skip
+        raise CheckpointError(f"{path}: weights do not fit the model config ({'; '.join(parts)})")
     return Checkpoint(
         model=model,
         model_type=header["model_type"],
@@ -201,6 +208,41 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
         else None,
         path=path,
     )
+
+
+def _check_header(path: Path, header: dict, tensors: dict) -> None:
+    """The parts of a ``qkv`` header that loading relies on have the right JSON types."""
+    expected = {
+        "model_type": (str, "a string"),
+        "model_config": (dict, "an object"),
+        "tokenizers": (dict, "an object"),
+        "extra": (dict, "an object"),
+        "optimizer": (dict, "an object"),
+        "rng_python": (list, "a list"),
+    }
+    for key, (kind, name) in expected.items():
+        if key in header and not isinstance(header[key], kind):
+            got = type(header[key]).__name__
+            raise CheckpointError(f"{path}: corrupt qkv header: {key!r} is not {name} ({got})")
+    for key in ("model_type", "model_config"):
+        if key not in header:
+            raise CheckpointError(f"{path}: corrupt qkv header: no {key!r}")
+    for side, text in header.get("tokenizers", {}).items():
+        if not isinstance(text, str):
+            raise CheckpointError(f"{path}: corrupt qkv header: tokenizer {side!r} is not a string")
+    optimizer = header.get("optimizer")
+    if optimizer is not None and not isinstance(optimizer.get("param_groups"), list):
+        raise CheckpointError(f"{path}: corrupt qkv header: the optimizer has no param_groups")
+    if "rng.torch" in tensors and "rng_python" not in header:
+        raise CheckpointError(f"{path}: corrupt qkv header: the Python RNG state is missing")
+    for name in tensors:
+        if name.startswith("optim.") and not _optim_name(name):
+            raise CheckpointError(f"{path}: corrupt checkpoint: tensor name {name!r}")
+
+
+def _optim_name(name: str) -> bool:
+    parts = name.split(".", 2)
+    return len(parts) == 3 and parts[1].isdigit()
 
 
 def _optimizer_state(header: dict, tensors: dict) -> dict | None:

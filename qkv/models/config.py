@@ -150,6 +150,16 @@ class RNNSeq2SeqConfig(_Config):
         if self.window == "predictive" and self.window_size < 1:
             self._fail("window_size", "must be >= 1 for the predictive window (sigma = D / 2)")
 
+    @property
+    def max_source_len(self) -> int | None:
+        """Longest source the model reads: ``max_src_len`` for the location score, else None."""
+        return self.max_src_len if self.attention == "luong" and self.score == "location" else None
+
+    @property
+    def max_target_len(self) -> int | None:
+        """Longest target the decoder can produce (None: no limit)."""
+        return None
+
 
 @dataclass(frozen=True)
 class TransformerSeq2SeqConfig(_Config):
@@ -207,3 +217,14 @@ class TransformerSeq2SeqConfig(_Config):
             self._fail("num_heads", "rotary positions need an even head size d_model / num_heads")
         if self.share_vocab and self.src_vocab_size != self.tgt_vocab_size:
             self._fail("share_vocab", "needs src_vocab_size == tgt_vocab_size")
+
+    @property
+    def max_source_len(self) -> int | None:
+        """Longest source the model reads: ``max_len`` for sinusoidal or learned positions
+        (rotary positions have no table, so no limit: None)."""
+        return None if self.positional == "rotary" else self.max_len
+
+    @property
+    def max_target_len(self) -> int | None:
+        """Longest decoder input (``<s>`` plus the generated tokens), as for the source."""
+        return self.max_source_len

@@ -1,0 +1,213 @@
+"""``qkv translate`` and ``qkv evaluate``: long lines, n-best rows, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.cli import main
+from qkv.data.tokenizers import tokenizer_from_json
+from qkv.evaluate import translate_texts
+from qkv.models.checkpoint import load_checkpoint
+from qkv.recipe import recipe_from_dict
+from qkv.train import train
+
+SENTENCES = "고양이가 쥐를 잡았다\n개가 잤다\n"
+
+
+def _tiny(out: Path, **model) -> dict:
+    return {
+        "name": "tiny",
+        "out": str(out),
+        "data": {"kind": "toy", "n_train": 200, "n_valid": 10, "n_test": 10, "max_len": 6},
+        "model": {"type": "transformer", "d_model": 16, "num_heads": 2, "ff_dim": 32,
+                  "num_encoder_layers": 1, "num_decoder_layers": 1, **model},
+        "train": {"steps": 2, "max_tokens": 300, "warmup": 1, "eval_every": 2,
+                  "valid_bleu_sentences": 4, "threads": 1},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A Transformer of 16 positions, trained for two steps."""
+    out = tmp_path_factory.mktemp("tiny")
+    train(recipe_from_dict(_tiny(out, max_len=16)), progress=False)
+    return out / "last.safetensors"
+
+
+def _cli(monkeypatch, capsys, *args, stdin: bytes = b""):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(code: int, err: str, match: str) -> None:
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and match in err, err
+
+
+def test_a_source_longer_than_the_model_reads_is_cut_with_a_warning(ckpt, caplog):
+    c = load_checkpoint(ckpt)
+    src, tgt = (tokenizer_from_json(c.tokenizers[side]) for side in ("src", "tgt"))
+    words = " ".join(["고양이가", "쥐를", "개가"] * 14)  # 42 tokens, 16 positions
+    with caplog.at_level(logging.WARNING):
+        [long], [short], [cut] = translate_texts(
+            c.model, src, tgt, [words, "개가 잤다", " ".join(words.split()[:16])]
+        )
+    assert long.text == cut.text and long.alignment.shape[-1] == 16
+    assert short.alignment.shape[-1] == 2
+    assert "line 1: 42 source tokens, more than the 16 the model reads" in caplog.text
+    assert "line 2" not in caplog.text and "line 3" not in caplog.text  # 16 tokens fit
+    assert len(long.tokens) <= 16  # the decoder's positions bound the output too
+
+
+def test_long_lines_translate_and_evaluate(ckpt, tmp_path, monkeypatch, capsys):
+    long = (" ".join(["고양이가"] * 300) + "\n").encode()
+    code, out, _ = _cli(monkeypatch, capsys, "translate", ckpt, stdin=long + SENTENCES.encode())
+    assert code == 0 and len(out.splitlines()) == 3
+    page = tmp_path / "a.html"
+    code, _, _ = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention", page, stdin=long)
+    assert code == 0 and page.exists()
+    text = tmp_path / "long.txt"
+    text.write_bytes(long * 2)
+    code, out, _ = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", text, "--ref", text)
+    assert code == 0 and "BLEU = " in out
+
+
+def test_n_best_gives_k_rows_per_line_ranked_by_the_score_shown(ckpt, monkeypatch, capsys):
+    stdin = ("\n" + SENTENCES + "   \n").encode()
+    code, out, _ = _cli(monkeypatch, capsys, "translate", ckpt, "--beam", 4, "--n-best", 3,
+                        stdin=stdin)  # fmt: skip
+    assert code == 0
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert all(len(r) == 5 for r in rows)
+    assert [(r[0], r[1]) for r in rows] == [
+        (str(i), str(k)) for i in range(1, 5) for k in (1, 2, 3)
+    ]
+    for blank in (rows[0:3], rows[9:12]):  # the empty translation, then nothing
+        assert [(r[2], r[3], r[4]) for r in blank] == [("0.0000", "0.0000", "")] + [
+            ("-inf", "-inf", "")
+        ] * 2
+    c = load_checkpoint(ckpt)
+    src, tgt = (tokenizer_from_json(c.tokenizers[side]) for side in ("src", "tgt"))
+    nbest = translate_texts(c.model, src, tgt, SENTENCES.split("\n")[:2], beam=4, n_best=3)
+    for line, hyps in zip((rows[3:6], rows[6:9]), nbest):
+        ranked = [float(r[2]) for r in line]
+        assert ranked == sorted(ranked, reverse=True)  # the score column is what ranks them
+        assert [r[2] for r in line] == [f"{h.normalized_score:.4f}" for h in hyps]
+        assert [r[3] for r in line] == [f"{h.score:.4f}" for h in hyps]
+        assert [r[4] for r in line] == [h.text for h in hyps]
+    assert any(h.score != h.normalized_score for hyps in nbest for h in hyps)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["evaluate", "--beam", "0"], "--beam: must be >= 1, got 0"),
+        (["evaluate", "--beam", "-1"], "--beam: must be >= 1, got -1"),
+        (["translate", "--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+        (["translate", "--batch-size", "-1"], "--batch-size: must be >= 1, got -1"),
+        (["translate", "--beam", "0"], "--beam: must be >= 1, got 0"),
+    ],
+    ids=["beam-0", "beam-neg", "batch-0", "batch-neg", "translate-beam-0"],
+)
+def test_bad_search_options(ckpt, tmp_path, monkeypatch, capsys, args, match):
+    text = tmp_path / "s.txt"
+    text.write_text(SENTENCES)
+    command, *rest = args
+    files = ["--src", text, "--ref", text] if command == "evaluate" else []
+    code, out, err = _cli(monkeypatch, capsys, command, ckpt, *files, *rest, stdin=b"x\n")
+    _one_line_error(code, err, match)
+    assert out == ""
+
+
+def test_evaluate_refuses_empty_files(ckpt, tmp_path, monkeypatch, capsys):
+    full, empty, blank = tmp_path / "full.txt", tmp_path / "empty.txt", tmp_path / "blank.txt"
+    full.write_text(SENTENCES)
+    empty.write_text("")
+    blank.write_text("\n\n")
+    for src, ref, named in ((empty, empty, empty), (full, blank, blank)):
+        code, _, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref)
+        _one_line_error(code, err, f"{named}: is empty")
+
+
+def test_stdin_that_is_not_utf8_is_refused_before_translating(ckpt, monkeypatch, capsys):
+    code, out, err = _cli(monkeypatch, capsys, "translate", ckpt, stdin=b"a\nb \xff c\n")
+    _one_line_error(code, err, "stdin: line 2, byte 3: not valid UTF-8 (byte 0xff)")
+    assert out == ""
+
+
+def test_attention_output_is_checked_before_translating(ckpt, tmp_path, monkeypatch, capsys):
+    folder, file = tmp_path / "dir.html", tmp_path / "file.txt"
+    folder.mkdir()
+    file.write_text("x")
+    for path, match in (
+        (folder, f"--show-attention {folder}: is a directory"),
+        (file / "a.html", f"--show-attention {file / 'a.html'}: {file} is not a directory"),
+        (tmp_path / "a.txt", "the name must end in .html"),
+    ):
+        code, out, err = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention", path,
+                              stdin=SENTENCES.encode())  # fmt: skip
+        _one_line_error(code, err, match)
+        assert out == ""  # nothing was translated
+    code, _, _ = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention",
+                      tmp_path / "new" / "al.html", stdin=SENTENCES.encode())  # fmt: skip
+    assert code == 0 and (tmp_path / "new" / "al.html").exists()
+
+
+def test_a_model_without_attention_is_refused_before_translating(tmp_path, monkeypatch, capsys):
+    d = _tiny(tmp_path)
+    d["model"] = {"type": "rnn", "attention": "none", "embed_dim": 8, "hidden_dim": 8}
+    train(recipe_from_dict(d), progress=False)
+    page = tmp_path / "a.html"
+    code, out, err = _cli(monkeypatch, capsys, "translate", tmp_path / "last.safetensors",
+                          "--show-attention", page, stdin=SENTENCES.encode())  # fmt: skip
+    _one_line_error(code, err, "a.html: this model has no attention to show")
+    assert out == ""
+
+
+def _rewrite_header(src: Path, dst: Path, change) -> Path:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, dst, metadata={"qkv": change(json.loads(meta["qkv"]))})
+    return dst
+
+
+def _tokenizer(side: str, text: str):
+    def change(header):
+        header["tokenizers"][side] = text
+        return json.dumps(header)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda h: json.dumps([h]), "not a qkv checkpoint"),
+        (lambda h: json.dumps({**h, "tokenizers": ["a"]}), "'tokenizers' is not an object"),
+        (lambda h: json.dumps({**h, "extra": 3}), "'extra' is not an object"),
+        (_tokenizer("src", "{not json"), "its src tokenizer cannot be read: not a qkv tokenizer"),
+        (_tokenizer("tgt", '{"type": "word", "version": 1, "vocab": 5}'), "its tgt tokenizer"),
+        (_tokenizer("src", '{"type": "bpe", "version": 1, "tokenizer": {"x": 1}}'), "bpe"),
+    ],
+    ids=["header-list", "tokenizers-list", "extra-number", "tokenizer-json", "vocab-number",
+         "bpe-garbage"],
+)  # fmt: skip
+def test_broken_checkpoint_headers(ckpt, tmp_path, monkeypatch, capsys, change, match):
+    broken = _rewrite_header(ckpt, tmp_path / "broken.safetensors", change)
+    text = tmp_path / "s.txt"
+    text.write_text(SENTENCES)
+    for args in (["translate", broken], ["evaluate", broken, "--src", text, "--ref", text]):
+        code, out, err = _cli(monkeypatch, capsys, *args, stdin=b"x\n")
+        _one_line_error(code, err, match)
+        assert "broken.safetensors" in err and out == ""
