@@ -54,6 +54,7 @@ class TrainResult:
     seconds: float
     target_tokens_per_s: float
     bf16: bool = False  # whether the forward passes ran under bf16 autocast
+    already_done: bool = False  # resumed at or past train.steps: nothing was trained
 
 
 @dataclass
@@ -164,18 +165,25 @@ def _batcher(data: Prepared, examples, recipe: Recipe, shuffle: bool, dist: Dist
 
 
 def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``."""
+    """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``.
+
+    With ``resume``, a ``last.safetensors`` in the output folder is continued; it must
+    have been trained on the same data (data and tokenizer sections, tokenizers) and model.
+    A checkpoint already at or past ``train.steps`` trains nothing (``already_done``).
+    """
     cfg = recipe.train
     try:
         dist = Dist.from_env(cfg.device)
     except DeviceError as err:  # the config asks for what this machine lacks
         raise ConfigError(f"train.device: {err}") from None
+    check_out_dir(recipe.out_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = recipe.out_dir
     data = prepare(recipe)
     torch.manual_seed(cfg.seed)
     model = build_model_for(recipe, data).to(dist.device)
+    _check_lengths(model, data)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.lr,
@@ -186,17 +194,59 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     )
     state = _State()
     if resume and (out / "last.safetensors").exists():
-        state = _restore(out / "last.safetensors", model, optimizer)
+        state = _restore(out / "last.safetensors", model, optimizer, recipe, data)
+        if state.step >= cfg.steps:
+            return TrainResult(out, state.step, state.best_bleu, state.best_step,
+                               state.valid_loss, 0.0, 0.0, already_done=True)  # fmt: skip
     started = time.perf_counter()
     clock = (lambda: time.perf_counter() - started) if dist.world_size == 1 else None
     schedule = make_schedule(optimizer, cfg, state.step, clock)
     wrapped = dist.wrap(model)
+    loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
+    if not loop.batcher.batch_indices(state.epoch):
+        raise ConfigError(
+            f"data: {len(data.train_examples)} training pairs give no batch for each of the "
+            f"{dist.world_size} processes; use more data or fewer processes"
+        )
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         _trim_log(out / "log.jsonl", state.step)
-    loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
+
+
+def check_out_dir(path: Path, name: str = "out") -> None:
+    """Refuse an output folder that is a file or lies under one, before any work is done."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name} {path}: is a file, not a folder")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{name} {path}: {folder} is a file, not a folder")
+
+
+def _check_lengths(model: nn.Module, data: Prepared) -> None:
+    """Every training and validation pair fits the model's positions (``model.max_len``)."""
+    config = model.config
+    key = "max_src_len" if hasattr(config, "max_src_len") else "max_len"
+    sides = (("source", getattr(config, "max_source_len", None), 0, 0),
+             ("target", getattr(config, "max_target_len", None), 1, 1))  # fmt: skip
+    for split, examples in (("training", data.train_examples), ("validation", data.valid_examples)):
+        for side, limit, column, extra in sides:  # extra: the target's <s>
+            if limit is None or not examples:
+                continue
+            lengths = [len(pair[column]) + extra for pair in examples]
+            too_long = sum(n > limit for n in lengths)
+            if too_long:
+                plus = " (with <s>)" if extra else ""
+                raise ConfigError(
+                    f"model.{key}: {limit} positions, but {too_long} of {len(examples)} "
+                    f"{split} pairs have a longer {side}{plus}, up to {max(lengths)} tokens; "
+                    f"raise model.{key} or keep shorter sentences (data.max_len for the toy "
+                    f"corpus, data.max_tokens for files)"
+                )
 
 
 class _Loop:
@@ -221,8 +271,8 @@ class _Loop:
         """Batches from the saved position on, epoch after epoch (order fixed by the seed)."""
         while True:
             order = self.batcher.batch_indices(self.state.epoch)
-            if not order:
-                raise ConfigError("the training set is empty after filtering")
+            if not order:  # train() checked the first epoch; the others have as many batches
+                raise ConfigError("data: the training set gives no batch")
             while self.state.batch_in_epoch < len(order):
                 idx = order[self.state.batch_in_epoch]
                 self.state.batch_in_epoch += 1
@@ -354,8 +404,14 @@ class _Loop:
         )
 
 
-def _restore(path: Path, model: nn.Module, optimizer) -> _State:
+def _restore(path: Path, model: nn.Module, optimizer, recipe: Recipe, data: Prepared) -> _State:
     ckpt = load_checkpoint(path)
+    change = _data_change(ckpt, recipe, data)
+    if change:
+        raise CheckpointError(
+            f"{path}: cannot resume: the config's data differ from the checkpoint's "
+            f"({change}); use the same data and tokenizer, or another --out"
+        )
     change = _model_change(ckpt, model)
     if change:
         raise CheckpointError(
@@ -363,12 +419,46 @@ def _restore(path: Path, model: nn.Module, optimizer) -> _State:
             f"({change}); use the same model and data, or another --out"
         )
     model.load_state_dict(ckpt.model.state_dict())
-    if ckpt.optimizer_state is not None:
-        optimizer.load_state_dict(ckpt.optimizer_state)
-    if ckpt.rng is not None:
-        restore_rng(ckpt.rng)
-    saved = ckpt.extra.get("train", {})
-    return _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
+    try:
+        if ckpt.optimizer_state is not None:
+            optimizer.load_state_dict(ckpt.optimizer_state)
+        if ckpt.rng is not None:
+            restore_rng(ckpt.rng)
+        saved = ckpt.extra.get("train", {})
+        return _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
+    except (ValueError, TypeError, KeyError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: cannot resume: corrupt training state ({first})") from None
+
+
+def _data_change(ckpt, recipe: Recipe, data: Prepared) -> str | None:
+    """What differs between the data a checkpoint was trained on and ``recipe``'s.
+
+    The recipe's ``data`` and ``tokenizer`` sections are compared key by key (when the
+    checkpoint holds its recipe), then the tokenizers themselves: the same vocabulary
+    sizes with other ids for the words would train on garbage without any error.
+    """
+    import dataclasses
+
+    saved = ckpt.extra.get("recipe")
+    if isinstance(saved, dict):
+        changed = []
+        for section in ("data", "tokenizer"):
+            now = json.loads(json.dumps(dataclasses.asdict(getattr(recipe, section)), default=list))
+            before = saved.get(section) if isinstance(saved.get(section), dict) else {}
+            keys = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
+            changed += [f"{section}.{k}" for k in keys]
+        if changed:
+            return ", ".join(changed)
+    tokenizers = {"src": data.src_tok, "tgt": data.tgt_tok}
+    for side, tok in tokenizers.items():
+        try:
+            same = json.loads(ckpt.tokenizers.get(side, "null")) == json.loads(tok.to_json())
+        except json.JSONDecodeError:
+            same = False
+        if not same:
+            return f"the {side} tokenizer trained on them has other tokens or ids"
+    return None
 
 
 def _model_change(ckpt, model: nn.Module) -> str | None:
@@ -397,11 +487,20 @@ def run_cli(args) -> int:
     from qkv.models.checkpoint import CheckpointError
 
     try:
+        if args.out:
+            check_out_dir(Path(args.out), "--out")
         overrides = list(args.set) + ([f"out={args.out}"] if args.out else [])
         recipe = load_yaml(args.config, overrides)
         result = train(recipe, resume=args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None
+    if result.already_done:
+        print(
+            f"nothing to do: {result.out_dir / 'last.safetensors'} is already at step "
+            f"{result.steps} and train.steps is {recipe.train.steps}; raise train.steps "
+            f"(--set train.steps=N) to train further"
+        )
+        return 0
     print(
         f"trained {result.steps} steps in {result.seconds:.0f} s "
         f"({result.target_tokens_per_s:.0f} target tokens/s{', bf16 autocast' * result.bf16}); "

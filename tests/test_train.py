@@ -371,3 +371,100 @@ def test_blank_lines_translate_to_blank_lines(tmp_path):
         str(tmp_path / "a.html"), stdin="\n",
     )  # fmt: skip
     assert proc.returncode == 2 and "no sentence to show" in proc.stderr
+
+
+def _tiny_dict(out: Path, **train_overrides) -> dict:
+    d = json.loads(json.dumps(TINY))
+    d["out"] = str(out)
+    d["train"].update(train_overrides)
+    return d
+
+
+@pytest.mark.parametrize("key, value", [("seed", 1), ("n_train", 390), ("max_len", 5)])
+def test_resume_with_other_data_names_what_changed(tmp_path, key, value):
+    train(_recipe(tmp_path, steps=2), progress=False)
+    before = (tmp_path / "last.safetensors").read_bytes()
+    d = _tiny_dict(tmp_path, steps=4)
+    d["data"][key] = value
+    with pytest.raises(
+        CheckpointError, match=rf"cannot resume: the config's data .*\(data.{key}\)"
+    ):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    assert (tmp_path / "last.safetensors").read_bytes() == before
+
+
+def test_resume_compares_the_tokenizers_when_the_recipe_is_not_stored(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    train(_recipe(tmp_path, steps=2), progress=False)
+    path = tmp_path / "last.safetensors"
+    with safe_open(str(path), "pt") as f:  # an older checkpoint: no recipe in its header
+        header, tensors = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
+    del header["extra"]["recipe"]
+    save_file(tensors, path, metadata={"qkv": json.dumps(header)})
+    d = _tiny_dict(tmp_path, steps=4)
+    d["data"]["seed"] = 1  # same vocabulary sizes, other words behind the ids
+    with pytest.raises(CheckpointError, match="the src tokenizer trained on them has other"):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    assert train(_recipe(tmp_path, steps=4), resume=True, progress=False).steps == 4
+
+
+def test_resume_past_train_steps_trains_nothing_and_says_so(tmp_path):
+    train(_recipe(tmp_path, steps=4), progress=False)
+    log, ckpt = (tmp_path / "log.jsonl").read_text(), (tmp_path / "last.safetensors").read_bytes()
+    result = train(_recipe(tmp_path, steps=2), resume=True, progress=False)
+    assert result.already_done and result.steps == 4
+    assert (tmp_path / "log.jsonl").read_text() == log
+    assert (tmp_path / "last.safetensors").read_bytes() == ckpt
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(_tiny_dict(tmp_path, steps=4)))
+    proc = _run_cli("train", str(config), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to do" in proc.stdout and "already at step 4" in proc.stdout
+    assert "nan" not in proc.stdout + proc.stderr and "tok/s" not in proc.stdout + proc.stderr
+
+
+def test_sentences_longer_than_the_models_positions_are_refused(tmp_path):
+    d = _tiny_dict(tmp_path)
+    d["model"]["max_len"] = 4
+    with pytest.raises(ConfigError, match=r"model.max_len: 4 positions, but \d+ of \d+ training"):
+        train(recipe_from_dict(d), progress=False)
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+    d["model"] = {"type": "rnn", "attention": "luong", "score": "location", "max_src_len": 3,
+                  "embed_dim": 8, "hidden_dim": 8}  # fmt: skip
+    with pytest.raises(ConfigError, match="model.max_src_len: 3 positions, but .* longer source"):
+        train(recipe_from_dict(d), progress=False)
+
+
+def test_out_that_is_a_file_is_named_as_out(tmp_path):
+    config, taken = tmp_path / "tiny.yaml", tmp_path / "taken.txt"
+    config.write_text(yaml.safe_dump(TINY))
+    taken.write_text("keep me")
+    for out, match in ((taken, f"--out {taken}: is a file, not a folder"),
+                       (taken / "x", f"--out {taken / 'x'}: {taken} is a file")):  # fmt: skip
+        proc = _run_cli("train", str(config), "--out", str(out))
+        assert proc.returncode == 2 and match in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match=f"out {taken}: is a file"):
+        train(recipe_from_dict({**TINY, "out": str(taken)}), progress=False)
+    assert taken.read_text() == "keep me"
+
+
+def test_an_empty_training_set_names_the_files_and_the_filter(tmp_path):
+    for name, text in (("e.de", ""), ("e.en", ""), ("v.de", "a b\n"), ("v.en", "c d\n"),
+                       ("l.de", "a b c d\n"), ("l.en", "c d e f\n")):  # fmt: skip
+        (tmp_path / name).write_text(text)
+    d = _tiny_dict(tmp_path / "out")
+    files = {"kind": "files", "valid": [str(tmp_path / "v.de"), str(tmp_path / "v.en")]}
+    config = tmp_path / "c.yaml"
+    for train_files, sets, match in (
+        (["e.de", "e.en"], [], "e.de + " + str(tmp_path / "e.en") + ": no sentence pairs"),
+        (["l.de", "l.en"], ["data.max_tokens=2"], "1 more than data.max_tokens (2) words"),
+    ):
+        d["data"] = {**files, "train": [str(tmp_path / f) for f in train_files]}
+        config.write_text(yaml.safe_dump(d))
+        proc = _run_cli("train", str(config), *[a for s in sets for a in ("--set", s)])
+        assert proc.returncode == 2 and "data.train: " in proc.stderr and match in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == "", proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -6,7 +6,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from qkv.data.corpus import read_parallel, read_tsv
+from qkv.data.corpus import CorpusError, read_parallel, read_tsv
 from qkv.data.tokenizers import Tokenizer, train_tokenizers
 from qkv.data.toy import make_splits
 
@@ -31,26 +31,25 @@ class Prepared:
 
 
 def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
-    """Read or generate the (source, target) text pairs of train, valid and test."""
+    """Read or generate the (source, target) text pairs of train, valid and test.
+
+    Raises:
+        CorpusError: a file cannot be read, or no training pair is left after filtering
+            (the message names the files and the filters).
+        CorpusError: also when the toy grammar cannot give what the data section asks for.
+    """
     if data.kind == "toy":
-        splits = make_splits(
-            data.n_train,
-            data.n_valid,
-            data.n_test,
-            seed=data.seed,
-            min_len=data.min_len,
-            max_len=data.max_len,
-        )
-        return tuple([(p.ko, p.en) for p in splits[name]] for name in ("train", "valid", "test"))
+        return _toy_pairs(data)
     if data.kind == "files":
         read = {}
         for name in ("train", "valid", "test"):
             files = getattr(data, name)
             limit = data.max_tokens if name == "train" else None
             ratio = data.max_ratio if name == "train" else None
-            read[name] = (
-                read_parallel(*files, max_len=limit, max_ratio=ratio).pairs() if files else []
-            )
+            corpus = read_parallel(*files, max_len=limit, max_ratio=ratio) if files else None
+            if name == "train" and not len(corpus):
+                raise CorpusError(f"data.train: {_nothing_left(corpus.report, data)}")
+            read[name] = corpus.pairs() if corpus is not None else []
         return read["train"], read["valid"], read["test"]
     corpus = read_tsv(
         data.path,
@@ -59,7 +58,43 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
         max_len=data.max_tokens,
         max_ratio=data.max_ratio,
     )
-    return split_held_out(corpus.pairs(), data.n_valid, data.n_test, data.seed)
+    if not len(corpus):
+        raise CorpusError(f"data.path: {_nothing_left(corpus.report, data)}")
+    train, valid, test = split_held_out(corpus.pairs(), data.n_valid, data.n_test, data.seed)
+    if not train:
+        raise CorpusError(
+            f"data.path: {data.path}: all {len(corpus)} pairs kept went to the held-out sets "
+            f"(data.n_valid {data.n_valid}, data.n_test {data.n_test}); none is left to train on"
+        )
+    return train, valid, test
+
+
+def _nothing_left(report, data) -> str:
+    if not report.total:
+        return f"{report.source}: no sentence pairs in the file(s); nothing to train on"
+    return (
+        f"{report.source}: no training pair left after filtering: of {report.total} pairs, "
+        f"{report.empty} have an empty side, {report.too_long} more than data.max_tokens "
+        f"({data.max_tokens}) words, {report.ratio} a length ratio over data.max_ratio "
+        f"({data.max_ratio})"
+    )
+
+
+def _toy_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
+    try:
+        splits = make_splits(
+            data.n_train,
+            data.n_valid,
+            data.n_test,
+            seed=data.seed,
+            min_len=data.min_len,
+            max_len=data.max_len,
+        )
+    except (ValueError, RuntimeError) as err:  # the grammar cannot give what is asked
+        raise CorpusError(
+            f"data: {err} (data.n_train + n_valid + n_test, data.min_len..max_len)"
+        ) from None
+    return tuple([(p.ko, p.en) for p in splits[name]] for name in ("train", "valid", "test"))
 
 
 def split_held_out(
