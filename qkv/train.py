@@ -29,13 +29,11 @@ from qkv.evaluate import bleu, translate_texts
 from qkv.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import (
     CheckpointError,
-    load_checkpoint,
-    model_kind,
-    restore_rng,
     rng_state,
     save_checkpoint,
 )
 from qkv.recipe import ConfigError, Recipe, load_yaml
+from qkv.train_checks import check_lengths, check_out_dir, restore, trim_log
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
 
@@ -183,7 +181,7 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     data = prepare(recipe)
     torch.manual_seed(cfg.seed)
     model = build_model_for(recipe, data).to(dist.device)
-    _check_lengths(model, data)
+    check_lengths(model, data)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.lr,
@@ -194,7 +192,8 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     )
     state = _State()
     if resume and (out / "last.safetensors").exists():
-        state = _restore(out / "last.safetensors", model, optimizer, recipe, data)
+        saved = restore(out / "last.safetensors", model, optimizer, recipe, data)
+        state = _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
         if state.step >= cfg.steps:
             return TrainResult(out, state.step, state.best_bleu, state.best_step,
                                state.valid_loss, 0.0, 0.0, already_done=True)  # fmt: skip
@@ -210,43 +209,9 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
         )
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        _trim_log(out / "log.jsonl", state.step)
+        trim_log(out / "log.jsonl", state.step)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
-
-
-def check_out_dir(path: Path, name: str = "out") -> None:
-    """Refuse an output folder that is a file or lies under one, before any work is done."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{name} {path}: is a file, not a folder")
-    folder = path
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(f"{name} {path}: {folder} is a file, not a folder")
-
-
-def _check_lengths(model: nn.Module, data: Prepared) -> None:
-    """Every training and validation pair fits the model's positions (``model.max_len``)."""
-    config = model.config
-    key = "max_src_len" if hasattr(config, "max_src_len") else "max_len"
-    sides = (("source", getattr(config, "max_source_len", None), 0, 0),
-             ("target", getattr(config, "max_target_len", None), 1, 1))  # fmt: skip
-    for split, examples in (("training", data.train_examples), ("validation", data.valid_examples)):
-        for side, limit, column, extra in sides:  # extra: the target's <s>
-            if limit is None or not examples:
-                continue
-            lengths = [len(pair[column]) + extra for pair in examples]
-            too_long = sum(n > limit for n in lengths)
-            if too_long:
-                plus = " (with <s>)" if extra else ""
-                raise ConfigError(
-                    f"model.{key}: {limit} positions, but {too_long} of {len(examples)} "
-                    f"{split} pairs have a longer {side}{plus}, up to {max(lengths)} tokens; "
-                    f"raise model.{key} or keep shorter sentences (data.max_len for the toy "
-                    f"corpus, data.max_tokens for files)"
-                )
 
 
 class _Loop:
@@ -404,87 +369,10 @@ class _Loop:
         )
 
 
-def _restore(path: Path, model: nn.Module, optimizer, recipe: Recipe, data: Prepared) -> _State:
-    ckpt = load_checkpoint(path)
-    change = _data_change(ckpt, recipe, data)
-    if change:
-        raise CheckpointError(
-            f"{path}: cannot resume: the config's data differ from the checkpoint's "
-            f"({change}); use the same data and tokenizer, or another --out"
-        )
-    change = _model_change(ckpt, model)
-    if change:
-        raise CheckpointError(
-            f"{path}: cannot resume: the config's model differs from the checkpoint's "
-            f"({change}); use the same model and data, or another --out"
-        )
-    model.load_state_dict(ckpt.model.state_dict())
-    try:
-        if ckpt.optimizer_state is not None:
-            optimizer.load_state_dict(ckpt.optimizer_state)
-        if ckpt.rng is not None:
-            restore_rng(ckpt.rng)
-        saved = ckpt.extra.get("train", {})
-        return _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
-    except (ValueError, TypeError, KeyError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: cannot resume: corrupt training state ({first})") from None
-
-
-def _data_change(ckpt, recipe: Recipe, data: Prepared) -> str | None:
-    """What differs between the data a checkpoint was trained on and ``recipe``'s.
-
-    The recipe's ``data`` and ``tokenizer`` sections are compared key by key (when the
-    checkpoint holds its recipe), then the tokenizers themselves: the same vocabulary
-    sizes with other ids for the words would train on garbage without any error.
-    """
-    import dataclasses
-
-    saved = ckpt.extra.get("recipe")
-    if isinstance(saved, dict):
-        changed = []
-        for section in ("data", "tokenizer"):
-            now = json.loads(json.dumps(dataclasses.asdict(getattr(recipe, section)), default=list))
-            before = saved.get(section) if isinstance(saved.get(section), dict) else {}
-            keys = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
-            changed += [f"{section}.{k}" for k in keys]
-        if changed:
-            return ", ".join(changed)
-    tokenizers = {"src": data.src_tok, "tgt": data.tgt_tok}
-    for side, tok in tokenizers.items():
-        try:
-            same = json.loads(ckpt.tokenizers.get(side, "null")) == json.loads(tok.to_json())
-        except json.JSONDecodeError:
-            same = False
-        if not same:
-            return f"the {side} tokenizer trained on them has other tokens or ids"
-    return None
-
-
-def _model_change(ckpt, model: nn.Module) -> str | None:
-    """What differs between a checkpoint's model and ``model``: "type", fields, or None."""
-    if ckpt.model_type != model_kind(model):
-        return "type"
-    config = json.loads(json.dumps(model.config.to_dict()))  # as the checkpoint stores it
-    saved = ckpt.model_config
-    changed = sorted(k for k in config.keys() | saved.keys() if config.get(k) != saved.get(k))
-    return ", ".join(changed) or None
-
-
-def _trim_log(path: Path, step: int) -> None:
-    """On resume, drop log rows written after the checkpoint's step."""
-    if not path.exists():
-        return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in rows if json.loads(r).get("step", 0) <= step] if step else []
-    path.write_text("".join(r + "\n" for r in kept))
-
-
 def run_cli(args) -> int:
     """``qkv train CONFIG.yaml [--set key=value ...] [--resume]``."""
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError
-    from qkv.models.checkpoint import CheckpointError
 
     try:
         if args.out:
