@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
+    logging.basicConfig(  # warnings name the command, as errors do
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format=f"qkv {args.command}: %(message)s",
     )
     module_name, func_name = HANDLERS[args.command]
     try:
