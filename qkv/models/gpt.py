@@ -277,6 +277,12 @@ class GPT(nn.Module):
             ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
             ``N = max_new_tokens`` unless every row ended earlier.
         """
+        longest = input_ids.shape[1] + max_new_tokens
+        if longest > self.config.max_len:
+            raise ValueError(
+                f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = "
+                f"{longest} exceeds the model's {self.config.max_len} positions (max_len)"
+            )
         rules = DecodingRules(
             temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size,
             min_new_tokens, eos_token_id, pad_token_id,

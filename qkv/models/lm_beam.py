@@ -73,6 +73,8 @@ def beam_decode(
     end id instead when ``pad_token_id`` is 0), and ``N`` is the longest one returned.
     """
     _check(max_new_tokens, num_beams, num_return_sequences, early_stopping, rules)
+    if max_new_tokens == 0:  # nothing to search: the prompts, as greedy decoding gives
+        return input_ids.repeat_interleave(num_return_sequences, 0)
     b, t = input_ids.shape
     n, device = num_beams, input_ids.device
     ends = torch.tensor(rules.end_ids, dtype=torch.long, device=device)
@@ -137,8 +139,8 @@ def _may_improve(pool: _Pool, run_scores: Tensor, length: int, most: int, alpha:
 
 
 def _check(max_new_tokens, num_beams, num_return_sequences, early_stopping, rules) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"beam search needs max_new_tokens >= 1, got {max_new_tokens}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if num_beams < 1 or not 1 <= num_return_sequences <= num_beams:
         raise ValueError(
             f"need 1 <= num_return_sequences ({num_return_sequences}) <= num_beams ({num_beams})"

@@ -279,8 +279,11 @@ def test_loading_old_names_and_listing_wrong_ones(folder, ours, tmp_path):
 def test_config_and_length_errors(ours):
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(dim=10, num_heads=3)
-    with pytest.raises(ValueError, match="max_len"):
-        ours.generate(torch.zeros(1, 250, dtype=torch.long), 10)
+    with pytest.raises(ValueError, match="250 \\+ max_new_tokens 10 = 260 exceeds .* 256"):
+        ours.generate(torch.zeros(1, 250, dtype=torch.long), 10, num_beams=2)  # up front
+    prompts = torch.zeros(2, 3, dtype=torch.long)
+    assert torch.equal(ours.generate(prompts, 0, num_beams=2, num_return_sequences=2),
+                       prompts.repeat_interleave(2, 0))  # fmt: skip
     with pytest.raises(ValueError, match="attention_mask"):
         ours(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 3))
 
