@@ -277,6 +277,13 @@ class GPT(nn.Module):
             ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
             ``N = max_new_tokens`` unless every row ended earlier.
         """
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must have the prompts' shape {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
         longest = input_ids.shape[1] + max_new_tokens
         if longest > self.config.max_len:
             raise ValueError(

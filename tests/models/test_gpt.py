@@ -281,6 +281,10 @@ def test_config_and_length_errors(ours):
         GPTConfig(dim=10, num_heads=3)
     with pytest.raises(ValueError, match="250 \\+ max_new_tokens 10 = 260 exceeds .* 256"):
         ours.generate(torch.zeros(1, 250, dtype=torch.long), 10, num_beams=2)  # up front
+    with pytest.raises(ValueError, match=r"attention_mask must have the prompts' shape \(1, 4\)"):
+        ours.generate(torch.zeros(1, 4, dtype=torch.long), 2, attention_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"input_ids must be \(B, T\)"):
+        ours.generate(torch.zeros(4, dtype=torch.long), 2)
     prompts = torch.zeros(2, 3, dtype=torch.long)
     assert torch.equal(ours.generate(prompts, 0, num_beams=2, num_return_sequences=2),
                        prompts.repeat_interleave(2, 0))  # fmt: skip
