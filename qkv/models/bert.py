@@ -224,8 +224,16 @@ class BertModel(nn.Module):
         """
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+        for name, given in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if given is not None and given.shape != input_ids.shape:
+                raise ValueError(
+                    f"{name} must have input_ids' shape {tuple(input_ids.shape)}, "
+                    f"got {tuple(given.shape)}"
+                )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        elif self.config.type_vocab_size:
+            check_token_ids(token_type_ids, self.config.type_vocab_size, "token type id")
         key_mask = None if attention_mask is None else attention_mask.bool()  # (B, T)
         x = self.embeddings(input_ids, token_type_ids)
         bias = None

@@ -255,6 +255,10 @@ def test_sizes_that_do_not_fit_and_foreign_token_ids_are_named(tmp_path):
     ours = BertModel.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match=f"token id {VOCAB} is outside .* \\(0..{VOCAB - 1}\\)"):
         ours(torch.tensor([[1, VOCAB, 2]]))
+    with pytest.raises(ValueError, match=r"attention_mask must have input_ids' shape \(1, 3\)"):
+        ours(torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 2))
+    with pytest.raises(ValueError, match="token type id 2 is outside 0..1"):
+        ours(torch.tensor([[1, 2, 3]]), token_type_ids=torch.tensor([[0, 1, 2]]))
     config = json.loads((tmp_path / "config.json").read_text())
     del config["intermediate_size"]  # back to BERT's default of 3072
     (tmp_path / "config.json").write_text(json.dumps(config))
