@@ -51,7 +51,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         pe = torch.zeros(max_len, dim, dtype=torch.float64)
         pe[:, 0::2] = torch.sin(pos * inv)
         pe[:, 1::2] = torch.cos(pos * inv[: dim // 2])
-        self.register_buffer("pe", pe.float(), persistent=False)
+        # kept in float64 (each forward casts its rows): float64 models get the exact table
+        self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         end = start + x.shape[1]

@@ -124,10 +124,10 @@ class EncoderLayer(nn.Module):
             dropout=layer.dropout.p, activation=_torch_activation(layer),
             norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
             bias=layer.linear1.bias is not None,
-        )  # fmt: skip
+        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
         new.self_attn = MultiHeadAttention.from_torch(attn)
-        _copy_ff_norms(new, layer, ["norm1", "norm2"])
-        return new.to(layer.linear1.weight.device, layer.linear1.weight.dtype)
+        _copy_ff_norms(new, layer, ["norm1", "norm2"])  # in the layer's dtype: no rounding
+        return new
 
 
 class DecoderLayer(nn.Module):
@@ -238,11 +238,11 @@ class DecoderLayer(nn.Module):
             dropout=layer.dropout.p, activation=_torch_activation(layer),
             norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
             bias=layer.linear1.bias is not None, memory_dim=layer.multihead_attn.kdim,
-        )  # fmt: skip
+        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
         new.self_attn = MultiHeadAttention.from_torch(attn)
         new.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        _copy_ff_norms(new, layer, ["norm1", "norm2", "norm3"])
-        return new.to(layer.linear1.weight.device, layer.linear1.weight.dtype)
+        _copy_ff_norms(new, layer, ["norm1", "norm2", "norm3"])  # in the layer's dtype
+        return new
 
 
 @dataclass

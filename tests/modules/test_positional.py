@@ -23,6 +23,12 @@ def test_sinusoidal_matches_formula():
     torch.testing.assert_close(pe(x[:, :3], start=10), y[:, 10:13])
     with pytest.raises(ValueError, match="max_len"):
         pe(torch.zeros(1, 51, 6))
+    y64 = pe.double()(x.double())  # a float64 model gets the float64 table
+    for p in (0, 7, 49):
+        for i in range(3):
+            angle = p / 10000 ** (2 * i / 6)
+            assert y64[0, p, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-15)
+            assert y64[0, p, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-15)
 
 
 def test_learned_positions_are_added():

@@ -26,6 +26,15 @@ def _lengths_mask(lengths: list[int], t: int) -> torch.Tensor:
     return torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T), True = real
 
 
+def _jitter(layer: nn.Module) -> nn.Module:
+    """Nudge every weight by noise of the layer's own dtype: float64 weights then hold
+    values that float32 cannot, so a copy through float32 would show."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    return layer
+
+
 def _random_bool_mask(tq: int, tk: int) -> torch.Tensor:
     mask = torch.rand(tq, tk) < 0.7
     mask[torch.arange(tq), torch.randint(0, tk, (tq,))] = True  # every row sees some key
@@ -39,9 +48,10 @@ def test_encoder_layer_matches_torch(norm_first, dtype, activation):
     torch_layer = nn.TransformerEncoderLayer(
         E, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
     )
-    torch_layer = torch_layer.to(dtype).eval()
+    torch_layer = _jitter(torch_layer.to(dtype)).eval()
     ours = EncoderLayer.from_torch(torch_layer).eval()
-    assert ours.ff.linear1.weight.dtype == dtype
+    assert torch.equal(ours.ff.linear1.weight, torch_layer.linear1.weight)
+    assert torch.equal(ours.norm2.weight, torch_layer.norm2.weight)
     x = torch.randn(3, 9, E, dtype=dtype)
     key_mask = _lengths_mask([9, 5, 2], 9)
     attn = _random_bool_mask(9, 9)
@@ -60,8 +70,10 @@ def test_decoder_layer_matches_torch(norm_first, dtype):
     torch_layer = nn.TransformerDecoderLayer(
         E, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first
     )
-    torch_layer = torch_layer.to(dtype).eval()
+    torch_layer = _jitter(torch_layer.to(dtype)).eval()
     ours = DecoderLayer.from_torch(torch_layer).eval()
+    assert torch.equal(ours.ff.linear2.weight, torch_layer.linear2.weight)
+    assert torch.equal(ours.norm3.bias, torch_layer.norm3.bias)
     x, memory = torch.randn(3, 7, E, dtype=dtype), torch.randn(3, 11, E, dtype=dtype)
     tgt_mask, mem_mask = _lengths_mask([7, 4, 6], 7), _lengths_mask([11, 3, 8], 11)
     causal = torch.ones(7, 7, dtype=torch.bool).triu(1)  # torch: True = hidden
