@@ -14,7 +14,8 @@ score of Wu et al. (2016), where ``|Y|`` counts the generated tokens, EOS includ
 
 The padding and BOS tokens are never generated. A hypothesis ends with EOS or when it
 reaches its sentence's maximum length, ``int(max_len_ratio * S + max_len_offset)`` for a
-source of ``S`` real tokens (capped by ``max_len``).
+source of ``S`` real tokens (capped by ``max_len`` and by the decoder's positions,
+``model.config.max_target_len``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def _setup(model, src, src_mask, ratio, offset, max_len, min_len, bos_id, eos_id
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         limits = limits.clamp(max=max_len)
+    positions = getattr(getattr(model, "config", None), "max_target_len", None)
+    if positions is not None:  # the decoder's positions: never decode past them
+        limits = limits.clamp(max=positions)
     banned = sorted({model.pad_id, bos} - {eos})
     return _Setup(mask, limits, banned, bos, eos, min_len)
 

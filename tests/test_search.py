@@ -246,6 +246,17 @@ def test_min_and_max_length_are_respected():
         assert h.length <= s and (h.eos or len(h.tokens) == s)  # limit = 1.0 * S + 0
 
 
+def test_search_stays_within_the_decoders_positions():
+    torch.manual_seed(33)
+    model = _Counting(_transformer(9, max_len=8), eos_bonus=-50.0)  # EOS never wins
+    model.config = model.model.config
+    src = _source([5, 3])  # the default limit, 1.5 * S + 10, is past the 8 positions
+    for h in greedy(model, src):
+        assert len(h.tokens) == 8 and not h.eos
+    for hyps in beam(model, src, beam_size=2, n_best=2):
+        assert all(len(h.tokens) == 8 and not h.eos for h in hyps)
+
+
 def test_bad_arguments_are_rejected():
     model = _rnn(9)
     src = _source([3])
