@@ -55,9 +55,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        end = start + x.shape[1]
-        if end > self.pe.shape[0]:
-            raise ValueError(f"sequence end {end} exceeds max_len {self.pe.shape[0]}")
+        end = _check_rows(x, start, self.pe.shape)
         return x + self.pe[start:end].to(x.dtype)
 
 
@@ -73,10 +71,19 @@ class LearnedPositionalEncoding(nn.Module):
         self.weight = nn.Parameter(torch.randn(max_len, dim) * 0.02)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        end = start + x.shape[1]
-        if end > self.weight.shape[0]:
-            raise ValueError(f"sequence end {end} exceeds max_len {self.weight.shape[0]}")
+        end = _check_rows(x, start, self.weight.shape)
         return x + self.weight[start:end].to(x.dtype)
+
+
+def _check_rows(x: Tensor, start: int, table: torch.Size) -> int:
+    """The end position of ``x`` ``(B, T, E)`` from ``start``; ``ValueError`` if off the table."""
+    max_len, dim = table
+    if x.ndim != 3 or x.shape[-1] != dim:
+        raise ValueError(f"positions take (B, T, E) with E={dim}, got {tuple(x.shape)}")
+    end = start + x.shape[1]
+    if start < 0 or end > max_len:
+        raise ValueError(f"positions {start}..{end - 1} are outside 0..{max_len - 1} (max_len)")
+    return end
 
 
 class AttentionPositional(nn.Module):

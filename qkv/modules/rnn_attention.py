@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkv.modules.scores import AdditiveScore, DotScore, GeneralScore, Score
+from qkv.modules.scores import AdditiveScore, DotScore, GeneralScore, Score, check_widths
 
 __all__ = ["BahdanauAttention", "LocationScore", "LuongAttention", "masked_softmax"]
 
@@ -99,6 +99,8 @@ class BahdanauAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         q, single = _as_sequence(query)  # (B, Tq, Dq)
         _check_keys(q, keys, key_mask)
+        score = self.score
+        check_widths(q, keys, score.query_proj.in_features, score.key_proj.in_features)
         projected = self.project_keys(keys) if projected_keys is None else projected_keys
         scores = self.score.score_projected(q, projected)  # (B, Tq, Tk)
         mask = None if key_mask is None else key_mask[:, None, :]  # (B, 1, Tk)
@@ -122,6 +124,7 @@ class LocationScore(Score):
         self.proj = nn.Linear(query_dim, max_len)
 
     def forward(self, query: Tensor, keys: Tensor) -> Tensor:
+        check_widths(query, keys, self.proj.in_features, keys.shape[-1])
         tk = keys.shape[1]
         if tk > self.proj.out_features:
             raise ValueError(f"the location score handles sources up to "

@@ -22,19 +22,25 @@ class Score(nn.Module):
         raise NotImplementedError
 
 
-def _check(query: Tensor, keys: Tensor) -> None:
+def check_widths(query: Tensor, keys: Tensor, dq: int | None, dk: int | None) -> None:
+    """Raise ``ValueError`` unless query is ``(B, Tq, dq)`` and keys ``(B, Tk, dk)``.
+
+    ``None`` for a width accepts any (``dk=None`` with the dot scores: ``Dk = Dq``).
+    """
+    shapes = f"got query {tuple(query.shape)} and keys {tuple(keys.shape)}"
     if query.ndim != 3 or keys.ndim != 3 or query.shape[0] != keys.shape[0]:
-        raise ValueError(
-            f"scores need query (B, Tq, Dq) and keys (B, Tk, Dk); "
-            f"got {tuple(query.shape)} and {tuple(keys.shape)}"
-        )
+        raise ValueError(f"scores need query (B, Tq, Dq) and keys (B, Tk, Dk); {shapes}")
+    dq = query.shape[-1] if dq is None else dq
+    dk = query.shape[-1] if dk is None else dk
+    if query.shape[-1] != dq or keys.shape[-1] != dk:
+        raise ValueError(f"scores need query width Dq={dq} and key width Dk={dk}; {shapes}")
 
 
 class DotScore(Score):
     """:math:`\\mathrm{score}(q, k) = q^\\top k` (Luong "dot"). Needs ``Dq == Dk``."""
 
     def forward(self, query: Tensor, keys: Tensor) -> Tensor:
-        _check(query, keys)
+        check_widths(query, keys, None, None)
         return torch.bmm(query, keys.transpose(1, 2))
 
 
@@ -42,7 +48,7 @@ class ScaledDotScore(Score):
     """:math:`\\mathrm{score}(q, k) = q^\\top k / \\sqrt{d}` (Vaswani et al. 2017)."""
 
     def forward(self, query: Tensor, keys: Tensor) -> Tensor:
-        _check(query, keys)
+        check_widths(query, keys, None, None)
         return torch.bmm(query, keys.transpose(1, 2)) / math.sqrt(query.shape[-1])
 
 
@@ -58,7 +64,7 @@ class GeneralScore(Score):
         self.proj = nn.Linear(key_dim or query_dim, query_dim, bias=False)
 
     def forward(self, query: Tensor, keys: Tensor) -> Tensor:
-        _check(query, keys)
+        check_widths(query, keys, self.proj.out_features, self.proj.in_features)
         return torch.bmm(query, self.proj(keys).transpose(1, 2))
 
 
@@ -77,7 +83,7 @@ class AdditiveScore(Score):
         self.v = nn.Linear(hidden_dim, 1, bias=False)
 
     def forward(self, query: Tensor, keys: Tensor) -> Tensor:
-        _check(query, keys)
+        check_widths(query, keys, self.query_proj.in_features, self.key_proj.in_features)
         return self.score_projected(query, self.key_proj(keys))
 
     def score_projected(self, query: Tensor, projected_keys: Tensor) -> Tensor:

@@ -92,3 +92,19 @@ def test_positions_that_do_not_fit_the_heads_are_refused_when_the_module_is_buil
     x = torch.randn(2, 5, 16)  # those that fit run
     qkv.MultiHeadAttention(16, 4, positional=qkv.RotaryPositionalEncoding(4))(x)
     qkv.MultiHeadAttention(16, 4, num_kv_heads=2, positional=qkv.ALiBi(4))(x)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: qkv.SinusoidalPositionalEncoding(6, max_len=20),
+             lambda: qkv.LearnedPositionalEncoding(20, 6)], ids=["sinusoidal", "learned"]
+)  # fmt: skip
+def test_positions_name_bad_inputs(make):
+    pe = make()
+    with pytest.raises(ValueError, match=r"\(B, T, E\) with E=6, got \(1, 4, 5\)"):
+        pe(torch.zeros(1, 4, 5))
+    with pytest.raises(ValueError, match=r"with E=6, got \(4, 6\)"):
+        pe(torch.zeros(4, 6))
+    with pytest.raises(ValueError, match=r"positions -1..2 are outside 0..19"):
+        pe(torch.zeros(1, 4, 6), start=-1)
+    with pytest.raises(ValueError, match=r"positions 18..21 are outside 0..19"):
+        pe(torch.zeros(1, 4, 6), start=18)

@@ -38,3 +38,21 @@ def test_additive_is_v_tanh_wq_plus_uk():
 def test_scores_reject_bad_shapes():
     with pytest.raises(ValueError, match=r"\(B, Tq, Dq\)"):
         qkv.DotScore()(torch.randn(3, 4), torch.randn(2, 5, 4))
+
+
+@pytest.mark.parametrize(
+    "score, dq, dk, want",
+    [
+        (lambda: qkv.DotScore(), 4, 6, "Dq=4 and key width Dk=4"),
+        (lambda: qkv.ScaledDotScore(), 6, 4, "Dq=6 and key width Dk=6"),
+        (lambda: qkv.GeneralScore(4, 6), 4, 5, "Dq=4 and key width Dk=6"),
+        (lambda: qkv.AdditiveScore(4, 6), 3, 6, "Dq=4 and key width Dk=6"),
+        (lambda: qkv.BahdanauAttention(4, 6), 4, 5, "Dq=4 and key width Dk=6"),
+        (lambda: qkv.LuongAttention(4, 6, score="general"), 4, 7, "Dq=4 and key width Dk=6"),
+        (lambda: qkv.LuongAttention(4, 6, score="location"), 5, 6, "Dq=4"),
+    ],
+    ids=["dot", "scaled-dot", "general", "additive", "bahdanau", "luong", "location"],
+)
+def test_widths_that_do_not_fit_are_named(score, dq, dk, want):
+    with pytest.raises(ValueError, match=want):
+        score()(torch.randn(2, 3, dq), torch.randn(2, 5, dk))
