@@ -48,6 +48,9 @@ def run_cli(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    # quick numbers never replace the checked-in ones unless --out asks for that folder
+    default = Path("runs/bench-quick") if args.quick else root / "benchmarks" / "results"
+    out = Path(args.out) if args.out else default
     names = [args.name] if args.name else BENCHMARKS
     for name in names:
         if not (root / "benchmarks" / f"{name}.py").is_file():
@@ -56,8 +59,8 @@ def run_cli(args) -> int:
                 raise UserError(f"unknown benchmark {name!r}; available: {', '.join(known)}")
             continue
         print(f"== {name} ==")
-        importlib.import_module(f"benchmarks.{name}").run(Path(args.out), quick=args.quick)
-    out = Path(args.out).resolve()
+        importlib.import_module(f"benchmarks.{name}").run(out, quick=args.quick)
+    out = out.resolve()
     if out == (root / "benchmarks" / "results").resolve():
         print(f"updated {update_markdown(root, out)}")
     else:  # BENCHMARKS.md summarises the checked-in results only

@@ -34,6 +34,11 @@ HANDLERS = {
 }
 
 
+# names listed in --help (kept here so that the parser imports no torch)
+_LABS = ("bottleneck", "gradients", "parallelism", "word-order", "heads", "alignment")
+_BENCHMARKS = ("attention", "weights", "masks", "models", "search", "training", "gpu")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qkv", description="Attention from Q, K, V to a translator.")
     p.add_argument("-v", "--verbose", action="store_true", help="log more detail")
@@ -90,13 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="attention.html", help="FILE.html or FILE.png")
 
     lab = sub.add_parser("lab", help="reproduce one claim about attention")
-    lab.add_argument("name")
-    lab.add_argument("--quick", action="store_true")
-    lab.add_argument("--out", default=None)
+    lab.add_argument("name", help="one of: " + ", ".join(_LABS))
+    lab.add_argument("--quick", action="store_true", help="a small setting: seconds to a minute")
+    lab.add_argument("--out", default=None, help="output folder (default runs/lab/NAME)")
 
     b = sub.add_parser("bench", help="performance against the peers")
-    b.add_argument("name", nargs="?", default=None)
-    b.add_argument("--out", default="benchmarks/results")
+    b.add_argument("name", nargs="?", default=None, help="one of: " + ", ".join(_BENCHMARKS))
+    b.add_argument(
+        "--out",
+        default=None,
+        help="results folder (default benchmarks/results, which BENCHMARKS.md summarises; "
+        "with --quick, runs/bench-quick)",
+    )
     b.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 

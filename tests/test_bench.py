@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,40 @@ def test_bench_updates_benchmarks_md_only_from_its_own_results(tmp_path, monkeyp
         assert bench.run_cli(args) == 0 and (out / "fake.json").is_file()
         text = (root / "BENCHMARKS.md").read_text()
         assert ("| fake case |" in text) is changed and ("old" in text) is not changed
+
+
+def test_a_quick_run_keeps_the_checked_in_results(tmp_path, monkeypatch):
+    """``qkv bench NAME --quick`` without --out writes runs/bench-quick, not the repo's."""
+    import argparse
+    import types
+
+    from qkv import bench
+
+    root = tmp_path / "repo"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "benchmarks" / "fake.py").write_text("")
+    (root / "BENCHMARKS.md").write_text("# Benchmarks\n\n" + MARK + "\nold\n")
+    written = []
+
+    def run(out_dir, quick=False):
+        written.append(Path(out_dir))
+        common.write(out_dir, "fake", [common.result("fake case", 1.0, "peer", 2.0)])
+
+    monkeypatch.setattr(bench, "find_root", lambda: root)
+    monkeypatch.setattr(bench, "importlib", types.SimpleNamespace(
+        import_module=lambda name: types.SimpleNamespace(run=run)))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert bench.run_cli(argparse.Namespace(name="fake", out=None, quick=True, threads=None)) == 0
+    assert written == [Path("runs/bench-quick")] and not (root / "benchmarks/results").exists()
+    assert "old" in (root / "BENCHMARKS.md").read_text()
+    assert bench.run_cli(argparse.Namespace(name="fake", out=None, quick=False, threads=None)) == 0
+    assert written[-1] == root / "benchmarks" / "results"
+    assert "| fake case |" in (root / "BENCHMARKS.md").read_text()
+
+
+def test_the_help_lists_every_benchmark_and_experiment():
+    from qkv import cli
+    from qkv.bench import BENCHMARKS
+    from qkv.lab import EXPERIMENTS
+
+    assert cli._BENCHMARKS == tuple(BENCHMARKS) and cli._LABS == tuple(EXPERIMENTS)
