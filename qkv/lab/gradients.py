@@ -190,6 +190,13 @@ def _figure(results: dict[str, dict], out: Path) -> str:
     return save_figure(fig, out / "gradient-norms.png")
 
 
+def _distance_effect(far_over_near: float) -> str:
+    """What a far/near gradient ratio says: within a factor 2 of 1 is no decay."""
+    if 0.5 <= far_over_near <= 2.0:
+        return "no decay with distance"
+    return "it decays with distance" if far_over_near < 0.5 else "it grows with distance"
+
+
 def run(out: Path, *, quick: bool = False) -> LabRun:
     """Measure, draw ``gradient-norms.png`` and return every number."""
     setting = QUICK if quick else FULL
@@ -198,10 +205,11 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     summary = _summary(results, setting.steps)
     figure = _figure(results, out)
     decay_05 = summary["tanh ρ=0.5"]["k=50"]
+    far_near = summary["self-attention"]["far_over_near"]
     verdict = (
         f"tanh ρ=0.5 keeps {decay_05:.1e} of the gradient after 50 steps, ρ=1.5 keeps "
         f"{summary['tanh ρ=1.5']['k=50']:.1e}; self-attention's far/near ratio is "
-        f"{summary['self-attention']['far_over_near']:.2f} (no decay with distance)"
+        f"{far_near:.2f} ({_distance_effect(far_near)})"
     )
     return LabRun(
         name="gradients",

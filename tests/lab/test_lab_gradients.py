@@ -40,3 +40,13 @@ def test_self_attention_does_not_decay_with_distance(result):
 
 def test_figure_written(result, lab_out):
     assert (lab_out / "gradients" / "gradient-norms.png").stat().st_size > 10_000
+
+
+def test_the_verdict_follows_the_ratio(result):
+    from qkv.lab.gradients import _distance_effect
+
+    ratio = result["results"]["summary"]["self-attention"]["far_over_near"]
+    assert f"{ratio:.2f} ({_distance_effect(ratio)})" in result["verdict"]
+    assert _distance_effect(1.0) == "no decay with distance"
+    assert _distance_effect(0.01) == "it decays with distance"
+    assert _distance_effect(30.0) == "it grows with distance"

@@ -29,3 +29,10 @@ def test_minilm_gives_sally_a_different_vector_unless_positions_are_zeroed(resul
     assert sims["with positions"]["Sally"][-1] < 0.99
     for values in sims["positions zeroed"].values():
         assert min(values) > 0.9999
+
+
+def test_the_verdict_states_the_largest_difference(result):
+    worst = max(
+        max(d["attention"], d["encoder"]) for d in result["results"]["max_abs_diff"].values()
+    )
+    assert f"at most {worst:.1e}" in result["verdict"]
