@@ -168,7 +168,16 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     With ``resume``, a ``last.safetensors`` in the output folder is continued; it must
     have been trained on the same data (data and tokenizer sections, tokenizers) and model.
     A checkpoint already at or past ``train.steps`` trains nothing (``already_done``).
+    ``train.threads`` holds only while it trains: torch's thread count is restored after.
     """
+    before = torch.get_num_threads()
+    try:
+        return _train(recipe, resume, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     cfg = recipe.train
     try:
         dist = Dist.from_env(cfg.device)

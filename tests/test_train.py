@@ -119,6 +119,19 @@ def test_resume_with_another_model_names_what_changed(tmp_path):
     assert (tmp_path / "last.safetensors").read_bytes() == before  # nothing overwritten
 
 
+def test_train_threads_hold_only_while_training(tmp_path):
+    before = torch.get_num_threads()
+    seen = []
+    try:
+        torch.set_num_threads(2)
+        recipe = _recipe(tmp_path, steps=2, threads=1)
+        result = train(recipe, progress=False)
+        seen.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(before)
+    assert result.steps == 2 and seen == [2]
+
+
 def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
     train(_recipe(tmp_path / "reuse", steps=6), progress=False)
     monkeypatch.setattr(qkv.train, "reuse_freed_memory", lambda: contextlib.nullcontext())
