@@ -75,14 +75,32 @@ class Seq2Seq(Protocol):
     ) -> tuple[Tensor, Seq2SeqAttention]: ...
 
 
-def source_mask(src: Tensor, src_mask: Tensor | None, pad_id: int) -> Tensor:
+def check_target(tgt_in: Tensor, src: Tensor, vocab_size: int) -> None:
+    """Raise ``ValueError`` unless ``tgt_in`` is ``(B, T)`` ids, ``T >= 1``, B as ``src``'s."""
+    from qkv.models.hf import check_token_ids
+
+    if tgt_in.ndim != 2 or tgt_in.shape[1] == 0 or tgt_in.shape[0] != src.shape[0]:
+        raise ValueError(
+            f"tgt_in must be (B, T) token ids with T >= 1 and the B of src "
+            f"{tuple(src.shape)}, got {tuple(tgt_in.shape)}"
+        )
+    check_token_ids(tgt_in, vocab_size, "target token id")
+
+
+def source_mask(
+    src: Tensor, src_mask: Tensor | None, pad_id: int, vocab_size: int | None = None
+) -> Tensor:
     """The ``(B, S)`` boolean mask of real source tokens (``src != pad_id`` when not given).
 
-    Raises ``ValueError`` for a mask of the wrong shape or dtype, or a sentence with no
-    real token.
+    Raises ``ValueError`` for a mask of the wrong shape or dtype, a sentence with no
+    real token, or (given ``vocab_size``) an id outside the vocabulary.
     """
+    from qkv.models.hf import check_token_ids
+
     if src.ndim != 2:
         raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
+    if vocab_size is not None:
+        check_token_ids(src, vocab_size, "source token id")
     mask = src != pad_id if src_mask is None else src_mask
     if mask.dtype != torch.bool or mask.shape != src.shape:
         raise ValueError(f"src_mask must be boolean {tuple(src.shape)} (True = real token), "

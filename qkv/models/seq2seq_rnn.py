@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from qkv.models.config import RNNSeq2SeqConfig
-from qkv.models.seq2seq import Seq2SeqAttention, source_mask
+from qkv.models.seq2seq import Seq2SeqAttention, check_target, source_mask
 from qkv.modules.dropout import Dropout
 from qkv.modules.rnn_attention import BahdanauAttention, LuongAttention
 
@@ -246,7 +246,7 @@ class RNNSeq2Seq(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> RNNState:
         """Read the source; the returned state starts decoding."""
-        mask = source_mask(src, src_mask, self.pad_id)
+        mask = source_mask(src, src_mask, self.pad_id, self.config.src_vocab_size)
         memory, final = self.encoder(src, mask)  # (B, S, H), (L, B, H)
         return self.decoder.start(memory, mask, self.bridge(final))
 
@@ -273,8 +273,7 @@ class RNNSeq2Seq(nn.Module):
         ``need_weights`` exists for a uniform interface: an RNN's single attention map comes
         for free, so it is always returned.
         """
-        if tgt_in.ndim != 2 or tgt_in.shape[1] == 0:
-            raise ValueError(f"tgt_in must be (B, T) with T >= 1, got {tuple(tgt_in.shape)}")
+        check_target(tgt_in, src, self.config.tgt_vocab_size)
         state = self.encode(src, src_mask)
         emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
         if isinstance(self.decoder, LuongDecoder) and not self.decoder.input_feeding:

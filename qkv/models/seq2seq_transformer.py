@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.models.config import TransformerSeq2SeqConfig
-from qkv.models.seq2seq import Seq2SeqAttention, source_mask
+from qkv.models.seq2seq import Seq2SeqAttention, check_target, source_mask
 from qkv.modules.dropout import Dropout
 from qkv.modules.positional import (
     LearnedPositionalEncoding,
@@ -161,7 +161,7 @@ class TransformerSeq2Seq(nn.Module):
             use_cache: decode with a KV cache (``False``: recompute the prefix every step).
             need_weights: keep the encoder self-attention maps in the state.
         """
-        mask = source_mask(src, src_mask, self.pad_id)
+        mask = source_mask(src, src_mask, self.pad_id, self.config.src_vocab_size)
         enc = self.encoder(self._embed(src, False), key_mask=mask, need_weights=need_weights)
         cache = self.decoder.new_cache() if use_cache else None
         prefix = None if use_cache else src.new_empty(src.shape[0], 0)
@@ -201,7 +201,8 @@ class TransformerSeq2Seq(nn.Module):
 
         ``need_weights=False`` skips the maps (faster training); ``alignment`` is then None.
         """
-        mask = source_mask(src, src_mask, self.pad_id)
+        mask = source_mask(src, src_mask, self.pad_id, self.config.src_vocab_size)
+        check_target(tgt_in, src, self.config.tgt_vocab_size)
         enc = self.encoder(self._embed(src, False), key_mask=mask, need_weights=need_weights)
         dec = self.decoder(self._embed(tgt_in, True), enc.hidden, memory_key_mask=mask,
                            need_weights=need_weights)  # fmt: skip

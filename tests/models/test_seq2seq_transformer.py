@@ -163,3 +163,23 @@ def test_copy_task_is_learned():
     )  # fmt: skip
     loss = train_copy(TransformerSeq2Seq(cfg), steps=150, lr=5e-3, batch_size=64)
     assert loss < 0.1, f"held-out copy loss {loss:.3f} (initially about 2.5)"
+
+
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_bad_inputs_are_named(kind):
+    from qkv.models.config import RNNSeq2SeqConfig
+    from qkv.models.seq2seq_rnn import RNNSeq2Seq
+
+    if kind == "rnn":
+        model = RNNSeq2Seq(RNNSeq2SeqConfig(src_vocab_size=V, tgt_vocab_size=V + 3,
+                                            embed_dim=8, hidden_dim=8))  # fmt: skip
+    else:
+        model = _model("sinusoidal-pre-ln")
+    src = padded_batch([4, 2], V)
+    for tgt in (torch.tensor([3, 4]), torch.zeros(2, 0, dtype=torch.long), _tgt(model, 3, 4)):
+        with pytest.raises(ValueError, match=r"tgt_in must be \(B, T\) token ids with T >= 1"):
+            model(src, tgt)
+    with pytest.raises(ValueError, match=f"target token id {V + 3} is outside 0..{V + 2}"):
+        model(src, torch.full((2, 3), V + 3))
+    with pytest.raises(ValueError, match=f"source token id {V} is outside 0..{V - 1}"):
+        model(src.masked_fill(src == src.max(), V), _tgt(model, 2, 3))
