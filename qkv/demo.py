@@ -157,6 +157,7 @@ def _pictures(out: Path, ckpt_path: Path, sentences: list[str]) -> list[tuple[st
         except ImportError as err:  # matplotlib (the viz extra) is optional
             log.warning("no heatmaps: %s", err)
         from qkv.viz import save_html
+        from qkv.viz.alignments import describe_alignment
 
         save_html(
             out / f"alignment-{i + 1}.html",
@@ -164,6 +165,7 @@ def _pictures(out: Path, ckpt_path: Path, sentences: list[str]) -> list[tuple[st
             src_tokens=src_tokens,
             tgt_tokens=tgt_tokens,
             title=f"{text} → {best.text}",
+            map_label=describe_alignment(ckpt.model),
         )
     return pairs
 

@@ -263,7 +263,7 @@ def run_translate(args) -> int:
             for rank, t in enumerate(nbest, start=1):
                 print(f"{number}\t{rank}\t{t.normalized_score:.4f}\t{t.score:.4f}\t{t.text}")
     if args.show_attention:
-        written = _write_alignments(args.show_attention, lines, out, src_tok)
+        written = _write_alignments(args.show_attention, lines, out, src_tok, model)
         print("attention: " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
 
@@ -295,9 +295,10 @@ def _check_attention_output(path: str, model) -> None:
         raise UserError(f"{where}: {folder}: permission denied")
 
 
-def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
+def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
     from qkv.cli import UserError
     from qkv.viz import save_alignments
+    from qkv.viz.alignments import describe_alignment
 
     items = []
     for text, nbest in zip(lines, out):
@@ -311,7 +312,7 @@ def _write_alignments(path: str, lines: list[str], out, src_tok) -> list:
             raise UserError("--show-attention: the input has no sentence to show")
         raise UserError("--show-attention: this model has no attention to show")
     try:
-        return save_alignments(items, path)
+        return save_alignments(items, path, map_label=describe_alignment(model))
     except ValueError as err:
         raise UserError(f"--show-attention {path}: {err}") from None
 

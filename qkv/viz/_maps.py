@@ -15,7 +15,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AttentionMaps", "as_maps", "head_entropy", "prepare", "summarize", "summary"]
+__all__ = [
+    "AttentionMaps",
+    "as_maps",
+    "head_entropy",
+    "prepare",
+    "summarize",
+    "summarize_map",
+    "summary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -232,3 +240,19 @@ def summarize(am: AttentionMaps) -> list[str]:
         what = _describe_head(am.weights[layer, h], am.query_tokens, am.key_tokens, am.kind)
         lines.append(f"layer {layer}: head {h} (entropy {row[h]:.2f} nats) {what}")
     return lines
+
+
+def summarize_map(am: AttentionMaps) -> str:
+    """One line for maps that are a single map ``(1, 1, Tq, Tk)``: its entropy and where it looks.
+
+    For a map that is no particular layer and head (a translator's alignment, the mean of
+    a layer's heads), where "layer 0: head 0" would name something that does not exist.
+
+    Returns:
+        e.g. ``"entropy 0.21 nats; looks at the first token '[CLS]' (92% of queries)"``.
+    """
+    if am.weights.shape[:2] != (1, 1):
+        raise ValueError(f"summarize_map: maps of shape {am.weights.shape} are not one map")
+    ent = float(head_entropy(am.weights)[0, 0])
+    what = _describe_head(am.weights[0, 0], am.query_tokens, am.key_tokens, am.kind)
+    return f"entropy {ent:.2f} nats; {what}"

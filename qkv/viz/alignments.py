@@ -5,6 +5,10 @@ alignment (target tokens attending to source tokens) to :func:`save_alignments`,
 writes one self-contained viewer page with a sentence selector (same no-network,
 escaping and quantisation rules as :func:`qkv.viz.save_html`), or one heatmap per
 sentence when the path is an image (``out.png`` -> ``out-1.png``, ``out-2.png``, ...).
+
+A translator's alignment is one map per sentence that is no particular layer and head:
+:func:`describe_alignment` says what it is (for a Transformer, the mean of the heads of
+the last decoder layer's cross-attention), and the page names it so.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from qkv.viz._maps import AttentionMaps, prepare
 
-__all__ = ["AlignmentItem", "alignment_label", "save_alignments"]
+__all__ = ["AlignmentItem", "alignment_label", "describe_alignment", "save_alignments"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,31 @@ def alignment_label(source_text: str, tgt_tokens: Sequence[Any], limit: int = 12
         words = words[:-1]
     label = f"{' '.join(source_text.split())} → {' '.join(words)}"
     return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+def describe_alignment(model: Any) -> str:
+    """What a translator's ``alignment`` map is, in words, for the viewer's labels.
+
+    A Transformer's alignment is the mean over the heads of the last decoder layer's
+    cross-attention (:class:`~qkv.models.seq2seq.Seq2SeqAttention`); an RNN decoder has
+    a single attention.
+
+    Args:
+        model: a translator with a ``config`` (Transformer or RNN encoder–decoder).
+
+    Returns:
+        e.g. ``"last of 3 decoder layers, mean of 4 heads"``, ``"Luong attention"``, or
+        ``"attention"`` for a model this function does not know.
+    """
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_decoder_layers", None)
+    heads = getattr(config, "num_heads", None)
+    if isinstance(layers, int) and isinstance(heads, int):
+        layer = "the one decoder layer" if layers == 1 else f"last of {layers} decoder layers"
+        return f"{layer}, {'its one head' if heads == 1 else f'mean of {heads} heads'}"
+    kind = getattr(config, "attention", None)
+    names = {"luong": "Luong attention", "bahdanau": "Bahdanau attention"}
+    return names.get(kind, "attention") if isinstance(kind, str) else "attention"
 
 
 def _prepare_items(items: Sequence[AlignmentItem]) -> tuple[list[AttentionMaps], list[str]]:
@@ -97,6 +126,7 @@ def save_alignments(
     *,
     title: str | None = None,
     quantization: str = "uint16",
+    map_label: str | None = None,
 ) -> list[Path]:
     """Write the cross-attention alignment of each translated sentence.
 
@@ -113,13 +143,16 @@ def save_alignments(
         path: the ``.html`` page, or the image name to number.
         title: page title (HTML); a default counts the sentences.
         quantization: ``"uint16"`` or ``"uint8"`` (HTML).
+        map_label: what each single alignment map is (HTML), e.g. from
+            :func:`describe_alignment`; ``"alignment"`` when None and every item is one
+            map (items with several layers or heads keep their numbers).
 
     Returns:
         the files written.
 
     Raises:
-        ValueError: no items, an item whose shape and tokens disagree, or a path that is
-            neither HTML nor an image.
+        ValueError: no items, an item whose shape and tokens disagree, a ``map_label``
+            for items of several maps, or a path that is neither HTML nor an image.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -132,12 +165,19 @@ def save_alignments(
         raise ValueError(f"{path}: no alignments to show (does the model attend?)")
     maps, labels = _prepare_items(items)
     if suffix in _HTML:
-        return [_save_page(path, maps, labels, title, quantization)]
+        if map_label is None and all(am.weights.shape[:2] == (1, 1) for am in maps):
+            map_label = "alignment"
+        return [_save_page(path, maps, labels, title, quantization, map_label)]
     return _save_images(path, maps, labels)
 
 
 def _save_page(
-    path: Path, maps: list[AttentionMaps], labels: list[str], title: str | None, quantization: str
+    path: Path,
+    maps: list[AttentionMaps],
+    labels: list[str],
+    title: str | None,
+    quantization: str,
+    map_label: str | None,
 ) -> Path:
     """The viewer page with one item per sentence."""
     from qkv.viz.html import AttentionView, render_pages
@@ -145,7 +185,12 @@ def _save_page(
     n = len(maps)
     title = title or f"Cross-attention: {n} translated sentence{'s' if n != 1 else ''}"
     page = render_pages(
-        maps, labels, title=title, quantization=quantization, initial={"view": "matrix"}
+        maps,
+        labels,
+        title=title,
+        quantization=quantization,
+        initial={"view": "matrix"},
+        map_label=map_label,
     )
     return AttentionView(page).save(path)
 

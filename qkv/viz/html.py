@@ -7,9 +7,18 @@ the script and the style sheet. It loads nothing from the network and opens from
 Views (all for self-attention and for cross-attention, source <-> target):
 
 - **head view**: queries on the left, keys on the right, lines weighted by attention, one
-  colour per head; hover a token to focus it (click to pin), choose layer and heads;
-- **model view**: a thumbnail for every layer x head; click one to open it;
-- **matrix view**: the heatmap of one head with the exact weight on hover.
+  colour per head; hover or focus a token to show its lines (click, Enter or Space to
+  pin), choose layer and heads;
+- **model view**: a thumbnail for every layer x head; click one (or Enter on it) to open it;
+- **matrix view**: the heatmap of one head with the exact weight on hover; focused, the
+  arrow keys move a highlighted cell whose weight is read out (``aria-live``).
+
+Everything works from the keyboard: the view tabs follow the ARIA tabs pattern (arrow
+keys move between them), tokens and thumbnails are focusable buttons.
+
+A single map that is no particular layer and head (a translator's alignment: the mean of
+the last decoder layer's heads) is named by ``map_label`` everywhere the page would
+otherwise say "layer 0, head 0".
 
 :func:`render_pages` puts several inputs (e.g. translated sentences) on one page, with a
 selector between them; ``initial`` chooses the view, layer and head a page opens on.
@@ -30,7 +39,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qkv.viz._maps import AttentionMaps, prepare, summarize
+from qkv.viz._maps import AttentionMaps, prepare, summarize, summarize_map
 from qkv.viz.payload import (
     PAYLOAD_ID,
     decode_payload,
@@ -82,25 +91,33 @@ _TEMPLATE = """<!DOCTYPE html>
 <header>
 <h1 id="qkv-title">{title}</h1>
 <div id="qkv-items" hidden><label>Sentence <select id="qkv-item"></select></label></div>
-<nav id="qkv-tabs" role="tablist">
-<button type="button" id="qkv-tab-head" data-view="head">Head view</button>
-<button type="button" id="qkv-tab-model" data-view="model">Model view</button>
-<button type="button" id="qkv-tab-matrix" data-view="matrix">Matrix view</button>
-</nav>
+<div id="qkv-tabs" role="tablist" aria-label="Views">
+<button type="button" role="tab" id="qkv-tab-head" data-view="head"
+ aria-controls="qkv-head-view">Head view</button>
+<button type="button" role="tab" id="qkv-tab-model" data-view="model"
+ aria-controls="qkv-model-view">Model view</button>
+<button type="button" role="tab" id="qkv-tab-matrix" data-view="matrix"
+ aria-controls="qkv-matrix-view">Matrix view</button>
+</div>
 <div id="qkv-controls">
-<label>Layer <select id="qkv-layer"></select></label>
-<span id="qkv-heads" aria-label="heads"></span>
+<label id="qkv-layer-label">Layer <select id="qkv-layer"></select></label>
+<span id="qkv-heads" role="group" aria-label="heads"></span>
+<span id="qkv-map-label" hidden></span>
 <span class="qkv-hint" id="qkv-hint"></span>
 </div>
 </header>
 <main>
-<section id="qkv-head-view" class="qkv-view"></section>
-<section id="qkv-model-view" class="qkv-view" hidden></section>
-<section id="qkv-matrix-view" class="qkv-view" hidden></section>
+<section id="qkv-head-view" class="qkv-view" role="tabpanel" aria-labelledby="qkv-tab-head">
+</section>
+<section id="qkv-model-view" class="qkv-view" role="tabpanel" aria-labelledby="qkv-tab-model"
+ hidden></section>
+<section id="qkv-matrix-view" class="qkv-view" role="tabpanel"
+ aria-labelledby="qkv-tab-matrix" hidden></section>
 </main>
 <div id="qkv-tooltip" role="tooltip" hidden></div>
+<p id="qkv-readout" class="qkv-sr-only" role="status" aria-live="polite"></p>
 <footer>
-<details id="qkv-summary"><summary>Most focused head per layer</summary><ul>{summary}</ul>
+<details id="qkv-summary"><summary>{summary_heading}</summary><ul>{summary}</ul>
 </details>
 <p id="qkv-quantization" data-dtype="{dtype}" data-max-error="{max_error!r}">{quant_text}</p>
 </footer>
@@ -123,6 +140,7 @@ def render_html(
     title: str | None = None,
     quantization: str = "uint16",
     initial: Mapping[str, Any] | None = None,
+    map_label: str | None = None,
 ) -> str:
     """Build the viewer page as one HTML string.
 
@@ -135,17 +153,26 @@ def render_html(
         quantization: ``"uint16"`` or ``"uint8"`` (see :func:`encode_payload`).
         initial: what the page opens on: ``{"view": "head" | "model" | "matrix",
             "layer": int, "head": int}`` (each key optional; a head alone is shown).
+        map_label: for a single map ``(1, 1, Tq, Tk)`` that is no particular layer and
+            head, what it is (e.g. ``"last of 3 decoder layers, mean of 4 heads"``); the
+            page names it so everywhere instead of "layer 0, head 0".
 
     Returns:
         the complete HTML document.
     """
     am = prepare(maps, tokens, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
     layers, heads, tq, tk = am.weights.shape
-    title = title or f"{am.kind}-attention: {layers} layers × {heads} heads, {tq} × {tk} tokens"
-    payload = encode_payload(am, title=title, quantization=quantization)
+    shape = f"{tq} × {tk} tokens"
+    what = map_label or f"{layers} layers × {heads} heads"
+    title = title or f"{am.kind}-attention: {what}, {shape}"
+    payload = encode_payload(am, title=title, quantization=quantization, map_label=map_label)
     if initial:
         payload["initial"] = _check_initial(initial, layers, heads)
-    return _page(payload, [payload["encoding"]], am.kind, summarize(am))
+    if map_label is None:
+        summary = _Summary(_PER_LAYER, summarize(am))
+    else:
+        summary = _Summary(f"Where the attention looks ({map_label})", [summarize_map(am)])
+    return _page(payload, [payload["encoding"]], am.kind, summary)
 
 
 def render_pages(
@@ -155,6 +182,7 @@ def render_pages(
     title: str,
     quantization: str = "uint16",
     initial: Mapping[str, Any] | None = None,
+    map_label: str | None = None,
 ) -> str:
     """One viewer page for several inputs (e.g. sentences), with a selector between them.
 
@@ -166,6 +194,7 @@ def render_pages(
         title: page title.
         quantization: ``"uint16"`` or ``"uint8"``.
         initial: as in :func:`render_html`; layer and head apply to the first item.
+        map_label: as in :func:`render_html`, for every item (each a single map).
 
     Returns:
         the complete HTML document; its payload holds ``items``, each a payload as
@@ -174,7 +203,7 @@ def render_pages(
     if not items or len(items) != len(labels):
         raise ValueError(f"render_pages: {len(items)} items and {len(labels)} labels")
     payloads = [
-        encode_payload(am, title=str(label), quantization=quantization)
+        encode_payload(am, title=str(label), quantization=quantization, map_label=map_label)
         for am, label in zip(items, labels)
     ]
     kinds = {am.kind for am in items}
@@ -182,12 +211,14 @@ def render_pages(
     payload.update(title=title, items=payloads)
     if initial:
         payload["initial"] = _check_initial(initial, *items[0].weights.shape[:2])
-    lines = [
-        f"{k + 1}. {label} — {line}"
-        for k, (am, label) in enumerate(zip(items, labels))
-        for line in summarize(am)
-    ]
-    return _page(payload, [p["encoding"] for p in payloads], payload["kind"], lines)
+    numbered = [f"{k + 1}. {label}" for k, label in enumerate(labels)]
+    if map_label is None:
+        lines = [f"{n} — {line}" for n, am in zip(numbered, items) for line in summarize(am)]
+        summary = _Summary(_PER_LAYER, lines)
+    else:
+        lines = [f"{n} — {summarize_map(am)}" for n, am in zip(numbered, items)]
+        summary = _Summary(f"Where the attention looks ({map_label})", lines)
+    return _page(payload, [p["encoding"] for p in payloads], payload["kind"], summary)
 
 
 def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[str, Any]:
@@ -207,8 +238,22 @@ def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[
     return out
 
 
+@dataclass(frozen=True)
+class _Summary:
+    """The page's footer summary: a heading and its lines (plain text)."""
+
+    heading: str
+    lines: list[str]
+
+
+_PER_LAYER = "Most focused head per layer"
+
+
 def _page(
-    payload: dict[str, Any], encodings: list[dict[str, Any]], kind: str, summary: list[str]
+    payload: dict[str, Any],
+    encodings: list[dict[str, Any]],
+    kind: str,
+    summary: _Summary,
 ) -> str:
     """Fill the page template with a payload, its error bound and the summary lines."""
     max_error = max(enc["maxError"] for enc in encodings)
@@ -228,7 +273,8 @@ def _page(
         title=html.escape(title),
         kind=html.escape(kind),
         css=_asset("viewer.css"),
-        summary="".join(f"<li>{html.escape(line)}</li>" for line in summary),
+        summary_heading=html.escape(summary.heading),
+        summary="".join(f"<li>{html.escape(line)}</li>" for line in summary.lines),
         dtype=encodings[0]["dtype"],
         max_error=max_error,
         quant_text=html.escape(quant_text),
@@ -282,6 +328,7 @@ def show(
     tgt_tokens: Sequence[Any] | None = None,
     title: str | None = None,
     quantization: str = "uint16",
+    map_label: str | None = None,
 ) -> AttentionView:
     """Make an interactive attention viewer (head, model and matrix views).
 
@@ -292,6 +339,8 @@ def show(
         tgt_tokens: cross-attention queries (target sentence).
         title: page title.
         quantization: ``"uint16"`` or ``"uint8"``.
+        map_label: what a single map is when it is no particular layer and head (see
+            :func:`render_html`).
 
     Returns:
         an :class:`AttentionView` (``_repr_html_`` for notebooks, ``.save(path)``).
@@ -304,6 +353,7 @@ def show(
             tgt_tokens=tgt_tokens,
             title=title,
             quantization=quantization,
+            map_label=map_label,
         )
     )
 
@@ -317,6 +367,7 @@ def save_html(
     tgt_tokens: Sequence[Any] | None = None,
     title: str | None = None,
     quantization: str = "uint16",
+    map_label: str | None = None,
 ) -> Path:
     """Write the attention viewer to one HTML file.
 
@@ -328,6 +379,7 @@ def save_html(
         tgt_tokens: cross-attention queries (target sentence).
         title: page title.
         quantization: ``"uint16"`` or ``"uint8"``.
+        map_label: what a single map is (see :func:`render_html`).
 
     Returns:
         the path written.
@@ -339,5 +391,6 @@ def save_html(
         tgt_tokens=tgt_tokens,
         title=title,
         quantization=quantization,
+        map_label=map_label,
     )
     return view.save(path)

@@ -19,14 +19,25 @@ import numpy as np
 
 from qkv.viz._maps import AttentionMaps
 
-__all__ = ["PAYLOAD_ID", "decode_payload", "encode_payload", "extract_payload", "json_for_script"]
+__all__ = [
+    "PAYLOAD_ID",
+    "check_map_label",
+    "decode_payload",
+    "encode_payload",
+    "extract_payload",
+    "json_for_script",
+]
 
 _DTYPES = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2")}
 PAYLOAD_ID = "qkv-data"
 
 
 def encode_payload(
-    am: AttentionMaps, *, title: str | None = None, quantization: str = "uint16"
+    am: AttentionMaps,
+    *,
+    title: str | None = None,
+    quantization: str = "uint16",
+    map_label: str | None = None,
 ) -> dict[str, Any]:
     """Quantise the maps and pack them with the tokens into the page's JSON payload.
 
@@ -35,13 +46,21 @@ def encode_payload(
         title: title shown on the page.
         quantization: ``"uint16"`` (default, max error about 7.6e-6 of the range) or
             ``"uint8"`` (about 2e-3, half the size).
+        map_label: what a single map ``(1, 1, Tq, Tk)`` is, when it is no particular layer
+            and head (e.g. ``"last of 3 decoder layers, mean of 4 heads"``); the page then
+            names it so instead of "layer 0, head 0".
 
     Returns:
         a JSON-serialisable dict; ``weights`` is the base64 of the little-endian integers
-        in ``(L, H, Tq, Tk)`` C order.
+        in ``(L, H, Tq, Tk)`` C order; ``mapLabel`` when ``map_label`` is given.
+
+    Raises:
+        ValueError: an unknown quantization, or a ``map_label`` that is empty or given
+            for several maps.
     """
     if quantization not in _DTYPES:
         raise ValueError(f"quantization {quantization!r}: choose one of {sorted(_DTYPES)}")
+    check_map_label(map_label, am.weights.shape)
     dtype = _DTYPES[quantization]
     levels = int(np.iinfo(dtype).max)
     w = am.weights
@@ -51,7 +70,7 @@ def encode_payload(
     step = (hi - lo) / levels
     q = np.rint((w - lo) / step).clip(0, levels).astype(dtype)
     layers, heads, tq, tk = w.shape
-    return {
+    payload = {
         "version": 1,
         "kind": am.kind,
         "title": title or "",
@@ -68,6 +87,22 @@ def encode_payload(
         },
         "weights": base64.b64encode(q.tobytes()).decode("ascii"),
     }
+    if map_label is not None:
+        payload["mapLabel"] = map_label
+    return payload
+
+
+def check_map_label(map_label: str | None, shape: tuple[int, ...]) -> None:
+    """Refuse a map label that is empty, or that would name ``L x H`` maps at once."""
+    if map_label is None:
+        return
+    if not isinstance(map_label, str) or not map_label.strip():
+        raise ValueError(f"map_label {map_label!r}: give a non-empty string")
+    if tuple(shape[:2]) != (1, 1):
+        raise ValueError(
+            f"map_label {map_label!r} names one map, but there are {shape[0]} layers x "
+            f"{shape[1]} heads; label only a single (1, 1, Tq, Tk) map"
+        )
 
 
 def decode_payload(payload: dict[str, Any]) -> np.ndarray:

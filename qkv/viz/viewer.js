@@ -2,6 +2,11 @@
 // Reads the JSON payload from the script element #qkv-data, draws with DOM/SVG/canvas.
 // A payload with "items" holds several inputs (e.g. sentences); a selector switches them.
 // Tokens are always inserted with textContent, never parsed as HTML.
+// Keyboard: view tabs take the arrow keys (ARIA tabs); tokens and thumbnails are buttons
+// (Tab, Enter, Space); the matrix, focused, moves a highlighted cell with the arrow keys
+// and reads its weight out in #qkv-readout (aria-live).
+// A payload with "mapLabel" holds one map that is no particular layer and head (e.g. the
+// mean of a layer's heads); the page names it so instead of "layer 0, head 0".
 (function () {
   "use strict";
 
@@ -17,7 +22,7 @@
   const ITEMS = PAGE.items || [PAGE];
   let data, L, H, TQ, TK, W, cross; // the item on show, set by load()
   const state = { view: "head", layer: 0, heads: new Set(), matrixHead: 0,
-    focus: null, pinned: false, item: 0 };
+    focus: null, pinned: false, item: 0, cell: null };
 
   function load(k) {
     data = ITEMS[k];
@@ -33,7 +38,7 @@
     const head = init.head == null ? null : clamp(init.head, H);
     Object.assign(state, { view: init.view || "head", layer: clamp(init.layer || 0, L),
       heads: new Set(head == null ? range(H) : [head]), matrixHead: head == null ? 0 : head,
-      focus: null, pinned: false });
+      focus: null, pinned: false, cell: null });
   }
 
   function range(n) { return Array.from({ length: n }, (_, i) => i); }
@@ -54,6 +59,18 @@
   }
 
   function weight(l, h, i, j) { return W[((l * H + h) * TQ + i) * TK + j]; }
+
+  function mapName(l, h) { return data.mapLabel || `layer ${l}, head ${h}`; }
+
+  // Enter and Space act like a click on elements that are buttons by role only.
+  function onActivate(node, action) {
+    node.addEventListener("click", action);
+    node.addEventListener("keydown", (e) => {
+      if (e.key !== "Enter" && e.key !== " ") return;
+      e.preventDefault();
+      action(e);
+    });
+  }
 
   function headColor(h) {
     return h < PALETTE.length ? PALETTE[h] : `hsl(${(h * 137.5) % 360}, 65%, 45%)`;
@@ -82,6 +99,8 @@
   const layerSelect = document.getElementById("qkv-layer");
   const headBar = document.getElementById("qkv-heads");
   const hint = document.getElementById("qkv-hint");
+  const readout = document.getElementById("qkv-readout");
+  const TABS = [...document.querySelectorAll("#qkv-tabs [role='tab']")];
 
   function buildControls() {
     buildItemSelector();
@@ -92,13 +111,31 @@
       b.addEventListener("click", () => { state.heads = new Set(pick()); render(); });
       headBar.appendChild(b);
     }
-    for (const b of document.querySelectorAll("#qkv-tabs button")) {
+    for (const b of TABS) {
       b.addEventListener("click", () => { state.view = b.dataset.view; render(); });
+      b.addEventListener("keydown", (e) => moveTab(e, TABS.indexOf(b)));
     }
+  }
+
+  // ARIA tabs: Left/Right (wrapping), Home and End move to a tab and open it.
+  function moveTab(e, k) {
+    const n = TABS.length;
+    const to = { ArrowRight: (k + 1) % n, ArrowLeft: (k + n - 1) % n, Home: 0, End: n - 1 };
+    if (!(e.key in to)) return;
+    e.preventDefault();
+    state.view = TABS[to[e.key]].dataset.view;
+    render();
+    TABS[to[e.key]].focus();
   }
 
   // Options that depend on the item's shape: layers and head toggles.
   function buildShapeControls() {
+    const named = !!data.mapLabel;
+    document.getElementById("qkv-layer-label").hidden = named;
+    headBar.hidden = named;
+    const mapLabel = document.getElementById("qkv-map-label");
+    mapLabel.hidden = !named;
+    mapLabel.textContent = named ? `Map: ${data.mapLabel}` : "";
     layerSelect.replaceChildren();
     for (const l of range(L)) layerSelect.appendChild(el("option", { value: l }, `layer ${l}`));
     headBar.querySelectorAll(".qkv-head-toggle").forEach((b) => b.remove());
@@ -145,15 +182,21 @@
       const on = state.view === "matrix" ? h === state.matrixHead : state.heads.has(h);
       b.setAttribute("aria-pressed", on ? "true" : "false");
     }
-    for (const b of document.querySelectorAll("#qkv-tabs button")) {
-      b.setAttribute("aria-selected", b.dataset.view === state.view ? "true" : "false");
+    for (const b of TABS) {
+      const on = b.dataset.view === state.view;
+      b.setAttribute("aria-selected", on ? "true" : "false");
+      b.tabIndex = on ? 0 : -1;
     }
     document.getElementById("qkv-controls").dataset.view = state.view;
+    const heads = data.mapLabel ? "" : { head: " Heads: click to toggle.",
+      matrix: " Heads: pick one." }[state.view] || "";
     hint.textContent = {
-      head: "Hover a token to focus it, click to pin. Heads: click to toggle.",
-      model: "Every layer × head. Click a thumbnail to open it.",
-      matrix: "Rows attend to columns. Hover a cell for its exact weight. Heads: pick one.",
-    }[state.view];
+      head: "Hover or focus a token to show its lines; click, Enter or Space pins it.",
+      model: data.mapLabel ? "Click the thumbnail (or Enter) to open it."
+        : "Every layer × head. Click a thumbnail (or Enter) to open it.",
+      matrix: "Rows attend to columns. Hover a cell, or focus the matrix and use the " +
+        "arrow keys, for its exact weight.",
+    }[state.view] + heads;
   }
 
   // ---- head view -----------------------------------------------------------------
@@ -161,17 +204,37 @@
     const col = el("div", { class: `qkv-column qkv-${side}-column` });
     tokens.forEach((t, i) => {
       const d = el("div", { class: `qkv-token qkv-${side}`, "data-side": side,
-        "data-index": i, title: t }, t);
+        "data-index": i, title: t, tabindex: 0, role: "button", "aria-pressed": "false" }, t);
       d.addEventListener("mouseenter", () => { if (!state.pinned) setFocus(side, i); });
       d.addEventListener("mouseleave", () => { if (!state.pinned) setFocus(null); });
-      d.addEventListener("click", () => {
+      d.addEventListener("focus", () => {
+        if (!state.pinned) setFocus(side, i);
+        announceToken(side, i);
+      });
+      d.addEventListener("blur", () => { if (!state.pinned) setFocus(null); });
+      onActivate(d, () => {
         const same = state.focus && state.focus.side === side && state.focus.index === i;
         state.pinned = !same || !state.pinned;
         setFocus(state.pinned ? side : null, i);
       });
+      d.addEventListener("keydown", (e) => tokenKey(e, col, i));
       col.appendChild(d);
     });
     return col;
+  }
+
+  // Up/Down move along a column, Right from queries to keys, Left back; Escape unpins.
+  function tokenKey(e, col, i) {
+    if (e.key === "Escape") { setFocus(null); return; }
+    const isQuery = col.classList.contains("qkv-query-column");
+    const other = col.parentNode.querySelector(isQuery ? ".qkv-key-column" : ".qkv-query-column");
+    const step = { ArrowUp: [col, i - 1], ArrowDown: [col, i + 1],
+      [isQuery ? "ArrowRight" : "ArrowLeft"]: [other, i] }[e.key];
+    if (!step) return;
+    e.preventDefault();
+    const [target, k] = step;
+    state.pinned = false;
+    target.children[Math.min(target.children.length - 1, Math.max(0, k))].focus();
   }
 
   function renderHeadView(root) {
@@ -220,6 +283,27 @@
     }
   }
 
+  function sideName(side) {
+    return cross ? { query: "target", key: "source" }[side] : side;
+  }
+
+  // For the readout: the token and its strongest line among the heads shown.
+  function announceToken(side, i) {
+    const tokens = { query: data.queryTokens, key: data.keyTokens };
+    const other = side === "query" ? "key" : "query";
+    let best = null;
+    for (const h of state.heads) {
+      for (let k = 0; k < tokens[other].length; k++) {
+        const w = side === "query" ? weight(state.layer, h, i, k) : weight(state.layer, h, k, i);
+        if (!best || w > best.w) best = { w, h, k };
+      }
+    }
+    const who = `${sideName(side)} ${i + 1} "${tokens[side][i]}"`;
+    readout.textContent = !best ? `${who}: no head shown` :
+      `${who}: strongest ${sideName(other)} ${best.k + 1} "${tokens[other][best.k]}", ` +
+      `${best.w.toFixed(6)}${data.mapLabel ? "" : ` (head ${best.h})`}`;
+  }
+
   function setFocus(side, index) {
     state.focus = side ? { side, index } : null;
     if (!side) state.pinned = false;
@@ -265,15 +349,18 @@
         const g = glow[side][k];
         node.style.setProperty("--glow", g ? headColor(g.h) : "transparent");
         node.style.setProperty("--glow-alpha", g ? Math.min(1, g.w).toFixed(3) : "0");
-        node.classList.toggle("qkv-focused", !!f && f.side === side && f.index === k);
+        const focused = !!f && f.side === side && f.index === k;
+        node.classList.toggle("qkv-focused", focused);
+        node.setAttribute("aria-pressed", focused && state.pinned ? "true" : "false");
       });
     }
   }
 
   // ---- model view ----------------------------------------------------------------
   function thumbnail(l, h) {
-    const c = el("canvas", { class: "qkv-thumb", width: TK, height: TQ,
-      "data-layer": l, "data-head": h, title: `layer ${l}, head ${h}` });
+    const c = el("canvas", { class: "qkv-thumb", width: TK, height: TQ, "data-layer": l,
+      "data-head": h, title: mapName(l, h), tabindex: 0, role: "button",
+      "aria-label": `${mapName(l, h)}: open in the matrix view` });
     const ctx = c.getContext("2d");
     const img = ctx.createImageData(TK, TQ);
     const m = headMax(l, h);
@@ -285,26 +372,28 @@
     }
     ctx.putImageData(img, 0, 0);
     c.style.height = `${Math.round(72 * Math.min(2, TQ / TK))}px`;
-    c.addEventListener("click", () => {
+    onActivate(c, (e) => {
       Object.assign(state, { layer: l, matrixHead: h, view: "matrix" });
       render();
+      if (e.type === "keydown") document.getElementById("qkv-matrix").focus();
     });
     return c;
   }
 
   function renderModelView(root) {
     const table = el("table", { id: "qkv-model", class: "qkv-model-grid" });
+    const named = !!data.mapLabel;
     const head = el("tr");
-    head.appendChild(el("th"));
+    if (!named) head.appendChild(el("th"));
     for (const h of range(H)) {
-      const th = el("th", { class: "qkv-model-head" }, `head ${h}`);
-      th.style.color = headColor(h);
+      const th = el("th", { class: "qkv-model-head" }, named ? data.mapLabel : `head ${h}`);
+      th.style.color = named ? "" : headColor(h);
       head.appendChild(th);
     }
     table.appendChild(head);
     for (const l of range(L)) {
       const tr = el("tr");
-      tr.appendChild(el("th", { class: "qkv-model-layer" }, `layer ${l}`));
+      if (!named) tr.appendChild(el("th", { class: "qkv-model-layer" }, `layer ${l}`));
       for (const h of range(H)) {
         const td = el("td");
         td.appendChild(thumbnail(l, h));
@@ -320,10 +409,12 @@
 
   function renderMatrixView(root) {
     const l = state.layer, h = state.matrixHead, m = headMax(l, h);
-    const caption = `layer ${l}, head ${h}: rows ${cross ? "target" : "query"} tokens, ` +
-      `columns ${cross ? "source" : "key"} tokens; colour 0 → ${m.toFixed(3)}`;
+    const caption = `${mapName(l, h)}: rows ${sideName("query")} tokens, ` +
+      `columns ${sideName("key")} tokens; colour 0 → ${m.toFixed(3)}`;
     root.appendChild(el("p", { class: "qkv-caption", id: "qkv-matrix-caption" }, caption));
-    const table = el("table", { id: "qkv-matrix", "data-layer": l, "data-head": h });
+    const table = el("table", { id: "qkv-matrix", "data-layer": l, "data-head": h,
+      tabindex: 0, "aria-describedby": "qkv-matrix-caption",
+      "aria-label": `Attention weights, ${mapName(l, h)}; arrow keys move between cells` });
     table.style.setProperty("--cell", `${TK <= 16 ? 34 : TK <= 40 ? 18 : 13}px`);
     const top = el("tr");
     top.appendChild(el("th", { class: "qkv-corner" }));
@@ -338,8 +429,48 @@
       table.appendChild(tr);
     }
     table.addEventListener("mouseover", (e) => showCell(e.target.closest(".qkv-cell"), e));
-    table.addEventListener("mouseleave", () => showCell(null));
+    table.addEventListener("mouseleave", () => showCell(activeCell()));
+    table.addEventListener("focus", () => {
+      state.cell = state.cell || { i: 0, j: 0 };
+      moveCell(0, 0);
+    });
+    table.addEventListener("mousedown", (e) => { // a click picks the cell the keys move from
+      const td = e.target.closest(".qkv-cell");
+      if (td) state.cell = { i: +td.dataset.query, j: +td.dataset.key };
+    });
+    table.addEventListener("blur", () => showCell(null));
+    table.addEventListener("keydown", matrixKey);
     root.appendChild(table);
+  }
+
+  // The cell the keyboard highlights, while the matrix has the focus.
+  function activeCell() {
+    const c = state.cell, table = document.getElementById("qkv-matrix");
+    if (!c || document.activeElement !== table) return null;
+    return table.querySelector(`.qkv-cell[data-query="${c.i}"][data-key="${c.j}"]`);
+  }
+
+  // Arrows move by one cell, Home/End to the row's ends, PageUp/PageDown to the column's.
+  function matrixKey(e) {
+    const c = state.cell;
+    const move = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1],
+      Home: [0, -c.j], End: [0, TK - 1 - c.j], PageUp: [-c.i, 0], PageDown: [TQ - 1 - c.i, 0],
+    }[e.key];
+    if (e.key === "Escape") { showCell(null); return; }
+    if (!move) return;
+    e.preventDefault();
+    moveCell(...move);
+  }
+
+  function moveCell(di, dj) {
+    const c = state.cell;
+    c.i = Math.min(TQ - 1, Math.max(0, c.i + di));
+    c.j = Math.min(TK - 1, Math.max(0, c.j + dj));
+    const td = activeCell();
+    showCell(td);
+    td.scrollIntoView({ block: "nearest", inline: "nearest" });
+    readout.textContent = `${sideName("query")} ${c.i + 1} "${data.queryTokens[c.i]}" → ` +
+      `${sideName("key")} ${c.j + 1} "${data.keyTokens[c.j]}": ${(+td.dataset.weight).toFixed(6)}`;
   }
 
   function matrixCell(l, h, i, j, m) {
@@ -354,9 +485,10 @@
     return td;
   }
 
-  function showCell(td, e) {
+  function showCell(td) {
     document.querySelectorAll(".qkv-hl").forEach((n) => n.classList.remove("qkv-hl"));
     if (!td) { tooltip.hidden = true; return; }
+    if (td === activeCell()) td.classList.add("qkv-hl");
     const i = +td.dataset.query, j = +td.dataset.key;
     document.querySelector(`.qkv-row-label[data-query="${i}"]`).classList.add("qkv-hl");
     document.querySelector(`.qkv-col-label[data-key="${j}"]`).classList.add("qkv-hl");

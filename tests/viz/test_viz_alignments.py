@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.seq2seq_rnn import RNNSeq2Seq
+from qkv.models.seq2seq_transformer import TransformerSeq2Seq
 from qkv.viz import save_alignments
-from qkv.viz.alignments import alignment_label
+from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload, render_html, render_pages
 
 
@@ -143,3 +146,84 @@ def test_selector_in_browser(open_page, tmp_path, make_maps, hostile_tokens):
     assert p.page.locator(".qkv-query").count() == 4
     assert p.page.locator("img").count() == 0 and p.page.evaluate("window.__pwned") is None
     assert p.requests == [p.url] and not p.errors and not p.dialogs
+
+
+@pytest.mark.parametrize(
+    "layers, heads, want",
+    [(2, 4, "last of 2 decoder layers, mean of 4 heads"),
+     (1, 1, "the one decoder layer, its one head")],
+    ids=["2-layers-4-heads", "1-layer-1-head"],
+)  # fmt: skip
+def test_describe_alignment_says_how_a_transformer_makes_it(layers, heads, want):
+    cfg = TransformerSeq2SeqConfig(src_vocab_size=11, tgt_vocab_size=13, d_model=16,
+                                   num_heads=heads, num_encoder_layers=1,
+                                   num_decoder_layers=layers, ff_dim=32)  # fmt: skip
+    model = TransformerSeq2Seq(cfg).eval()
+    src, tgt = torch.randint(4, 11, (2, 5)), torch.randint(4, 13, (2, 3))
+    _, attn = model(src, tgt)
+    assert len(attn.cross) == layers and attn.cross[-1].shape[1] == heads
+    torch.testing.assert_close(attn.alignment, attn.cross[-1].mean(1), rtol=0, atol=0)
+    assert describe_alignment(model) == want
+
+
+@pytest.mark.parametrize("kind, want", [("luong", "Luong attention"),
+                                        ("bahdanau", "Bahdanau attention")])  # fmt: skip
+def test_describe_alignment_of_an_rnn_is_its_one_attention(kind, want):
+    cfg = RNNSeq2SeqConfig(src_vocab_size=11, tgt_vocab_size=13, embed_dim=8, hidden_dim=8,
+                           attention=kind)  # fmt: skip
+    model = RNNSeq2Seq(cfg).eval()
+    _, attn = model(torch.randint(4, 11, (2, 5)), torch.randint(4, 13, (2, 3)))
+    assert len(attn.cross) == 1 and attn.cross[0].shape[1] == 1  # one map, no heads
+    assert describe_alignment(model) == want
+    assert describe_alignment(object()) == "attention"
+
+
+def test_page_names_the_map_instead_of_layer_and_head(tmp_path, make_maps, hostile_tokens):
+    items = _items(make_maps, hostile_tokens)
+    label = "last of 2 decoder layers, mean of 4 heads"
+    (path,) = save_alignments(items, tmp_path / "a.html", map_label=label)
+    page = path.read_text(encoding="utf-8")
+    assert [got["mapLabel"] for got in extract_payload(page)["items"]] == [label] * 3
+    summary = page[page.index('<details id="qkv-summary">') : page.index("</details>")]
+    assert f"<summary>Where the attention looks ({label})</summary>" in summary
+    assert summary.count("<li>1. ") == 1 and summary.count("entropy") == 3
+    assert "layer 0" not in summary and "head 0" not in summary
+    (plain,) = save_alignments(items, tmp_path / "b.html")  # a map is an alignment by default
+    assert {got["mapLabel"] for got in extract_payload(plain.read_text("utf-8"))["items"]} == {
+        "alignment"
+    }
+    heads = [(torch.from_numpy(make_maps(1, 2, 3, 4)[0]), list("abcd"), list("xyz"), "a b c d")]
+    (several,) = save_alignments(heads, tmp_path / "c.html")  # heads keep their numbers
+    assert "mapLabel" not in extract_payload(several.read_text("utf-8"))["items"][0]
+    with pytest.raises(ValueError, match="names one map, but there are 1 layers x 2 heads"):
+        save_alignments(heads, tmp_path / "d.html", map_label=label)
+
+
+def test_labelled_map_in_browser(open_page, tmp_path, make_maps, hostile_tokens):
+    label = "last of 3 decoder layers, mean of 8 heads"
+    (path,) = save_alignments(_items(make_maps, hostile_tokens), tmp_path / "a.html",
+                              map_label=label)  # fmt: skip
+    p = open_page(path)
+    caption = p.page.text_content("#qkv-matrix-caption")
+    assert caption.startswith(f"{label}: rows target tokens, columns source tokens")
+    assert p.page.get_attribute("#qkv-matrix", "aria-label").startswith(
+        f"Attention weights, {label};"
+    )
+    assert p.page.text_content("#qkv-map-label") == f"Map: {label}"
+    assert p.page.is_visible("#qkv-map-label")
+    assert not p.page.is_visible("#qkv-layer") and not p.page.is_visible("#qkv-heads")
+    p.page.click("#qkv-tab-model")
+    assert p.page.eval_on_selector_all("#qkv-model th", "ts => ts.map(t => t.textContent)") == [
+        label
+    ]
+    assert p.page.get_attribute(".qkv-thumb", "title") == label
+    p.page.click("#qkv-tab-head")
+    p.page.focus(".qkv-query[data-index='1']")
+    assert "(head" not in p.page.text_content("#qkv-readout")
+    p.page.click("#qkv-summary summary")
+    for view in ("head", "model", "matrix"):  # no view names a layer or head that is not there
+        p.page.click(f"#qkv-tab-{view}")
+        text = p.page.inner_text("body")
+        assert "layer 0" not in text and "head 0" not in text, view
+        assert label in text
+    assert not p.errors

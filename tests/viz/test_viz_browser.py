@@ -118,3 +118,158 @@ def test_cross_attention_page(open_page, tmp_path, make_maps):
     np.testing.assert_allclose([ln["weight"] for ln in lines], maps[0, 0, 3], atol=1e-5)
     assert p.requests == [p.url] and not p.errors
     p.page.close()
+
+
+# ---- keyboard ------------------------------------------------------------------------
+
+
+def _active(p) -> dict[str, str | None]:
+    """Id, class, role and data attributes of the focused element."""
+    return p.page.evaluate(
+        "() => { const e = document.activeElement; return { id: e.id, cls: e.className,"
+        " role: e.getAttribute('role'), side: e.dataset.side || null,"
+        " index: e.dataset.index || null, layer: e.dataset.layer || null,"
+        " head: e.dataset.head || null }; }"
+    )
+
+
+def _visible_view(p) -> list[str]:
+    return [v for v in ("head", "model", "matrix") if p.page.is_visible(f"#qkv-{v}-view")]
+
+
+def test_tabs_are_aria_tabs_and_take_the_arrow_keys(self_page):
+    p, *_ = self_page
+    tabs = p.page.eval_on_selector_all(
+        "#qkv-tabs > *",
+        "ts => ts.map(t => [t.getAttribute('role'), t.getAttribute('aria-controls'),"
+        " t.getAttribute('aria-selected'), t.tabIndex])",
+    )
+    assert p.page.get_attribute("#qkv-tabs", "role") == "tablist"
+    assert tabs == [
+        ["tab", "qkv-head-view", "true", 0],  # only the selected tab is a Tab stop
+        ["tab", "qkv-model-view", "false", -1],
+        ["tab", "qkv-matrix-view", "false", -1],
+    ]
+    for view in ("head", "model", "matrix"):  # each tab controls a labelled tab panel
+        assert p.page.get_attribute(f"#qkv-{view}-view", "role") == "tabpanel"
+        assert p.page.get_attribute(f"#qkv-{view}-view", "aria-labelledby") == f"qkv-tab-{view}"
+    p.page.focus("#qkv-tab-head")
+    for key, view in (("ArrowRight", "model"), ("ArrowRight", "matrix"), ("ArrowRight", "head"),
+                      ("ArrowLeft", "matrix"), ("Home", "head"), ("End", "matrix")):  # fmt: skip
+        p.page.keyboard.press(key)
+        assert _visible_view(p) == [view], key
+        assert _active(p)["id"] == f"qkv-tab-{view}"  # the focus moves with the view
+        assert p.page.get_attribute(f"#qkv-tab-{view}", "aria-selected") == "true"
+        assert p.page.eval_on_selector(f"#qkv-tab-{view}", "t => t.tabIndex") == 0
+    assert not p.errors
+
+
+def test_tokens_take_tab_enter_space_and_arrows(self_page):
+    p, maps, tokens, decoded = self_page
+    t = len(tokens)
+    p.page.focus(".qkv-head-toggle[data-head='2']")  # the last control before the tokens
+    p.page.keyboard.press("Tab")
+    assert (_active(p)["side"], _active(p)["index"]) == ("query", "0")
+    lines = sorted(p.active_lines(), key=lambda ln: (ln["head"], ln["key"]))
+    assert len(lines) == 3 * t and {ln["query"] for ln in lines} == {0}  # what hover shows
+    np.testing.assert_array_equal([ln["weight"] for ln in lines], decoded[0, :, 0].ravel())
+    best = np.unravel_index(decoded[0, :, 0].argmax(), (3, t))
+    assert p.page.text_content("#qkv-readout") == (
+        f'query 1 "{tokens[0]}": strongest key {best[1] + 1} "{tokens[best[1]]}", '
+        f"{decoded[0, best[0], 0, best[1]]:.6f} (head {best[0]})"
+    )
+    p.page.keyboard.press("Tab")
+    assert {ln["query"] for ln in p.active_lines()} == {1}
+    p.page.keyboard.press("ArrowDown")  # along the column
+    assert (_active(p)["index"], {ln["query"] for ln in p.active_lines()}) == ("2", {2})
+    p.page.keyboard.press("Enter")  # pins query 2
+    assert p.page.get_attribute(".qkv-query[data-index='2']", "aria-pressed") == "true"
+    p.page.keyboard.press("Tab")  # leaving a pinned token keeps its lines
+    assert {ln["query"] for ln in p.active_lines()} == {2}
+    p.page.keyboard.press("ArrowRight")  # to the keys
+    assert (_active(p)["side"], _active(p)["index"]) == ("key", "3")
+    assert {ln["key"] for ln in p.active_lines()} == {3}
+    p.page.keyboard.press(" ")  # Space pins the key
+    assert p.page.get_attribute(".qkv-key[data-index='3']", "aria-pressed") == "true"
+    lines = sorted(p.active_lines(), key=lambda ln: (ln["head"], ln["query"]))
+    np.testing.assert_array_equal([ln["weight"] for ln in lines], decoded[0, :, :, 3].ravel())
+    assert p.page.evaluate("window.scrollY") == 0  # Space did not scroll the page
+    p.page.keyboard.press("Escape")
+    assert p.active_lines() == []
+    assert p.page.get_attribute(".qkv-key[data-index='3']", "aria-pressed") == "false"
+    roles = p.page.eval_on_selector_all(
+        ".qkv-token", "ts => ts.map(t => [t.getAttribute('role'), t.tabIndex])"
+    )
+    assert roles == [["button", 0]] * (2 * t)
+    assert not p.errors
+
+
+def test_thumbnails_open_with_enter_and_space(self_page):
+    p, *_ = self_page
+    p.page.click("#qkv-tab-model")
+    thumbs = p.page.eval_on_selector_all(
+        ".qkv-thumb", "ts => ts.map(t => [t.tabIndex, t.getAttribute('role')])"
+    )
+    assert thumbs == [[0, "button"]] * 6
+    p.page.keyboard.press("Tab")  # from the model tab to the first thumbnail
+    assert (_active(p)["layer"], _active(p)["head"]) == ("0", "0")
+    assert p.page.get_attribute(".qkv-thumb[data-layer='0'][data-head='0']", "aria-label") == (
+        "layer 0, head 0: open in the matrix view"
+    )
+    for _ in range(4):
+        p.page.keyboard.press("Tab")
+    assert (_active(p)["layer"], _active(p)["head"]) == ("1", "1")
+    outline = p.page.eval_on_selector(".qkv-thumb:focus", "t => getComputedStyle(t).outlineStyle")
+    assert outline == "solid"  # focus shows what hover shows
+    p.page.keyboard.press("Enter")
+    assert _visible_view(p) == ["matrix"]
+    table = p.page.locator("#qkv-matrix")
+    assert (table.get_attribute("data-layer"), table.get_attribute("data-head")) == ("1", "1")
+    assert _active(p)["id"] == "qkv-matrix"  # the keyboard carries on in the matrix
+    p.page.click("#qkv-tab-model")
+    p.page.focus(".qkv-thumb[data-layer='0'][data-head='2']")
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#qkv-matrix", "data-head") == "2" and not p.errors
+
+
+def test_matrix_cells_are_read_with_the_arrow_keys(self_page):
+    p, _, tokens, decoded = self_page
+    t = len(tokens)
+    p.page.click("#qkv-tab-matrix")
+    for _ in range(20):  # the matrix is in the Tab order
+        p.page.keyboard.press("Tab")
+        if _active(p)["id"] == "qkv-matrix":
+            break
+    assert _active(p)["id"] == "qkv-matrix"
+    assert "arrow keys" in p.page.get_attribute("#qkv-matrix", "aria-label")
+    assert p.page.get_attribute("#qkv-readout", "aria-live") == "polite"
+
+    def cell() -> tuple[int, int]:
+        got = p.page.eval_on_selector_all(
+            "#qkv-matrix td.qkv-hl", "cs => cs.map(c => [+c.dataset.query, +c.dataset.key])"
+        )
+        assert len(got) == 1, got
+        i, j = got[0]
+        w = decoded[0, 0, i, j]
+        assert p.page.text_content("#qkv-readout") == (
+            f'query {i + 1} "{tokens[i]}" → key {j + 1} "{tokens[j]}": {w:.6f}'
+        )
+        tip = p.page.locator("#qkv-tooltip")
+        assert tip.is_visible() and float(tip.get_attribute("data-weight")) == w
+        return i, j
+
+    assert cell() == (0, 0)
+    for key, want in (("ArrowRight", (0, 1)), ("ArrowDown", (1, 1)), ("ArrowDown", (2, 1)),
+                      ("ArrowLeft", (2, 0)), ("ArrowLeft", (2, 0)), ("End", (2, t - 1)),
+                      ("PageDown", (t - 1, t - 1)), ("ArrowDown", (t - 1, t - 1)),
+                      ("Home", (t - 1, 0)), ("PageUp", (0, 0))):  # fmt: skip
+        p.page.keyboard.press(key)
+        assert cell() == want, key
+    p.page.keyboard.press("ArrowDown")
+    p.page.click(".qkv-head-toggle[data-head='2']")  # another head: the cell is kept
+    p.page.focus("#qkv-matrix")
+    got = p.page.eval_on_selector("#qkv-matrix td.qkv-hl", "c => +c.dataset.weight")
+    assert got == decoded[0, 2, 1, 0]
+    p.page.keyboard.press("Shift+Tab")  # leaving the matrix hides the highlight
+    assert not p.page.is_visible("#qkv-tooltip")
+    assert p.page.locator("#qkv-matrix td.qkv-hl").count() == 0 and not p.errors

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qkv.viz import as_maps, head_entropy, summary
-from qkv.viz._maps import prepare
+from qkv.viz._maps import prepare, summarize_map
 
 
 def test_layouts_agree(make_maps):
@@ -93,3 +93,12 @@ def test_summary_first_token_and_cross(make_maps):
     cross = make_maps(1, 2, 3, 4)
     (line,) = summary(cross, src_tokens=["s0", "s1", "s2", "s3"], tgt_tokens=["t0", "t1", "t2"])
     assert line.startswith("layer 0: head ") and "previous" not in line
+
+
+def test_summarize_map_names_no_layer_or_head(make_maps):
+    cls = np.zeros((1, 1, 4, 5))
+    cls[..., 0] = 1.0
+    line = summarize_map(prepare(cls, src_tokens=list("abcde"), tgt_tokens=list("wxyz")))
+    assert line == "entropy 0.00 nats; looks at the first token 'a' (100% of queries)"
+    with pytest.raises(ValueError, match="not one map"):
+        summarize_map(prepare(make_maps(1, 2, 3, 3), list("abc")))
