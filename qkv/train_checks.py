@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,10 @@ from qkv.models.checkpoint import CheckpointError, load_checkpoint, model_kind, 
 from qkv.recipe import ConfigError, Recipe
 
 __all__ = ["check_lengths", "check_out_dir", "restore", "trim_log"]
+
+log = logging.getLogger(__name__)
+
+_PATHS = {"data.train", "data.valid", "data.test", "data.path"}  # where files are, not what
 
 
 def check_out_dir(path: Path, name: str = "out") -> None:
@@ -97,7 +102,8 @@ def _data_change(ckpt, recipe: Recipe, data: Prepared) -> str | None:
 
     The recipe's ``data`` and ``tokenizer`` sections are compared key by key (when the
     checkpoint holds its recipe), then the tokenizers themselves: the same vocabulary
-    sizes with other ids for the words would train on garbage without any error.
+    sizes with other ids for the words would train on garbage without any error. Files
+    that only moved (other paths, the same tokenizers built from them) may resume.
     """
     saved = ckpt.extra.get("recipe")
     if isinstance(saved, dict):
@@ -107,8 +113,11 @@ def _data_change(ckpt, recipe: Recipe, data: Prepared) -> str | None:
             before = saved.get(section) if isinstance(saved.get(section), dict) else {}
             keys = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
             changed += [f"{section}.{k}" for k in keys]
-        if changed:
+        if set(changed) - _PATHS:
             return ", ".join(changed)
+        if changed:
+            log.warning("%s: other paths than the checkpoint's; resuming only if the "
+                        "tokenizers built from them are the same", ", ".join(changed))  # fmt: skip
     tokenizers = {"src": data.src_tok, "tgt": data.tgt_tok}
     for side, tok in tokenizers.items():
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -421,6 +422,30 @@ def test_resume_compares_the_tokenizers_when_the_recipe_is_not_stored(tmp_path):
     with pytest.raises(CheckpointError, match="the src tokenizer trained on them has other"):
         train(recipe_from_dict(d), resume=True, progress=False)
     assert train(_recipe(tmp_path, steps=4), resume=True, progress=False).steps == 4
+
+
+def test_resume_after_the_corpus_moved_but_not_after_it_changed(tmp_path):
+    rng = random.Random(0)
+    words = "a b c d e f g h".split()
+    pairs = [(" ".join(rng.choices(words, k=4)), " ".join(rng.choices(words, k=4)))
+             for _ in range(60)]  # fmt: skip
+    for folder in ("old", "moved", "changed"):
+        (tmp_path / folder).mkdir()
+        for side, lines in (("de", [p[0] for p in pairs]), ("en", [p[1] for p in pairs])):
+            if folder == "changed" and side == "en":
+                lines = [line.replace("a", "z") for line in lines]  # a new word
+            (tmp_path / folder / f"t.{side}").write_text("\n".join(lines) + "\n")
+
+    def recipe(folder: str, steps: int):
+        d = _tiny_dict(tmp_path / "out", steps=steps)
+        files = [str(tmp_path / folder / f"t.{side}") for side in ("de", "en")]
+        d["data"] = {"kind": "files", "train": files, "valid": files}
+        return recipe_from_dict(d)
+
+    train(recipe("old", 2), progress=False)
+    with pytest.raises(CheckpointError, match="the tgt tokenizer trained on them has other"):
+        train(recipe("changed", 4), resume=True, progress=False)
+    assert train(recipe("moved", 4), resume=True, progress=False).steps == 4
 
 
 def test_resume_past_train_steps_trains_nothing_and_says_so(tmp_path):
