@@ -86,6 +86,15 @@ def _batch(config, longest: int):
     return ids.masked_fill(~mask, pad), mask
 
 
+def _assert_same_hidden(folder, peer, config, longest: int) -> None:
+    """qkv's BertModel from ``folder`` gives ``peer``'s last hidden state on real tokens."""
+    ids, mask = _batch(config, longest)
+    with torch.no_grad():
+        got = BertModel.from_pretrained(folder)(ids, attention_mask=mask).last_hidden_state
+        want = peer(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory):
     make_config, bare, head, attribute = FAMILIES[request.param]
@@ -124,12 +133,7 @@ def test_checkpoint_with_a_task_head_loads_its_encoder(family, tmp_path):
     _, _, _, (head, attribute, make_config) = family
     model = head(make_config())
     model.save_pretrained(tmp_path)
-    encoder = getattr(model.eval(), attribute)
-    ids, mask = _batch(model.config, 9)
-    with torch.no_grad():
-        got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
-        want = encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
-    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+    _assert_same_hidden(tmp_path, getattr(model.eval(), attribute), model.config, 9)
 
 
 def test_other_architectures_are_refused_by_name(tmp_path):
@@ -205,11 +209,7 @@ def test_relative_buckets_match_mpnet_beyond_the_longest_distance():
 @pytest.mark.parametrize("act", ["silu", "swish", "quick_gelu", "gelu_fast"])
 def test_other_activations_match_transformers(act, tmp_path):
     peer = _save(transformers.BertModel(transformers.BertConfig(**SIZES, hidden_act=act)), tmp_path)
-    ids, mask = _batch(peer.config, 12)
-    with torch.no_grad():
-        got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
-        want = peer(input_ids=ids, attention_mask=mask.long()).last_hidden_state
-    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+    _assert_same_hidden(tmp_path, peer, peer.config, 12)
 
 
 def test_a_causal_bert_attends_causally(tmp_path):
