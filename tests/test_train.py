@@ -1,63 +1,26 @@
-"""Training: configs, checkpoints, exact resume (also after SIGKILL), data parallel, CLI errors."""
+"""Training: configs, checkpoints, schedules, data parallel, translate/evaluate, CLI errors.
+
+Resuming a run is in test_resume.py."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
 
 import qkv.distributed
 import qkv.train
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
 from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
 from qkv.train import train
-
-TINY = {
-    "name": "tiny",
-    "data": {"kind": "toy", "n_train": 400, "n_valid": 20, "n_test": 20, "max_len": 6},
-    "tokenizer": {"kind": "word"},
-    "model": {
-        "type": "transformer",
-        "d_model": 32,
-        "num_heads": 2,
-        "num_encoder_layers": 1,
-        "num_decoder_layers": 1,
-        "ff_dim": 64,
-        "dropout": 0.1,
-    },
-    "train": {
-        "steps": 12,
-        "max_tokens": 300,
-        "lr": 0.003,
-        "warmup": 4,
-        "eval_every": 100,
-        "save_every": 4,
-        "valid_bleu_sentences": 10,
-        "threads": 1,
-    },
-}
-
-
-def _recipe(tmp_path: Path, **train_overrides):
-    d = json.loads(json.dumps(TINY))
-    d["out"] = str(tmp_path)
-    d["train"].update(train_overrides)
-    return recipe_from_dict(d)
-
-
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 def test_unknown_keys_and_bad_values_name_the_key():
@@ -85,8 +48,8 @@ def test_yaml_overrides(tmp_path):
 
 
 def test_training_reduces_loss_and_checkpoint_round_trips(tmp_path):
-    result = train(_recipe(tmp_path, steps=30, eval_every=30), progress=False)
-    losses = _losses(tmp_path)
+    result = train(tiny_recipe(tmp_path, steps=30, eval_every=30), progress=False)
+    losses = logged_losses(tmp_path)
     assert losses[30] < 0.8 * losses[1]
     assert result.best_step == 30
     ckpt = load_checkpoint(tmp_path / "last.safetensors")
@@ -98,34 +61,12 @@ def test_training_reduces_loss_and_checkpoint_round_trips(tmp_path):
         assert json.loads(f.read(n))["__metadata__"]["qkv"]
 
 
-def test_resume_continues_with_identical_losses(tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
-    train(_recipe(full), progress=False)
-    train(_recipe(part, steps=8), progress=False)  # stops (and saves) at step 8
-    train(_recipe(part), resume=True, progress=False)
-    assert _losses(part) == _losses(full)
-
-
-def test_resume_with_another_model_names_what_changed(tmp_path):
-    train(_recipe(tmp_path, steps=4), progress=False)
-    before = (tmp_path / "last.safetensors").read_bytes()
-    d = json.loads(json.dumps(TINY))
-    d.update(out=str(tmp_path))
-    d["model"]["ff_dim"] = 48
-    with pytest.raises(CheckpointError, match=r"cannot resume: .*\(ff_dim\)"):
-        train(recipe_from_dict(d), resume=True, progress=False)
-    d["model"] = {"type": "rnn", "hidden_dim": 32, "embed_dim": 16}
-    with pytest.raises(CheckpointError, match=r"cannot resume: .*\(type\)"):
-        train(recipe_from_dict(d), resume=True, progress=False)
-    assert (tmp_path / "last.safetensors").read_bytes() == before  # nothing overwritten
-
-
 def test_train_threads_hold_only_while_training(tmp_path):
     before = torch.get_num_threads()
     seen = []
     try:
         torch.set_num_threads(2)
-        recipe = _recipe(tmp_path, steps=2, threads=1)
+        recipe = tiny_recipe(tmp_path, steps=2, threads=1)
         result = train(recipe, progress=False)
         seen.append(torch.get_num_threads())
     finally:
@@ -134,36 +75,10 @@ def test_train_threads_hold_only_while_training(tmp_path):
 
 
 def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
-    train(_recipe(tmp_path / "reuse", steps=6), progress=False)
+    train(tiny_recipe(tmp_path / "reuse", steps=6), progress=False)
     monkeypatch.setattr(qkv.train, "reuse_freed_memory", lambda: contextlib.nullcontext())
-    train(_recipe(tmp_path / "plain", steps=6), progress=False)
-    assert _losses(tmp_path / "reuse") == _losses(tmp_path / "plain")
-
-
-def test_resume_after_sigkill_between_checkpoints(tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    train(_recipe(full, steps=16), progress=False)
-    config = tmp_path / "tiny.yaml"
-    d = json.loads(json.dumps(TINY))
-    d["train"]["steps"] = 16
-    config.write_text(yaml.safe_dump(d))
-    cmd = [sys.executable, "-m", "qkv", "train", str(config), "--out", str(killed)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until step 6 is logged: past checkpoint 4, before 8
-        log = killed / "log.jsonl"
-        if log.exists() and any(
-            json.loads(x).get("step", 0) >= 6 for x in log.read_text().split("\n") if x.strip()
-        ):
-            break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    step = load_checkpoint(killed / "last.safetensors").extra["train"]["step"]
-    assert step % 4 == 0 and step < 16
-    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert _losses(killed) == _losses(full)
+    train(tiny_recipe(tmp_path / "plain", steps=6), progress=False)
+    assert logged_losses(tmp_path / "reuse") == logged_losses(tmp_path / "plain")
 
 
 @pytest.mark.slow
@@ -201,16 +116,10 @@ def test_two_process_data_parallel_matches_one_process_with_double_batch(tmp_pat
     for cmd in (one, two):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    a, b = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
     assert sorted(a) == sorted(b) == list(range(1, 7))
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-4)
-
-
-def _run_cli(*args, stdin: str = ""):
-    return subprocess.run(
-        [sys.executable, "-m", "qkv", *args], input=stdin, capture_output=True, text=True
-    )
 
 
 @pytest.mark.parametrize(
@@ -225,7 +134,7 @@ def _run_cli(*args, stdin: str = ""):
 def test_train_cli_bad_input_exits_2(tmp_path, content, match):
     config = tmp_path / "bad.yaml"
     config.write_text(content)
-    proc = _run_cli("train", str(config), "--out", str(tmp_path / "o"))
+    proc = run_cli("train", str(config), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and match in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -234,16 +143,16 @@ def test_train_cli_bad_input_exits_2(tmp_path, content, match):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_train_cli_asking_for_a_missing_gpu_exits_2(tmp_path):
     config = Path(__file__).parents[1] / "configs" / "toy-transformer.yaml"
-    proc = _run_cli("train", str(config), "--set", "train.device=cuda", "--out", str(tmp_path))
+    proc = run_cli("train", str(config), "--set", "train.device=cuda", "--out", str(tmp_path))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "train.device: 'cuda'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_translate_and_evaluate_cli(tmp_path):
-    train(_recipe(tmp_path, steps=4), progress=False)
+    train(tiny_recipe(tmp_path, steps=4), progress=False)
     ckpt = tmp_path / "last.safetensors"
-    proc = _run_cli(
+    proc = run_cli(
         "translate",
         str(ckpt),
         "--beam",
@@ -257,12 +166,12 @@ def test_translate_and_evaluate_cli(tmp_path):
     assert [r[:2] for r in rows] == [["1", "1"], ["1", "2"], ["2", "1"], ["2", "2"]]
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a checkpoint")
-    proc = _run_cli("translate", str(bad), stdin="x\n")
+    proc = run_cli("translate", str(bad), stdin="x\n")
     assert proc.returncode == 2 and "not a safetensors checkpoint" in proc.stderr
     src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
     src.write_text("고양이가 쥐를 잡았다\n")
     ref.write_text("the cat caught the mouse\n")
-    proc = _run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "2")
+    proc = run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "2")
     assert proc.returncode == 0, proc.stderr
     assert "BLEU = " in proc.stdout and "nrefs:1" in proc.stdout and "chrF = " in proc.stdout
     _check_evaluate_split(tmp_path, ckpt)
@@ -272,17 +181,17 @@ def _check_evaluate_split(tmp_path: Path, ckpt: Path) -> None:
     """``--split test`` scores the recipe's own held-out pairs: same as giving them as files."""
     from qkv.data.prepare import load_pairs
 
-    test = load_pairs(_recipe(tmp_path).data)[2]
+    test = load_pairs(tiny_recipe(tmp_path).data)[2]
     src, ref = tmp_path / "test.ko", tmp_path / "test.en"
     src.write_text("".join(s + "\n" for s, _ in test))
     ref.write_text("".join(t + "\n" for _, t in test))
-    by_files = _run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref))
-    by_split = _run_cli("evaluate", str(ckpt), "--split", "test")
+    by_files = run_cli("evaluate", str(ckpt), "--src", str(src), "--ref", str(ref))
+    by_split = run_cli("evaluate", str(ckpt), "--split", "test")
     assert by_split.returncode == 0, by_split.stderr
     assert f"{len(test)} sentences" in by_split.stderr
     assert by_split.stdout == by_files.stdout and "BLEU = " in by_split.stdout
-    both = _run_cli("evaluate", str(ckpt), "--split", "test", "--src", str(src))
-    neither = _run_cli("evaluate", str(ckpt))
+    both = run_cli("evaluate", str(ckpt), "--split", "test", "--src", str(src))
+    neither = run_cli("evaluate", str(ckpt))
     for proc in (both, neither):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
@@ -290,7 +199,7 @@ def _check_evaluate_split(tmp_path: Path, ckpt: Path) -> None:
 def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    train(_recipe(tmp_path, steps=2), progress=False)
+    train(tiny_recipe(tmp_path, steps=2), progress=False)
     path = tmp_path / "last.safetensors"
     from safetensors import safe_open
 
@@ -341,17 +250,17 @@ def test_cosine_follows_the_time_budget_when_it_runs_out_first():
 def test_bf16_autocast_true_false_or_auto(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="train.bf16: must be true, false or 'auto'"):
         recipe_from_dict({"train": {"bf16": "yes"}})
-    fp32 = train(_recipe(tmp_path / "fp32", steps=3), progress=False)
-    bf16 = train(_recipe(tmp_path / "bf16", steps=3, bf16=True), progress=False)
+    fp32 = train(tiny_recipe(tmp_path / "fp32", steps=3), progress=False)
+    bf16 = train(tiny_recipe(tmp_path / "bf16", steps=3, bf16=True), progress=False)
     assert not fp32.bf16 and bf16.bf16
-    a, b = _losses(tmp_path / "fp32"), _losses(tmp_path / "bf16")
+    a, b = logged_losses(tmp_path / "fp32"), logged_losses(tmp_path / "bf16")
     assert a[1] != b[1]  # the matrix products really ran in bf16 ...
     assert b[1] == pytest.approx(a[1], rel=2e-2)  # ... to bf16's precision
     for native, same_as in ((True, b), (False, a)):  # "auto" follows the hardware
         monkeypatch.setattr(qkv.distributed, "native_bf16", lambda device, native=native: native)
         out = tmp_path / f"auto-{native}"
-        assert train(_recipe(out, steps=3, bf16="auto"), progress=False).bf16 is native
-        assert _losses(out) == same_as
+        assert train(tiny_recipe(out, steps=3, bf16="auto"), progress=False).bf16 is native
+        assert logged_losses(out) == same_as
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux's /proc/cpuinfo")
@@ -367,7 +276,7 @@ def test_blank_lines_translate_to_blank_lines(tmp_path):
     from qkv.evaluate import translate_texts
     from qkv.models.checkpoint import load_checkpoint
 
-    train(_recipe(tmp_path, steps=2), progress=False)
+    train(tiny_recipe(tmp_path, steps=2), progress=False)
     ckpt = load_checkpoint(tmp_path / "last.safetensors")
     src, tgt = (tokenizer_from_json(ckpt.tokenizers[side]) for side in ("src", "tgt"))
     out = translate_texts(ckpt.model, src, tgt, ["", "개가 잤다", "   "], beam=2, n_best=2)
@@ -378,93 +287,17 @@ def test_blank_lines_translate_to_blank_lines(tmp_path):
             ("", 0.0, None),
             ("", float("-inf"), None),
         ]
-    proc = _run_cli("translate", str(tmp_path / "last.safetensors"), stdin="\n개가 잤다\n\n")
+    proc = run_cli("translate", str(tmp_path / "last.safetensors"), stdin="\n개가 잤다\n\n")
     assert proc.returncode == 0 and len(proc.stdout.split("\n")) == 4, proc.stderr
-    proc = _run_cli(
+    proc = run_cli(
         "translate", str(tmp_path / "last.safetensors"), "--show-attention",
         str(tmp_path / "a.html"), stdin="\n",
     )  # fmt: skip
     assert proc.returncode == 2 and "no sentence to show" in proc.stderr
 
 
-def _tiny_dict(out: Path, **train_overrides) -> dict:
-    d = json.loads(json.dumps(TINY))
-    d["out"] = str(out)
-    d["train"].update(train_overrides)
-    return d
-
-
-@pytest.mark.parametrize("key, value", [("seed", 1), ("n_train", 390), ("max_len", 5)])
-def test_resume_with_other_data_names_what_changed(tmp_path, key, value):
-    train(_recipe(tmp_path, steps=2), progress=False)
-    before = (tmp_path / "last.safetensors").read_bytes()
-    d = _tiny_dict(tmp_path, steps=4)
-    d["data"][key] = value
-    with pytest.raises(
-        CheckpointError, match=rf"cannot resume: the config's data .*\(data.{key}\)"
-    ):
-        train(recipe_from_dict(d), resume=True, progress=False)
-    assert (tmp_path / "last.safetensors").read_bytes() == before
-
-
-def test_resume_compares_the_tokenizers_when_the_recipe_is_not_stored(tmp_path):
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    train(_recipe(tmp_path, steps=2), progress=False)
-    path = tmp_path / "last.safetensors"
-    with safe_open(str(path), "pt") as f:  # an older checkpoint: no recipe in its header
-        header, tensors = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
-    del header["extra"]["recipe"]
-    save_file(tensors, path, metadata={"qkv": json.dumps(header)})
-    d = _tiny_dict(tmp_path, steps=4)
-    d["data"]["seed"] = 1  # same vocabulary sizes, other words behind the ids
-    with pytest.raises(CheckpointError, match="the src tokenizer trained on them has other"):
-        train(recipe_from_dict(d), resume=True, progress=False)
-    assert train(_recipe(tmp_path, steps=4), resume=True, progress=False).steps == 4
-
-
-def test_resume_after_the_corpus_moved_but_not_after_it_changed(tmp_path):
-    rng = random.Random(0)
-    words = "a b c d e f g h".split()
-    pairs = [(" ".join(rng.choices(words, k=4)), " ".join(rng.choices(words, k=4)))
-             for _ in range(60)]  # fmt: skip
-    for folder in ("old", "moved", "changed"):
-        (tmp_path / folder).mkdir()
-        for side, lines in (("de", [p[0] for p in pairs]), ("en", [p[1] for p in pairs])):
-            if folder == "changed" and side == "en":
-                lines = [line.replace("a", "z") for line in lines]  # a new word
-            (tmp_path / folder / f"t.{side}").write_text("\n".join(lines) + "\n")
-
-    def recipe(folder: str, steps: int):
-        d = _tiny_dict(tmp_path / "out", steps=steps)
-        files = [str(tmp_path / folder / f"t.{side}") for side in ("de", "en")]
-        d["data"] = {"kind": "files", "train": files, "valid": files}
-        return recipe_from_dict(d)
-
-    train(recipe("old", 2), progress=False)
-    with pytest.raises(CheckpointError, match="the tgt tokenizer trained on them has other"):
-        train(recipe("changed", 4), resume=True, progress=False)
-    assert train(recipe("moved", 4), resume=True, progress=False).steps == 4
-
-
-def test_resume_past_train_steps_trains_nothing_and_says_so(tmp_path):
-    train(_recipe(tmp_path, steps=4), progress=False)
-    log, ckpt = (tmp_path / "log.jsonl").read_text(), (tmp_path / "last.safetensors").read_bytes()
-    result = train(_recipe(tmp_path, steps=2), resume=True, progress=False)
-    assert result.already_done and result.steps == 4
-    assert (tmp_path / "log.jsonl").read_text() == log
-    assert (tmp_path / "last.safetensors").read_bytes() == ckpt
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(_tiny_dict(tmp_path, steps=4)))
-    proc = _run_cli("train", str(config), "--resume")
-    assert proc.returncode == 0, proc.stderr
-    assert "nothing to do" in proc.stdout and "already at step 4" in proc.stdout
-    assert "nan" not in proc.stdout + proc.stderr and "tok/s" not in proc.stdout + proc.stderr
-
-
 def test_sentences_longer_than_the_models_positions_are_refused(tmp_path):
-    d = _tiny_dict(tmp_path)
+    d = tiny_dict(tmp_path)
     d["model"]["max_len"] = 4
     with pytest.raises(ConfigError, match=r"model.max_len: 4 positions, but \d+ of \d+ training"):
         train(recipe_from_dict(d), progress=False)
@@ -481,7 +314,7 @@ def test_out_that_is_a_file_is_named_as_out(tmp_path):
     taken.write_text("keep me")
     for out, match in ((taken, f"--out {taken}: is a file, not a folder"),
                        (taken / "x", f"--out {taken / 'x'}: {taken} is a file")):  # fmt: skip
-        proc = _run_cli("train", str(config), "--out", str(out))
+        proc = run_cli("train", str(config), "--out", str(out))
         assert proc.returncode == 2 and match in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     with pytest.raises(ConfigError, match=f"out {taken}: is a file"):
@@ -493,7 +326,7 @@ def test_an_empty_training_set_names_the_files_and_the_filter(tmp_path):
     for name, text in (("e.de", ""), ("e.en", ""), ("v.de", "a b\n"), ("v.en", "c d\n"),
                        ("l.de", "a b c d\n"), ("l.en", "c d e f\n")):  # fmt: skip
         (tmp_path / name).write_text(text)
-    d = _tiny_dict(tmp_path / "out")
+    d = tiny_dict(tmp_path / "out")
     files = {"kind": "files", "valid": [str(tmp_path / "v.de"), str(tmp_path / "v.en")]}
     config = tmp_path / "c.yaml"
     for train_files, sets, match in (
@@ -502,7 +335,7 @@ def test_an_empty_training_set_names_the_files_and_the_filter(tmp_path):
     ):
         d["data"] = {**files, "train": [str(tmp_path / f) for f in train_files]}
         config.write_text(yaml.safe_dump(d))
-        proc = _run_cli("train", str(config), *[a for s in sets for a in ("--set", s)])
+        proc = run_cli("train", str(config), *[a for s in sets for a in ("--set", s)])
         assert proc.returncode == 2 and "data.train: " in proc.stderr and match in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == "", proc.stderr
     assert not (tmp_path / "out").exists()

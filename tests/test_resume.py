@@ -1,0 +1,136 @@
+"""Resuming a training run: exactly (also after SIGKILL), and only with the same model and data."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
+
+from qkv.models.checkpoint import CheckpointError, load_checkpoint
+from qkv.recipe import recipe_from_dict
+from qkv.train import train
+
+
+def test_resume_continues_with_identical_losses(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(tiny_recipe(full), progress=False)
+    train(tiny_recipe(part, steps=8), progress=False)  # stops (and saves) at step 8
+    train(tiny_recipe(part), resume=True, progress=False)
+    assert logged_losses(part) == logged_losses(full)
+
+
+def test_resume_with_another_model_names_what_changed(tmp_path):
+    train(tiny_recipe(tmp_path, steps=4), progress=False)
+    before = (tmp_path / "last.safetensors").read_bytes()
+    d = json.loads(json.dumps(TINY))
+    d.update(out=str(tmp_path))
+    d["model"]["ff_dim"] = 48
+    with pytest.raises(CheckpointError, match=r"cannot resume: .*\(ff_dim\)"):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    d["model"] = {"type": "rnn", "hidden_dim": 32, "embed_dim": 16}
+    with pytest.raises(CheckpointError, match=r"cannot resume: .*\(type\)"):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    assert (tmp_path / "last.safetensors").read_bytes() == before  # nothing overwritten
+
+
+def test_resume_after_sigkill_between_checkpoints(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    train(tiny_recipe(full, steps=16), progress=False)
+    config = tmp_path / "tiny.yaml"
+    d = json.loads(json.dumps(TINY))
+    d["train"]["steps"] = 16
+    config.write_text(yaml.safe_dump(d))
+    cmd = [sys.executable, "-m", "qkv", "train", str(config), "--out", str(killed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until step 6 is logged: past checkpoint 4, before 8
+        log = killed / "log.jsonl"
+        if log.exists() and any(
+            json.loads(x).get("step", 0) >= 6 for x in log.read_text().split("\n") if x.strip()
+        ):
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step = load_checkpoint(killed / "last.safetensors").extra["train"]["step"]
+    assert step % 4 == 0 and step < 16
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert logged_losses(killed) == logged_losses(full)
+
+
+@pytest.mark.parametrize("key, value", [("seed", 1), ("n_train", 390), ("max_len", 5)])
+def test_resume_with_other_data_names_what_changed(tmp_path, key, value):
+    train(tiny_recipe(tmp_path, steps=2), progress=False)
+    before = (tmp_path / "last.safetensors").read_bytes()
+    d = tiny_dict(tmp_path, steps=4)
+    d["data"][key] = value
+    with pytest.raises(
+        CheckpointError, match=rf"cannot resume: the config's data .*\(data.{key}\)"
+    ):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    assert (tmp_path / "last.safetensors").read_bytes() == before
+
+
+def test_resume_compares_the_tokenizers_when_the_recipe_is_not_stored(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    train(tiny_recipe(tmp_path, steps=2), progress=False)
+    path = tmp_path / "last.safetensors"
+    with safe_open(str(path), "pt") as f:  # an older checkpoint: no recipe in its header
+        header, tensors = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
+    del header["extra"]["recipe"]
+    save_file(tensors, path, metadata={"qkv": json.dumps(header)})
+    d = tiny_dict(tmp_path, steps=4)
+    d["data"]["seed"] = 1  # same vocabulary sizes, other words behind the ids
+    with pytest.raises(CheckpointError, match="the src tokenizer trained on them has other"):
+        train(recipe_from_dict(d), resume=True, progress=False)
+    assert train(tiny_recipe(tmp_path, steps=4), resume=True, progress=False).steps == 4
+
+
+def test_resume_after_the_corpus_moved_but_not_after_it_changed(tmp_path):
+    rng = random.Random(0)
+    words = "a b c d e f g h".split()
+    pairs = [(" ".join(rng.choices(words, k=4)), " ".join(rng.choices(words, k=4)))
+             for _ in range(60)]  # fmt: skip
+    for folder in ("old", "moved", "changed"):
+        (tmp_path / folder).mkdir()
+        for side, lines in (("de", [p[0] for p in pairs]), ("en", [p[1] for p in pairs])):
+            if folder == "changed" and side == "en":
+                lines = [line.replace("a", "z") for line in lines]  # a new word
+            (tmp_path / folder / f"t.{side}").write_text("\n".join(lines) + "\n")
+
+    def recipe(folder: str, steps: int):
+        d = tiny_dict(tmp_path / "out", steps=steps)
+        files = [str(tmp_path / folder / f"t.{side}") for side in ("de", "en")]
+        d["data"] = {"kind": "files", "train": files, "valid": files}
+        return recipe_from_dict(d)
+
+    train(recipe("old", 2), progress=False)
+    with pytest.raises(CheckpointError, match="the tgt tokenizer trained on them has other"):
+        train(recipe("changed", 4), resume=True, progress=False)
+    assert train(recipe("moved", 4), resume=True, progress=False).steps == 4
+
+
+def test_resume_past_train_steps_trains_nothing_and_says_so(tmp_path):
+    train(tiny_recipe(tmp_path, steps=4), progress=False)
+    log, ckpt = (tmp_path / "log.jsonl").read_text(), (tmp_path / "last.safetensors").read_bytes()
+    result = train(tiny_recipe(tmp_path, steps=2), resume=True, progress=False)
+    assert result.already_done and result.steps == 4
+    assert (tmp_path / "log.jsonl").read_text() == log
+    assert (tmp_path / "last.safetensors").read_bytes() == ckpt
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict(tmp_path, steps=4)))
+    proc = run_cli("train", str(config), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to do" in proc.stdout and "already at step 4" in proc.stdout
+    assert "nan" not in proc.stdout + proc.stderr and "tok/s" not in proc.stdout + proc.stderr

@@ -1,0 +1,60 @@
+"""The tiny training recipe and helpers that the training and resume tests share."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from qkv.recipe import recipe_from_dict
+
+TINY = {
+    "name": "tiny",
+    "data": {"kind": "toy", "n_train": 400, "n_valid": 20, "n_test": 20, "max_len": 6},
+    "tokenizer": {"kind": "word"},
+    "model": {
+        "type": "transformer",
+        "d_model": 32,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "ff_dim": 64,
+        "dropout": 0.1,
+    },
+    "train": {
+        "steps": 12,
+        "max_tokens": 300,
+        "lr": 0.003,
+        "warmup": 4,
+        "eval_every": 100,
+        "save_every": 4,
+        "valid_bleu_sentences": 10,
+        "threads": 1,
+    },
+}
+
+
+def tiny_dict(out: Path, **train_overrides) -> dict:
+    """TINY as a dict writing to ``out``, with ``train`` keys replaced."""
+    d = json.loads(json.dumps(TINY))
+    d["out"] = str(out)
+    d["train"].update(train_overrides)
+    return d
+
+
+def tiny_recipe(out: Path, **train_overrides):
+    return recipe_from_dict(tiny_dict(out, **train_overrides))
+
+
+def logged_losses(out: Path) -> dict[int, float]:
+    """Step -> training loss, from a run's log.jsonl."""
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def run_cli(*args, stdin: str = ""):
+    """``python -m qkv ARGS`` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *args], input=stdin, capture_output=True, text=True
+    )
