@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from qkv.functional import causal_mask, combine_masks
 from qkv.models.bert_hf import config_values, encoder_weights, layer_groups
-from qkv.models.hf import HF_ACTIVATIONS, check_token_ids, load_into, load_state_dict, read_config
+from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
+from qkv.models.inputs import check_token_ids
 from qkv.modules.transformer import Encoder, EncoderLayer
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "encode", "relative_buckets"]

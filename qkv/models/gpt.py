@@ -29,11 +29,11 @@ from qkv.models.generation import DecodingRules, decode
 from qkv.models.hf import (
     HF_ACTIVATIONS,
     base_weights,
-    check_token_ids,
     load_into,
     load_state_dict,
     read_config,
 )
+from qkv.models.inputs import check_token_ids
 from qkv.models.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer

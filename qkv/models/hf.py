@@ -23,7 +23,6 @@ __all__ = [
     "PADDED_POSITIONS",
     "base_weights",
     "check_names",
-    "check_token_ids",
     "load_state_dict",
     "load_tokenizer",
     "minilm_path",
@@ -188,18 +187,6 @@ def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "c
         if unexpected:
             lines.append(f"  unexpected ({len(unexpected)}): " + ", ".join(unexpected))
         raise ValueError("\n".join(lines))
-
-
-def check_token_ids(ids: Tensor, vocab_size: int, what: str = "token id") -> None:
-    """Raise ``ValueError`` when an id is outside ``0 .. vocab_size - 1``."""
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
-        if what != "token id":
-            raise ValueError(f"{what} {bad} is outside 0..{vocab_size - 1}")
-        raise ValueError(
-            f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}): "
-            "is the tokenizer the model's own?"
-        )
 
 
 def load_into(

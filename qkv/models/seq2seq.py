@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from qkv.models.inputs import check_token_ids
+
 __all__ = ["DecoderState", "Seq2Seq", "Seq2SeqAttention", "source_mask"]
 
 
@@ -77,8 +79,6 @@ class Seq2Seq(Protocol):
 
 def check_target(tgt_in: Tensor, src: Tensor, vocab_size: int) -> None:
     """Raise ``ValueError`` unless ``tgt_in`` is ``(B, T)`` ids, ``T >= 1``, B as ``src``'s."""
-    from qkv.models.hf import check_token_ids
-
     if tgt_in.ndim != 2 or tgt_in.shape[1] == 0 or tgt_in.shape[0] != src.shape[0]:
         raise ValueError(
             f"tgt_in must be (B, T) token ids with T >= 1 and the B of src "
@@ -95,8 +95,6 @@ def source_mask(
     Raises ``ValueError`` for a mask of the wrong shape or dtype, a sentence with no
     real token, or (given ``vocab_size``) an id outside the vocabulary.
     """
-    from qkv.models.hf import check_token_ids
-
     if src.ndim != 2:
         raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
     if vocab_size is not None:
