@@ -34,6 +34,7 @@ __all__ = [
     "float_bits",
     "kernel_bias",
     "restrict",
+    "saturating_cast",
     "shape_problem",
     "visible_rows",
 ]
@@ -188,16 +189,30 @@ def as_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = None) ->
 
 def kernel_bias(mask: Tensor, q: Tensor, scratch: Scratch | None = None) -> Tensor:
     """A mask as the bias of torch's fused kernel on ``q``: :func:`as_bias` in q's dtype,
-    except for a float mask with half-precision inputs on the CPU, which stays float32.
+    except for a float mask with half-precision inputs: on the CPU it stays float32, on
+    other devices it is cast with :func:`saturating_cast`.
 
-    Torch's CPU kernels take a float32 mask beside half inputs and add it to float32
-    scores; cast to half, a large finite value such as ``torch.finfo(float32).min`` would
-    become ``-inf`` and hide a row that the mask only penalises.
+    Torch's kernels add the bias to float32 scores. Cast plainly to half, a large finite
+    value such as ``torch.finfo(float32).min`` would become ``-inf`` and hide a row that
+    the mask only penalises; the CPU kernels take the float32 mask as it is.
     """
     half = q.dtype in (torch.float16, torch.bfloat16)
-    if half and q.device.type == "cpu" and mask.dtype != torch.bool:
+    if not half or mask.dtype == torch.bool:
+        return as_bias(mask, q.dtype, scratch)
+    if q.device.type == "cpu":
         return mask.to(torch.float32)
-    return as_bias(mask, q.dtype, scratch)
+    return saturating_cast(mask, q.dtype)
+
+
+def saturating_cast(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``mask`` in ``dtype`` with finite values clamped to its range: ``finfo(float32).min``
+    becomes ``finfo(dtype).min`` rather than ``-inf``; infinities (and NaN) stay as they are.
+    """
+    info = torch.finfo(dtype)
+    if torch.finfo(mask.dtype).max <= info.max:
+        return mask.to(dtype)
+    clamped = mask.clamp(info.min, info.max)
+    return torch.where(mask.isinf(), mask, clamped).to(dtype)
 
 
 class Scratch:

@@ -322,3 +322,30 @@ def test_mask_helpers_equal_their_plain_torch_forms(seed, shape, dtype, expand):
         assert got.dtype == torch.bool and torch.equal(got, mask.any(dim=dim, keepdim=True))
     if mask.dim() >= 2:
         assert torch.equal(any_visible(mask, (0, 1)), mask.any(dim=1).any(dim=0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float16, torch.bfloat16]))
+def test_float_masks_for_half_kernels_saturate_instead_of_becoming_infinite(seed, dtype):
+    """Off the CPU a float32 mask meets half inputs in their dtype: finite values past the
+    half range clamp to its ends (``finfo(float32).min`` penalises, it does not hide),
+    infinities stay, and values in range cast as ``.to`` casts them."""
+    from qkv.backends.base import kernel_bias, saturating_cast
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.randn(3, 40, generator=g, dtype=torch.float64).float() * 1e3
+    big = torch.finfo(torch.float32)
+    pick = torch.randint(0, 5, mask.shape, generator=g)
+    for code, value in ((1, big.min), (2, big.max), (3, float("-inf")), (4, 1e30)):
+        mask[pick == code] = value
+    got = saturating_cast(mask, dtype)
+    info = torch.finfo(dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got[pick == 0], mask[pick == 0].to(dtype))
+    assert (got[pick == 1] == info.min).all() and (got[pick == 2] == info.max).all()
+    assert torch.isneginf(got[pick == 3]).all()
+    assert (got[pick == 4] == torch.tensor(min(1e30, info.max)).to(dtype)).all()
+    q = torch.empty(1, 1, 3, 8, dtype=dtype, device="meta")  # stands in for a GPU tensor
+    assert kernel_bias(mask.to("meta"), q).dtype == dtype
+    on_cpu = torch.empty(q.shape, dtype=dtype)
+    assert kernel_bias(mask, on_cpu).dtype == torch.float32  # the CPU kernels take float32
