@@ -80,7 +80,7 @@ def demo_recipes(out: Path, *, quick: bool = False) -> dict[str, Recipe]:
             "max_tokens": 1200,
             "lr": LR[name],
             "warmup": 60,
-            "schedule": "cosine",  # annealed by the time budget (see qkv.train.make_schedule)
+            "schedule": "cosine",  # annealed by the time budget (see qkv.schedule.make_schedule)
             "eval_every": 100_000,
             "save_every": 100_000,
             "label_smoothing": 0.1,

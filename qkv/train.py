@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from qkv.models.checkpoint import (
     save_checkpoint,
 )
 from qkv.recipe import ConfigError, Recipe, load_yaml
+from qkv.schedule import make_schedule
 from qkv.train_checks import check_lengths, check_out_dir, restore, trim_log
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
@@ -82,40 +82,6 @@ def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
     if recipe.model["type"] == "transformer" and src is tgt:
         fields.setdefault("share_vocab", True)
     return build_model(recipe.model["type"], fields)
-
-
-def make_schedule(
-    optimizer: torch.optim.Optimizer, cfg, start_step: int = 0, elapsed=None
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup, then ``inverse_sqrt`` (``lr * sqrt(warmup / step)``), ``cosine``
-    (to ``min_lr`` at ``steps``) or ``constant``; positioned at ``start_step``.
-
-    ``elapsed`` (seconds since the run started), given when ``max_seconds`` bounds a
-    one-process run, makes ``cosine`` follow whichever budget is used up faster, steps or
-    seconds, so a time-limited run still ends annealed (its steps then depend on speed).
-    """
-    warmup, total, floor = max(cfg.warmup, 1), cfg.steps, cfg.min_lr / cfg.lr
-
-    def factor(step: int) -> float:
-        step = step + 1  # the factor for the update about to be made
-        if step <= warmup:
-            return step / warmup
-        if cfg.schedule == "inverse_sqrt":
-            return math.sqrt(warmup / step)
-        if cfg.schedule == "cosine":
-            progress = (step - warmup) / max(total - warmup, 1)
-            if elapsed is not None and cfg.max_seconds > 0:
-                progress = max(progress, elapsed() / cfg.max_seconds)
-            progress = min(1.0, progress)
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    if start_step:  # resuming: the learning rate of the next update, as the schedule gives it
-        schedule.last_epoch = start_step
-        for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * factor(start_step)
-    return schedule
 
 
 def _loss(model: nn.Module, batch, smoothing: float, pad_id: int) -> tuple[torch.Tensor, int]:
