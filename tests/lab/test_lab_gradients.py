@@ -50,3 +50,23 @@ def test_the_verdict_follows_the_ratio(result):
     assert _distance_effect(1.0) == "no decay with distance"
     assert _distance_effect(0.01) == "it decays with distance"
     assert _distance_effect(30.0) == "it grows with distance"
+
+
+def test_the_figure_spans_the_measured_norms_and_not_much_more():
+    """The y range follows the norms measured (a short run ends near 1e-22, a long one far
+    lower): every quartile lies inside it, within three decades of its ends."""
+    import numpy as np
+
+    from qkv.lab.gradients import _norm_range
+
+    rng = np.random.default_rng()
+    results = {}
+    for name in ("a", "b"):
+        low = 10.0 ** rng.uniform(-80, -5, size=30)
+        results[name] = {"q25": low, "q75": low * 10 ** rng.uniform(0, 3, size=30)}
+    results["a"]["q25"][3] = 0.0  # an underflow: not part of the range
+    lo, hi = _norm_range(results)
+    values = np.concatenate([r[k] for r in results.values() for k in ("q25", "q75")])
+    values = values[values > 0]
+    assert lo < values.min() and values.max() < hi
+    assert math.log10(values.min() / lo) <= 3 and math.log10(hi / values.max()) <= 3
