@@ -3,7 +3,8 @@
 Every tokenizer maps text to ids and back, reserves the same special ids
 (``<pad>`` = 0, ``<unk>`` = 1, ``<s>`` = 2, ``</s>`` = 3), and stores itself as JSON so
 that a checkpoint can hold it without pickle. ``encode`` adds no ``<s>``/``</s>``
-(batching does); ``decode`` drops pad/bos/eos ids.
+(batching does) and never returns a special id for text: "<s>" typed in a sentence is
+text (BPE, characters) or an unknown word (words); ``decode`` drops pad/bos/eos ids.
 
 Detokenisation is exact, ``decode(encode(s)) == s``, for normal text: no leading
 whitespace, no tabs or line breaks, and (for BPE and characters) only characters seen in
@@ -92,6 +93,8 @@ class _VocabTokenizer(Tokenizer):
             raise ValueError("vocabulary has duplicate tokens")
         self.itos = tokens
         self.stoi = {t: i for i, t in enumerate(tokens)}
+        # what text can map to: "<pad>", "<s>" or "</s>" typed in text is an unknown word
+        self._text_ids = {t: i for t, i in self.stoi.items() if i >= len(SPECIAL_TOKENS)}
 
     @classmethod
     def _count(cls, texts: Iterable[str]) -> Counter[str]:
@@ -126,7 +129,7 @@ class _VocabTokenizer(Tokenizer):
         return self.itos[index]
 
     def _ids(self, pieces: Iterable[str]) -> list[int]:
-        return [self.stoi.get(p, UNK_ID) for p in pieces]
+        return [self._text_ids.get(p, UNK_ID) for p in pieces]
 
     def _pieces(self, ids: Iterable[int]) -> list[str]:
         skip = {PAD_ID, BOS_ID, EOS_ID}

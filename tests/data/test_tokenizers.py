@@ -138,3 +138,24 @@ def test_bpe_round_trips_text_from_the_corpus_alphabet(bpe, alphabet, data):
     assert bpe.decode(bpe.encode(text)) == text
     char = CharTokenizer.train([text])
     assert char.decode(char.encode(text)) == text
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_special_token_strings_in_text_are_unknown_words(data):
+    """A word "<pad>", "<s>" or "</s>" typed in text is an unknown word, never a special id.
+
+    Mapped to the pad id it broke the source mask of every model (a pad inside the
+    sentence: the RNN encoder refused it); to ``</s>`` it ended a training target early.
+    """
+    vocab = data.draw(st.lists(st.text("abcdefgh", min_size=1, max_size=4), min_size=1,
+                               max_size=6, unique=True))  # fmt: skip
+    word = WordTokenizer.train([" ".join(vocab)])
+    words = data.draw(st.lists(st.sampled_from(vocab + list(SPECIAL_TOKENS)), min_size=1))
+    ids = word.encode(" ".join(words))
+    assert len(ids) == len(words)
+    for w, i in zip(words, ids):
+        if w in SPECIAL_TOKENS:
+            assert i == word.unk_id
+        else:
+            assert i >= len(SPECIAL_TOKENS) and word.id_to_token(i) == w
