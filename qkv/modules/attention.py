@@ -137,7 +137,7 @@ class MultiHeadAttention(nn.Module):
 
         # 2) one mask: user mask, key padding and positional bias (+ the extra keys)
         tq, tk = q.shape[-2], k.shape[-2]
-        bias = self.positional.bias(tq, tk, past, q.device) if self._has_bias(self_attn) else None
+        bias = self._bias(tq, tk, past, q) if self_attn else None
         full = combine_masks(_as_4d(mask, tq, tk), _key_mask(key_mask, tk), bias)
         k, v = self._extra_keys(k, v)
         if k.shape[-2] > tk:
@@ -180,8 +180,12 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
 
-    def _has_bias(self, self_attn: bool) -> bool:
-        return self_attn and self.positional is not None
+    def _bias(self, tq: int, tk: int, past: int, q: Tensor) -> Tensor | None:
+        """The positional bias on the scores, float32 for half inputs (as masks are)."""
+        if self.positional is None:
+            return None
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        return self.positional.bias(tq, tk, past, q.device, dtype=dtype)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"

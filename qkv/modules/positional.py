@@ -93,8 +93,11 @@ class AttentionPositional(nn.Module):
         """Transform new queries ``(B, H, Tq, D)`` and new keys ``(B, Hkv, Tnew, D)``."""
         return q, k
 
-    def bias(self, tq: int, tk: int, q_start: int, device=None) -> Tensor | None:
-        """A float bias broadcastable to ``(B, H, Tq, Tk)`` for keys at ``0 ... Tk-1``."""
+    def bias(
+        self, tq: int, tk: int, q_start: int, device=None, dtype: torch.dtype = torch.float32
+    ) -> Tensor | None:
+        """A float bias broadcastable to ``(B, H, Tq, Tk)`` for keys at ``0 ... Tk-1``,
+        in ``dtype`` (:class:`MultiHeadAttention` asks for float64 in a float64 model)."""
         return None
 
     def check_fits(self, num_heads: int, head_dim: int) -> None:
@@ -128,9 +131,7 @@ class RotaryPositionalEncoding(AttentionPositional):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head size, got {head_dim}")
-        self.head_dim = head_dim
-        inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.head_dim, self.base = head_dim, base
 
     def check_fits(self, num_heads: int, head_dim: int) -> None:
         if head_dim != self.head_dim:
@@ -139,10 +140,20 @@ class RotaryPositionalEncoding(AttentionPositional):
                 f"{self.head_dim}, but the attention's heads have size {head_dim}"
             )
 
+    def inv_freq(self, device=None) -> Tensor:
+        """The frequencies ``base^(-2i/D)``, float64 ``(D/2,)``.
+
+        Computed at each call rather than kept in a buffer: ``module.to(torch.bfloat16)``
+        would round a buffer, and a rounded frequency puts every far position off by its
+        error times the position.
+        """
+        i = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
+        return self.base ** (-i / self.head_dim)
+
     def rotate(self, x: Tensor, start: int = 0) -> Tensor:
         """Rotate ``x`` ``(..., T, D)`` as if its rows sat at positions ``start, start+1, ...``."""
         pos = torch.arange(start, start + x.shape[-2], dtype=torch.float64, device=x.device)
-        angles = torch.outer(pos, self.inv_freq.to(x.device))  # (T, D/2)
+        angles = torch.outer(pos, self.inv_freq(x.device))  # (T, D/2)
         angles = torch.cat([angles, angles], dim=-1)  # (T, D)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
@@ -158,6 +169,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     For ``n`` a power of two the slopes are the geometric sequence starting at
     ``2^(-8/n)`` with that same ratio. Otherwise the paper takes the slopes of the closest
     power of two ``m < n`` and adds every other slope of ``2m`` heads until there are ``n``.
+    Returned in float64 (``(n,)``): cast them where they are used.
     """
 
     def power_of_two(n: int) -> list[float]:
@@ -165,10 +177,10 @@ def alibi_slopes(num_heads: int) -> Tensor:
         return [first ** (i + 1) for i in range(n)]
 
     if num_heads & (num_heads - 1) == 0:
-        return torch.tensor(power_of_two(num_heads))
+        return torch.tensor(power_of_two(num_heads), dtype=torch.float64)
     closest = 2 ** int(math.floor(math.log2(num_heads)))
     extra = power_of_two(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(power_of_two(closest) + extra)
+    return torch.tensor(power_of_two(closest) + extra, dtype=torch.float64)
 
 
 class ALiBi(AttentionPositional):
@@ -181,14 +193,16 @@ class ALiBi(AttentionPositional):
     ``m_h (j - i)`` for ``j <= i``; without one, the distance is symmetric.
 
     Shape:
-        :meth:`bias` returns ``(1, H, Tq, Tk)`` (float32) for queries at ``q_start...`` and
-        keys at ``0...Tk-1`` (the whole key sequence, cache included).
+        :meth:`bias` returns ``(1, H, Tq, Tk)`` (float32 unless ``dtype`` says otherwise,
+        computed in float64) for queries at ``q_start...`` and keys at ``0...Tk-1`` (the
+        whole key sequence, cache included).
     """
 
     def __init__(self, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        # a plain attribute, not a buffer: module.to(dtype) must not round the slopes
+        self.slopes = alibi_slopes(num_heads)
 
     def check_fits(self, num_heads: int, head_dim: int) -> None:
         if num_heads != self.num_heads:
@@ -197,8 +211,11 @@ class ALiBi(AttentionPositional):
                 f"but the attention has {num_heads} query heads"
             )
 
-    def bias(self, tq: int, tk: int, q_start: int, device=None) -> Tensor:
+    def bias(
+        self, tq: int, tk: int, q_start: int, device=None, dtype: torch.dtype = torch.float32
+    ) -> Tensor:
         qpos = torch.arange(q_start, q_start + tq, device=device).unsqueeze(1)
         kpos = torch.arange(tk, device=device).unsqueeze(0)
-        dist = (qpos - kpos).abs().float()  # (Tq, Tk)
-        return -self.slopes.to(device).view(1, -1, 1, 1) * dist  # (1, H, Tq, Tk)
+        dist = (qpos - kpos).abs().to(torch.float64)  # (Tq, Tk)
+        slopes = self.slopes.to(device).view(1, -1, 1, 1)
+        return (-slopes * dist).to(dtype)  # (1, H, Tq, Tk), rounded once

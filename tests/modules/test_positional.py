@@ -63,11 +63,25 @@ def test_rope_scores_depend_only_on_distance():
 
 
 def test_alibi_slopes_follow_press_et_al():
-    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    f64 = dict(dtype=torch.float64)
+    torch.testing.assert_close(
+        alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)], **f64)
+    )
     # 6 heads: the 4-head slopes, then every other slope of the 8-head sequence.
     expected = [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]
-    torch.testing.assert_close(alibi_slopes(6), torch.tensor(expected))
-    assert len(alibi_slopes(12)) == 12
+    torch.testing.assert_close(alibi_slopes(6), torch.tensor(expected, **f64))
+    # 12 heads: 2^(-8/16) is no power of two; float64 holds it, float32 does not
+    expected = [2 ** -(i + 1) for i in range(8)] + [2 ** -(k / 2) for k in (1, 3, 5, 7)]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected, **f64), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 5, 6, 12, 16, 24, 80])
+def test_alibi_slopes_match_bloom(heads):
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    ones = torch.ones(1, 2, dtype=torch.int64)  # the key at position 1 carries the slope
+    theirs = bloom.build_alibi_tensor(ones, heads, torch.float32).view(heads, 2)[:, 1]
+    # BLOOM raises float32 bases to integer powers: a few float32 ulps off the formula
+    torch.testing.assert_close(alibi_slopes(heads).float(), theirs, rtol=1e-6, atol=0)
 
 
 def test_alibi_bias_is_linear_in_distance():
@@ -75,8 +89,9 @@ def test_alibi_bias_is_linear_in_distance():
     bias = alibi.bias(3, 5, q_start=2)
     assert bias.shape == (1, 4, 3, 5)
     # query 0 sits at position 2: distances to keys 0..4 are 2, 1, 0, 1, 2
-    expected = -alibi.slopes[1] * torch.tensor([2.0, 1.0, 0.0, 1.0, 2.0])
-    torch.testing.assert_close(bias[0, 1, 0], expected)
+    expected = -alibi.slopes[1] * torch.tensor([2.0, 1.0, 0.0, 1.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(bias[0, 1, 0], expected.float())
+    torch.testing.assert_close(alibi.bias(3, 5, 2, dtype=torch.float64)[0, 1, 0], expected)
 
 
 def test_rope_needs_even_head_size():
@@ -108,3 +123,60 @@ def test_positions_name_bad_inputs(make):
         pe(torch.zeros(1, 4, 6), start=-1)
     with pytest.raises(ValueError, match=r"positions 18..21 are outside 0..19"):
         pe(torch.zeros(1, 4, 6), start=18)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_positions_survive_casting_the_model(dtype):
+    """``model.to(dtype)`` must not round RoPE's frequencies or ALiBi's slopes: a cast
+    module rotates and biases exactly as a module built fresh (far positions would be
+    off by the rounding error times the position)."""
+    rope, alibi = qkv.RotaryPositionalEncoding(16), qkv.ALiBi(12)
+    attn = qkv.MultiHeadAttention(192, 12, positional=rope).to(dtype)
+    qkv.MultiHeadAttention(192, 12, positional=alibi).to(dtype)
+    x = torch.randn(1, 12, 40, 16).to(dtype)
+    assert attn.positional is rope
+    assert torch.equal(rope.rotate(x, 900), qkv.RotaryPositionalEncoding(16).rotate(x, 900))
+    assert torch.equal(alibi.bias(3, 2000, 1997), qkv.ALiBi(12).bias(3, 2000, 1997))
+
+
+def test_rope_matches_hugging_face_rotary_embedding_with_theta_and_offset():
+    """Hugging Face's LlamaRotaryEmbedding (rope_theta 5e5) at positions 37..48, as a KV
+    cache puts them; its angles are float32, so agreement is to float32 angle error."""
+    transformers = pytest.importorskip("transformers")
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    d, start, t = 16, 37, 12
+    config = transformers.LlamaConfig(hidden_size=4 * d, num_attention_heads=4, rope_theta=5e5)
+    hf = llama.LlamaRotaryEmbedding(config)
+    q = torch.randn(2, 4, t, d, dtype=torch.float64)
+    k = torch.randn(2, 2, t, d, dtype=torch.float64)  # GQA: fewer key heads
+    cos, sin = hf(q, torch.arange(start, start + t)[None])
+    hq, hk = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    oq, ok = qkv.RotaryPositionalEncoding(d, base=5e5)(q, k, start, start)
+    torch.testing.assert_close(oq, hq, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ok, hk, atol=1e-5, rtol=0)
+    wrong, _ = qkv.RotaryPositionalEncoding(d, base=5e5)(q, k, start + 1, start + 1)
+    assert (wrong - hq).abs().max() > 1e-2  # the tolerance would see an off-by-one position
+
+
+def test_float64_alibi_attention_is_exact_far_from_the_diagonal():
+    """A float64 model gets the float64 bias: attention over 300 keys with 12 heads (slopes
+    such as 2^-0.5 that float32 rounds) equals the formula computed in float64."""
+    m = qkv.MultiHeadAttention(48, 12, positional=qkv.ALiBi(12), backend="reference").double()
+    x = torch.randn(1, 300, 48, dtype=torch.float64)
+    _, w = m(x[:, -2:], causal=True, need_weights=True, cache=_prefilled(m, x[:, :-2]))
+    q = m.q_proj(x[:, -2:]).view(1, 2, 12, 4).transpose(1, 2)
+    k = m.k_proj(x).view(1, 300, 12, 4).transpose(1, 2)
+    dist = (torch.arange(298, 300)[:, None] - torch.arange(300)[None]).to(torch.float64)
+    slopes = torch.tensor(
+        [2.0 ** -(i + 1) for i in range(8)] + [2 ** -(j / 2) for j in (1, 3, 5, 7)],
+        dtype=torch.float64,
+    )
+    scores = q @ k.transpose(-1, -2) / 2.0 - slopes.view(12, 1, 1) * dist
+    scores = scores.masked_fill(dist < 0, float("-inf"))
+    torch.testing.assert_close(w, scores.softmax(-1), atol=1e-13, rtol=0)
+
+
+def _prefilled(m: qkv.MultiHeadAttention, prompt: torch.Tensor) -> qkv.KVCache:
+    cache = qkv.KVCache(1)
+    m(prompt, causal=True, cache=cache)
+    return cache
