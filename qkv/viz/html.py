@@ -65,8 +65,17 @@ _SIZE_BUDGET = 2_000_000  # bytes; a larger page still works but is slow to open
 
 
 def _asset(name: str) -> str:
-    """Text of a file shipped next to this module (viewer.js, viewer.css)."""
+    """Text of a file shipped next to this module (viewer*.js, viewer.css)."""
     return resources.files("qkv.viz").joinpath(name).read_text(encoding="utf-8")
+
+
+_SCRIPTS = ("viewer_head.js", "viewer_matrix.js", "viewer.js")  # views, then the wiring
+
+
+def _script() -> str:
+    """The viewer's script files in order (viewer.js starts the page), in one closure."""
+    body = "\n".join(_asset(name) for name in _SCRIPTS)
+    return f'(function () {{\n"use strict";\n\n{body}}})();'
 
 
 _CSP = (
@@ -280,7 +289,7 @@ def _page(
         quant_text=html.escape(quant_text),
         payload_id=PAYLOAD_ID,
         payload=json_for_script(payload),
-        js=_asset("viewer.js"),
+        js=_script(),
     )
     size = len(page.encode("utf-8"))
     if size > _SIZE_BUDGET:  # advice that applies: 8-bit weights, else fewer tokens

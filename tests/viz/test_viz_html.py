@@ -69,11 +69,24 @@ def test_page_is_self_contained(make_maps):
 
 
 def test_assets_cannot_close_their_blocks():
-    from qkv.viz.html import _asset
+    from qkv.viz.html import _asset, _script
 
-    assert "</script" not in _asset("viewer.js").lower()
+    assert "</script" not in _script().lower()
     assert "</style" not in _asset("viewer.css").lower()
-    assert "<!--" not in _asset("viewer.js")
+    assert "<!--" not in _script()
+
+
+def test_page_inlines_every_script_file_once_in_order(make_maps):
+    from importlib import resources
+
+    from qkv.viz.html import _SCRIPTS, _asset
+
+    page = render_html(make_maps(1, 1, 3, 3), list("abc"))
+    where = [page.index(_asset(name)) for name in _SCRIPTS]
+    assert where == sorted(where)
+    assert all(page.count(_asset(name)) == 1 for name in _SCRIPTS)
+    shipped = {f.name for f in resources.files("qkv.viz").iterdir() if f.name.endswith(".js")}
+    assert shipped == set(_SCRIPTS)  # a new script file must be listed in _SCRIPTS
 
 
 def test_size_limit_for_six_layers_twelve_heads_64_tokens(make_maps):

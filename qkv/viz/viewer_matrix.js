@@ -1,0 +1,165 @@
+// qkv viewer, model and matrix views: a heatmap thumbnail for every layer x head, and the
+// heatmap of one head as a table whose highlighted cell the arrow keys move (its weight
+// read out in #qkv-readout and shown in #qkv-tooltip). The page inlines this file second,
+// inside one closure with viewer_head.js and viewer.js; state, data, weight(), el() and the
+// other shared names come from viewer.js, which runs last and starts the page.
+
+// viridis, sampled at 0, 0.25, 0.5, 0.75, 1
+const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+function ramp(x) {
+  const t = Math.min(1, Math.max(0, x)) * (RAMP.length - 1);
+  const k = Math.min(RAMP.length - 2, Math.floor(t)), f = t - k;
+  return RAMP[k].map((c, i) => Math.round(c + f * (RAMP[k + 1][i] - c)));
+}
+
+function headMax(l, h) {
+  let m = 0;
+  for (let k = (l * H + h) * TQ * TK, e = k + TQ * TK; k < e; k++) m = Math.max(m, W[k]);
+  return m > 0 ? m : 1;
+}
+
+// ---- model view ----------------------------------------------------------------
+function thumbnail(l, h) {
+  const c = el("canvas", { class: "qkv-thumb", width: TK, height: TQ, "data-layer": l,
+    "data-head": h, title: mapName(l, h), tabindex: 0, role: "button",
+    "aria-label": `${mapName(l, h)}: open in the matrix view` });
+  const ctx = c.getContext("2d");
+  const img = ctx.createImageData(TK, TQ);
+  const m = headMax(l, h);
+  for (let i = 0; i < TQ; i++) {
+    for (let j = 0; j < TK; j++) {
+      const [r, g, b] = ramp(weight(l, h, i, j) / m), o = 4 * (i * TK + j);
+      img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  c.style.height = `${Math.round(72 * Math.min(2, TQ / TK))}px`;
+  onActivate(c, (e) => {
+    Object.assign(state, { layer: l, matrixHead: h, view: "matrix" });
+    render();
+    if (e.type === "keydown") document.getElementById("qkv-matrix").focus();
+  });
+  return c;
+}
+
+function renderModelView(root) {
+  const table = el("table", { id: "qkv-model", class: "qkv-model-grid" });
+  const named = !!data.mapLabel;
+  const head = el("tr");
+  if (!named) head.appendChild(el("th"));
+  for (const h of range(H)) {
+    const th = el("th", { class: "qkv-model-head" }, named ? data.mapLabel : `head ${h}`);
+    th.style.color = named ? "" : headColor(h);
+    head.appendChild(th);
+  }
+  table.appendChild(head);
+  for (const l of range(L)) {
+    const tr = el("tr");
+    if (!named) tr.appendChild(el("th", { class: "qkv-model-layer" }, `layer ${l}`));
+    for (const h of range(H)) {
+      const td = el("td");
+      td.appendChild(thumbnail(l, h));
+      tr.appendChild(td);
+    }
+    table.appendChild(tr);
+  }
+  root.appendChild(table);
+}
+
+// ---- matrix view ---------------------------------------------------------------
+const tooltip = document.getElementById("qkv-tooltip");
+
+function renderMatrixView(root) {
+  const l = state.layer, h = state.matrixHead, m = headMax(l, h);
+  const caption = `${mapName(l, h)}: rows ${sideName("query")} tokens, ` +
+    `columns ${sideName("key")} tokens; colour 0 → ${m.toFixed(3)}`;
+  root.appendChild(el("p", { class: "qkv-caption", id: "qkv-matrix-caption" }, caption));
+  const table = el("table", { id: "qkv-matrix", "data-layer": l, "data-head": h,
+    tabindex: 0, "aria-describedby": "qkv-matrix-caption",
+    "aria-label": `Attention weights, ${mapName(l, h)}; arrow keys move between cells` });
+  table.style.setProperty("--cell", `${TK <= 16 ? 34 : TK <= 40 ? 18 : 13}px`);
+  const top = el("tr");
+  top.appendChild(el("th", { class: "qkv-corner" }));
+  data.keyTokens.forEach((t, j) => top.appendChild(
+    el("th", { class: "qkv-col-label", "data-key": j, title: t }, t)));
+  table.appendChild(top);
+  for (let i = 0; i < TQ; i++) {
+    const tr = el("tr");
+    tr.appendChild(el("th", { class: "qkv-row-label", "data-query": i,
+      title: data.queryTokens[i] }, data.queryTokens[i]));
+    for (let j = 0; j < TK; j++) tr.appendChild(matrixCell(l, h, i, j, m));
+    table.appendChild(tr);
+  }
+  table.addEventListener("mouseover", (e) => showCell(e.target.closest(".qkv-cell"), e));
+  table.addEventListener("mouseleave", () => showCell(activeCell()));
+  table.addEventListener("focus", () => {
+    state.cell = state.cell || { i: 0, j: 0 };
+    moveCell(0, 0);
+  });
+  table.addEventListener("mousedown", (e) => { // a click picks the cell the keys move from
+    const td = e.target.closest(".qkv-cell");
+    if (td) state.cell = { i: +td.dataset.query, j: +td.dataset.key };
+  });
+  table.addEventListener("blur", () => showCell(null));
+  table.addEventListener("keydown", matrixKey);
+  root.appendChild(table);
+}
+
+// The cell the keyboard highlights, while the matrix has the focus.
+function activeCell() {
+  const c = state.cell, table = document.getElementById("qkv-matrix");
+  if (!c || document.activeElement !== table) return null;
+  return table.querySelector(`.qkv-cell[data-query="${c.i}"][data-key="${c.j}"]`);
+}
+
+// Arrows move by one cell, Home/End to the row's ends, PageUp/PageDown to the column's.
+function matrixKey(e) {
+  const c = state.cell;
+  const move = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1],
+    Home: [0, -c.j], End: [0, TK - 1 - c.j], PageUp: [-c.i, 0], PageDown: [TQ - 1 - c.i, 0],
+  }[e.key];
+  if (e.key === "Escape") { showCell(null); return; }
+  if (!move) return;
+  e.preventDefault();
+  moveCell(...move);
+}
+
+function moveCell(di, dj) {
+  const c = state.cell;
+  c.i = Math.min(TQ - 1, Math.max(0, c.i + di));
+  c.j = Math.min(TK - 1, Math.max(0, c.j + dj));
+  const td = activeCell();
+  showCell(td);
+  td.scrollIntoView({ block: "nearest", inline: "nearest" });
+  readout.textContent = `${sideName("query")} ${c.i + 1} "${data.queryTokens[c.i]}" → ` +
+    `${sideName("key")} ${c.j + 1} "${data.keyTokens[c.j]}": ${(+td.dataset.weight).toFixed(6)}`;
+}
+
+function matrixCell(l, h, i, j, m) {
+  const w = weight(l, h, i, j), x = w / m;
+  const td = el("td", { class: "qkv-cell", "data-layer": l, "data-head": h,
+    "data-query": i, "data-key": j, "data-weight": String(w) });
+  td.style.background = `rgb(${ramp(x).join(",")})`;
+  if (TK <= 16) {
+    td.textContent = w.toFixed(2);
+    td.style.color = x > 0.6 ? "#000" : "#fff";
+  }
+  return td;
+}
+
+function showCell(td) {
+  document.querySelectorAll(".qkv-hl").forEach((n) => n.classList.remove("qkv-hl"));
+  if (!td) { tooltip.hidden = true; return; }
+  if (td === activeCell()) td.classList.add("qkv-hl");
+  const i = +td.dataset.query, j = +td.dataset.key;
+  document.querySelector(`.qkv-row-label[data-query="${i}"]`).classList.add("qkv-hl");
+  document.querySelector(`.qkv-col-label[data-key="${j}"]`).classList.add("qkv-hl");
+  tooltip.textContent = `${data.queryTokens[i]} → ${data.keyTokens[j]}: ` +
+    `${(+td.dataset.weight).toFixed(6)}`;
+  tooltip.dataset.weight = td.dataset.weight;
+  tooltip.hidden = false;
+  const r = td.getBoundingClientRect();
+  tooltip.style.left = `${r.right + window.scrollX + 6}px`;
+  tooltip.style.top = `${r.top + window.scrollY - 4}px`;
+}
