@@ -167,6 +167,18 @@ def _describe_clusters(features: dict, labels: np.ndarray) -> list[dict]:
     return out
 
 
+_TITLES = {
+    "entropy": "entropy (nats)",
+    "distance": "mean distance (tokens)",
+    "cls": "weight on [CLS]",
+    "sep": "weight on [SEP]",
+    "self": "weight on itself",
+    "previous": "weight on the previous token",
+    "next": "weight on the next token",
+    "ablation": "ablated: 1 − cos(embedding)",
+}
+
+
 def _figures(features: dict, labels: np.ndarray, link: np.ndarray, change, out: Path) -> list[str]:
     from scipy.cluster.hierarchy import dendrogram
 
@@ -175,9 +187,12 @@ def _figures(features: dict, labels: np.ndarray, link: np.ndarray, change, out: 
     for ax, name in zip(axes, (*FEATURES, "ablation")):
         values = change if name == "ablation" else features[name]
         im = ax.imshow(values, cmap="viridis", aspect="auto")
-        ax.set_title("ablation: 1 − cos" if name == "ablation" else name, fontsize=10)
+        ax.set_title(_TITLES[name], fontsize=10)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
+        ax.set_xticks(range(values.shape[1]))  # whole heads and layers, not 2.5
+        ax.set_yticks(range(values.shape[0]))
+        ax.tick_params(labelsize=7)
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle("all-MiniLM-L6-v2: per-head attention statistics (mean over query tokens)")
     paths = [save_figure(fig, out / "head-features.png")]
