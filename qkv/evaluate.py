@@ -109,10 +109,11 @@ def translate_texts(
 ) -> list[list[Translation]]:
     """Translate ``texts`` with greedy (``beam=1``) or beam search, in length-sorted batches.
 
-    A text with no tokens (an empty or blank line) translates to the empty translation
-    (score 0) without running the model, so that outputs stay line-aligned with their
-    inputs. A text longer than the model reads (``config.max_source_len``, e.g. the
-    Transformer's ``max_len`` positions) is cut to that many tokens, with a warning logged.
+    Texts are stripped first, as training strips its sentences. A text with no tokens
+    (an empty or blank line) translates to the empty translation (score 0) without running
+    the model, so that outputs stay line-aligned with their inputs. A text longer than the
+    model reads (``config.max_source_len``, e.g. the Transformer's ``max_len`` positions) is
+    cut to that many tokens, with a warning logged.
     When fewer than ``n_best`` translations exist (a blank text has only one), the list is
     filled up with empty translations of score ``-inf``.
 
@@ -130,7 +131,7 @@ def translate_texts(
     model.eval()
     device = next(model.parameters()).device
     config = getattr(model, "config", None)
-    ids = _fit_sources([src_tokenizer.encode(t) for t in texts], config)
+    ids = _fit_sources([src_tokenizer.encode(t.strip()) for t in texts], config)
     results: list[list[Translation]] = [
         [] if i else [Translation("", [], 0.0, None, eos=True)] for i in ids
     ]
@@ -304,11 +305,11 @@ def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
     for text, nbest in zip(lines, out):
         best = nbest[0]
         if best.alignment is not None:
-            src_tokens = [src_tok.id_to_token(i) for i in src_tok.encode(text)]
+            src_tokens = [src_tok.id_to_token(i) for i in src_tok.encode(text.strip())]
             src_tokens = src_tokens[: best.alignment.shape[-1]]  # a long line was cut
             items.append((best.alignment, src_tokens, best.target_labels, text))
     if not items:
-        if not any(src_tok.encode(text) for text in lines):
+        if not any(src_tok.encode(text.strip()) for text in lines):
             raise UserError("--show-attention: the input has no sentence to show")
         raise UserError("--show-attention: this model has no attention to show")
     try:

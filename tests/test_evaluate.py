@@ -9,10 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkv.cli import main
 from qkv.data.tokenizers import tokenizer_from_json
 from qkv.evaluate import translate_texts
+from qkv.lab.common import num_threads
 from qkv.models.checkpoint import load_checkpoint
 from qkv.recipe import recipe_from_dict
 from qkv.train import train
@@ -211,3 +215,34 @@ def test_broken_checkpoint_headers(ckpt, tmp_path, monkeypatch, capsys, change, 
         code, out, err = _cli(monkeypatch, capsys, *args, stdin=b"x\n")
         _one_line_error(code, err, match)
         assert "broken.safetensors" in err and out == ""
+
+
+_SPACES = st.text(" \t\u00a0\u3000", max_size=3)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_surrounding_whitespace_changes_no_translation(kind, data):
+    """Training strips every sentence, so translation does too: with character or BPE
+    tokens a blank line ("   ") is the empty translation, as with words, and spaces around
+    a sentence are not read as tokens the model never saw there."""
+    from qkv.data.tokenizers import train_tokenizers
+    from qkv.models.config import TransformerSeq2SeqConfig
+    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+
+    words = SENTENCES.split()
+    src, tgt = train_tokenizers(kind, words, ["the cat caught the mouse"], vocab_size=60)
+    torch.manual_seed(data.draw(st.integers(0, 2**16)))
+    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=8, num_heads=2,
+                                   num_encoder_layers=1, num_decoder_layers=1, ff_dim=8,
+                                   max_len=24, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    model = TransformerSeq2Seq(cfg)
+    bare = data.draw(st.lists(st.sampled_from(words + [""]), min_size=1, max_size=4))
+    padded = [data.draw(_SPACES) + s + data.draw(_SPACES) for s in bare]
+    with num_threads(1):
+        got = translate_texts(model, src, tgt, padded, beam=2, n_best=2)
+        want = translate_texts(model, src, tgt, bare, beam=2, n_best=2)
+    for g, w in zip(got, want):
+        assert [(t.text, t.score) for t in g] == [(t.text, t.score) for t in w]
+    assert all(g[0].alignment is None for g, s in zip(got, bare) if not s)
