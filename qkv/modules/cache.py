@@ -40,6 +40,8 @@ class LayerKV:
         if self.k is None:  # contiguous, so attention can fold (B, H) without a copy per step
             self.k, self.v = k.contiguous(), v.contiguous()
         else:
+            _check_fits(self.k, k, "keys")
+            _check_fits(self.v, v, "values")
             self.k = torch.cat([self.k, k], dim=-2)
             self.v = torch.cat([self.v, v], dim=-2)
         return self.k, self.v
@@ -54,6 +56,22 @@ class LayerKV:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+
+
+def _check_fits(cached: Tensor, new: Tensor, what: str) -> None:
+    """``ValueError`` unless ``new`` can follow ``cached``: one B, Hkv, D, dtype and device."""
+    if (
+        new.ndim != 4
+        or new.shape[:2] != cached.shape[:2]
+        or new.shape[3:] != cached.shape[3:]
+        or new.dtype != cached.dtype
+        or new.device != cached.device
+    ):
+        raise ValueError(
+            f"new {what} {new.dtype} {tuple(new.shape)} on {new.device} cannot follow the "
+            f"cached {cached.dtype} {tuple(cached.shape)} on {cached.device} (B, Hkv, T, D): "
+            "a cache serves one batch of one layer; start a new one for another"
+        )
 
 
 class KVCache:
