@@ -120,7 +120,7 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
-        layer = _layer(cache)
+        layer = _layer(cache, self_attn)
         past = layer.length if (layer is not None and self_attn) else 0
 
         # 1) project and split heads: (B, T, E) -> (B, H, T, D)
@@ -138,7 +138,8 @@ class MultiHeadAttention(nn.Module):
         # 2) one mask: user mask, key padding and positional bias (+ the extra keys)
         tq, tk = q.shape[-2], k.shape[-2]
         bias = self._bias(tq, tk, past, q) if self_attn else None
-        full = combine_masks(_as_4d(mask, tq, tk), _key_mask(key_mask, tk), bias)
+        target = (query.shape[0], self.num_heads, tq, tk)
+        full = combine_masks(_as_4d(mask, target), _key_mask(key_mask, target), bias)
         k, v = self._extra_keys(k, v)
         if k.shape[-2] > tk:
             if causal:  # causal over the real keys only; the extra ones stay visible
@@ -199,6 +200,15 @@ class MultiHeadAttention(nn.Module):
             )
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"batch and key/value lengths must agree: {shapes}")
+        weight = self.q_proj.weight
+        if torch.is_autocast_enabled(query.device.type):
+            return  # autocast casts inputs and weights to one dtype itself
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.dtype != weight.dtype or x.device != weight.device:
+                raise ValueError(
+                    f"MultiHeadAttention's weights are {weight.dtype} on {weight.device}, "
+                    f"but its {name} is {x.dtype} on {x.device}: move one to the other"
+                )
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -237,28 +247,39 @@ class MultiHeadAttention(nn.Module):
         return new
 
 
-def _layer(cache: KVCache | LayerKV | None) -> LayerKV | None:
-    if cache is None or isinstance(cache, LayerKV):
-        return cache
+def _layer(cache: KVCache | LayerKV | None, self_attn: bool) -> LayerKV | None:
+    """The one layer of ``cache``, refused if it belongs to the other kind of attention."""
+    if cache is None:
+        return None
     if isinstance(cache, KVCache):
         if len(cache) != 1:
             raise ValueError(f"pass one layer of a {len(cache)}-layer KVCache: cache[i]")
-        return cache[0]
-    raise ValueError(f"cache must be a KVCache or LayerKV, got {type(cache).__name__}")
+        cache = cache[0]
+    if not isinstance(cache, LayerKV):
+        raise ValueError(f"cache must be a KVCache or LayerKV, got {type(cache).__name__}")
+    if self_attn and cache.static:
+        raise ValueError("self-attention was given a cross-attention (static) cache")
+    if not self_attn and cache.length and not cache.static:
+        raise ValueError(
+            f"cross-attention was given a self-attention cache of {cache.length} positions"
+        )
+    return cache
 
 
-def _as_4d(mask: Tensor | None, tq: int, tk: int) -> Tensor | None:
-    """Module masks may be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk)."""
+def _as_4d(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:
+    """Module masks may be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk); each size 1 or full."""
     if mask is None:
         return None
-    if mask.ndim == 3:
-        return mask.unsqueeze(1)  # (B, 1, Tq, Tk): the same mask for every head
-    if mask.ndim not in (2, 4):
+    full = mask.unsqueeze(1) if mask.ndim == 3 else mask  # (B, 1, Tq, Tk): every head
+    if mask.ndim not in (2, 3, 4) or any(
+        m not in (1, t) for m, t in zip(full.shape[::-1], target[::-1], strict=False)
+    ):
+        b, h, tq, tk = target
         raise ValueError(
             f"mask must be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with "
-            f"Tq={tq}, Tk={tk}; got {tuple(mask.shape)}"
+            f"B={b}, H={h}, Tq={tq}, Tk={tk}; got {tuple(mask.shape)}"
         )
-    return mask
+    return full
 
 
 def _visible(mask: Tensor | None, tk: int, extra: int) -> Tensor | None:
@@ -269,12 +290,18 @@ def _visible(mask: Tensor | None, tk: int, extra: int) -> Tensor | None:
     return F.pad(mask.expand(*mask.shape[:-1], tk), (0, extra), value=allow)
 
 
-def _key_mask(key_mask: Tensor | None, tk: int) -> Tensor | None:
+def _key_mask(key_mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:
     if key_mask is None:
         return None
-    if key_mask.ndim != 2 or key_mask.shape[-1] != tk or key_mask.dtype != torch.bool:
+    b, _, _, tk = target
+    if (
+        key_mask.ndim != 2
+        or key_mask.shape[0] not in (1, b)
+        or key_mask.shape[-1] != tk
+        or key_mask.dtype != torch.bool
+    ):
         raise ValueError(
-            f"key_mask must be boolean (B, Tk) with Tk={tk} (True = real token); "
+            f"key_mask must be boolean (B, Tk) with B={b}, Tk={tk} (True = real token); "
             f"got {key_mask.dtype} {tuple(key_mask.shape)}"
         )
     return key_mask[:, None, None, :]  # (B, 1, 1, Tk)

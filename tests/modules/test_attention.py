@@ -12,6 +12,8 @@ import qkv
 from qkv.functional import from_torch_masks
 
 E, H = 24, 4
+X, KEYS = torch.randn(2, 5, E), torch.ones(2, 5, dtype=torch.bool)
+MASK = r"mask must be \(Tq, Tk\), .* with B=2, H=4, Tq=5, Tk=5"
 
 
 EXTRAS = {  # torch.nn.MultiheadAttention's options that append keys
@@ -255,12 +257,43 @@ def test_explicit_sdpa_returns_weights_under_autograd(heads, rows):
             "key_mask must be boolean",
         ),
         ({}, lambda m: m(torch.randn(2, 5, E), torch.randn(3, 5, E)), "batch"),
+        ({}, lambda m: m(X, key_mask=torch.ones(3, 5, dtype=torch.bool)), "B=2, Tk=5"),
+        ({}, lambda m: m(X, mask=torch.ones(5, 6, dtype=torch.bool), key_mask=KEYS), MASK),
+        ({}, lambda m: m(X, mask=torch.ones(3, 5, 5, dtype=torch.bool)), MASK + r".*\(3, 5"),
+        (dict(positional=qkv.ALiBi(H)), lambda m: m(X, mask=torch.zeros(5, 6)), MASK),
+        (dict(add_bias_kv=True), lambda m: m(X, mask=torch.ones(5, 6, dtype=torch.bool)), MASK),
+        ({}, lambda m: m(X.double()), "weights are torch.float32 .* query is torch.float64"),
+        ({}, lambda m: m(X, X.double()), "its key is torch.float64"),
     ],
-    ids=["rank", "width", "key-mask", "batch"],
-)
+    ids=["rank", "width", "key-mask", "batch", "key-mask-batch", "mask-and-key-mask",
+         "mask-batch", "mask-and-alibi", "mask-and-bias-kv", "dtype-query", "dtype-key"],
+)  # fmt: skip
 def test_bad_inputs_raise_value_errors_with_shapes(kwargs, call, match):
+    """One ValueError naming the shapes, not a broadcasting or matmul RuntimeError
+    from inside torch (as masks combined with key padding, ALiBi or extra keys gave)."""
     with pytest.raises(ValueError, match=match):
         call(qkv.MultiHeadAttention(E, H, **kwargs))
+
+
+def test_dtype_check_leaves_autocast_alone():
+    m = qkv.MultiHeadAttention(E, H)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = m(X.bfloat16(), causal=True)
+    assert out.dtype == torch.bfloat16
+
+
+def test_a_cache_of_the_other_kind_of_attention_is_refused():
+    """Self-attention given a cross-attention cache used the cached source keys instead
+    of its own; cross-attention given a self-attention cache overwrote it."""
+    m = qkv.MultiHeadAttention(E, H)
+    cross, own = qkv.KVCache(1), qkv.KVCache(1)
+    m(X, torch.randn(2, 7, E), cache=cross)
+    m(X, cache=own)
+    with pytest.raises(ValueError, match="self-attention was given a cross-attention"):
+        m(X[:, :1], cache=cross)
+    with pytest.raises(ValueError, match="cross-attention was given a self-attention cache of 5"):
+        m(X[:, :1], torch.randn(2, 7, E), cache=own)
+    assert own.length == 5 and cross.length == 7
 
 
 def test_bad_head_configuration():
