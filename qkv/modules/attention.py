@@ -107,7 +107,8 @@ class MultiHeadAttention(nn.Module):
         weight_rows: slice | None = None,
         cache: KVCache | LayerKV | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when ``key`` is None).
+        """Attend from ``query`` to ``key``/``value``: self-attention when ``key`` is None or
+        is ``query`` itself (``value`` None or ``query`` too), as ``torch`` users call it.
 
         ``need_weights`` (``True`` or a list of heads) and ``weight_rows`` (a slice of
         query rows) select the weights returned, as in
@@ -116,7 +117,7 @@ class MultiHeadAttention(nn.Module):
         them (``key_mask`` then covers every cached position); cross-attention projects
         ``key``/``value`` on the first call and reuses them afterwards.
         """
-        self_attn = key is None
+        self_attn = key is None or (key is query and (value is None or value is query))
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)

@@ -201,6 +201,22 @@ def test_kv_cache_decoding_equals_one_causal_pass(positional, kv_heads):
     assert cache.length == 9
 
 
+@pytest.mark.parametrize("positional", ["none", "rope", "alibi"])
+def test_query_passed_as_key_and_value_is_self_attention(positional):
+    """``m(x, x, x)``, as torch.nn.MultiheadAttention is called, is ``m(x)``: RoPE and
+    ALiBi were dropped (0.097 off), and cached decoding froze the first step's keys as
+    cross-attention does (1.03 off)."""
+    pos = {"none": None, "rope": qkv.RotaryPositionalEncoding(E // H), "alibi": qkv.ALiBi(H)}
+    m = qkv.MultiHeadAttention(E, H, positional=pos[positional]).double()
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    full, _ = m(x, causal=True)
+    torch.testing.assert_close(m(x, x, x, causal=True)[0], full, rtol=0, atol=0)
+    torch.testing.assert_close(m(x, x, causal=True)[0], full, rtol=0, atol=0)
+    cache = qkv.KVCache(1)
+    steps = [m(s, s, s, causal=True, cache=cache)[0] for s in x.split(1, dim=1)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=0)
+
+
 def test_cross_attention_cache_projects_keys_once():
     m = qkv.MultiHeadAttention(E, H, kdim=10, vdim=10).double()
     memory = torch.randn(2, 7, 10, dtype=torch.float64)
