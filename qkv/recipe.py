@@ -16,6 +16,7 @@ name the key, e.g. ``train.lr: must be > 0``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -285,12 +286,33 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
+            node[parts[-1]] = yaml.load(raw, Loader=_yaml_loader())
         except yaml.YAMLError as err:
             raise ConfigError(
                 f"--set {key}: the value is not valid YAML ({_yaml_error(err)})"
             ) from None
     return d
+
+
+@functools.cache
+def _yaml_loader():
+    """PyYAML's safe loader, reading ``5e-4`` and ``1E3`` as floats (YAML 1.2) as well.
+
+    YAML 1.1, which PyYAML follows, needs a dot and a signed exponent (``5.0e-4``), so the
+    way learning rates are usually written came through as the string '5e-4'.
+    """
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    exponent_form = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(exponent_form), list("-+.0123456789")
+    )
+    return Loader
 
 
 def _yaml_error(err: Exception) -> str:
@@ -324,7 +346,7 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
     try:
-        d = yaml.safe_load(text)
+        d = yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {_yaml_error(err)}") from None
     if d is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkv.recipe import load_yaml
 
@@ -96,3 +98,24 @@ def test_valid_tuples_still_convert():
     r = recipe_from_dict({"train": {"betas": [0.8, 1]}, "data": {"kind": "files",
                           "train": ["a", "b"], "valid": ["c", "d"], "test": []}})  # fmt: skip
     assert r.train.betas == (0.8, 1.0) and r.data.train == ("a", "b") and r.data.test == ()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mantissa=st.sampled_from(["1", "5", "2.5", "3.", ".5", "1_0"]),
+    sign=st.sampled_from(["", "-", "+"]),
+    exponent=st.integers(0, 8),
+    e=st.sampled_from("eE"),
+)
+def test_floats_in_exponent_form_are_floats(tmp_path_factory, mantissa, sign, exponent, e):
+    """``lr: 5e-4`` (YAML 1.2, and how learning rates are written) is a float, in the file,
+    in ``--set`` and in the model section; PyYAML alone reads it as the string '5e-4'."""
+    text = f"{mantissa}{e}{sign}{exponent}"
+    small = f"{mantissa}{e}-{exponent + 2}"  # below 1: a valid dropout
+    path = tmp_path_factory.mktemp("c") / "c.yaml"
+    path.write_text(f"train: {{lr: {text}}}\nmodel: {{type: rnn, dropout: {small}}}\n")
+    recipe = load_yaml(path, [f"train.min_lr={text}"])
+    value = float(text.replace("_", ""))
+    assert recipe.train.lr == recipe.train.min_lr == value
+    assert recipe.model["dropout"] == float(small.replace("_", ""))
+    assert isinstance(recipe.model["dropout"], float)
