@@ -96,7 +96,9 @@ def _torch_activation(layer: nn.Module) -> str:
         return "gelu"
     if isinstance(act, nn.GELU) and act.approximate == "tanh":
         return "gelu_tanh"
-    raise ValueError(f"unsupported activation {act!r} (relu, gelu and gelu tanh are)")
+    if act is F.silu or isinstance(act, nn.SiLU):
+        return "silu"
+    raise ValueError(f"unsupported activation {act!r} (relu, gelu, gelu tanh and silu are)")
 
 
 def _copy_ff_norms(new: nn.Module, layer: nn.Module, norms: list[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qkv.modules.positional import RotaryPositionalEncoding
@@ -43,7 +44,11 @@ def _random_bool_mask(tq: int, tk: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm_first", NORMS)
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize(
+    "activation",
+    ["relu", "gelu", nn.GELU(approximate="tanh"), F.silu, nn.SiLU()],
+    ids=["relu", "gelu", "gelu_tanh", "F.silu", "nn.SiLU"],
+)
 def test_encoder_layer_matches_torch(norm_first, dtype, activation):
     torch_layer = nn.TransformerEncoderLayer(
         E, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
