@@ -152,6 +152,11 @@ class RotaryPositionalEncoding(AttentionPositional):
 
     def rotate(self, x: Tensor, start: int = 0) -> Tensor:
         """Rotate ``x`` ``(..., T, D)`` as if its rows sat at positions ``start, start+1, ...``."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"RotaryPositionalEncoding({self.head_dim}) rotates (..., T, {self.head_dim}), "
+                f"got {tuple(x.shape)}"
+            )
         pos = torch.arange(start, start + x.shape[-2], dtype=torch.float64, device=x.device)
         angles = torch.outer(pos, self.inv_freq(x.device))  # (T, D/2)
         angles = torch.cat([angles, angles], dim=-1)  # (T, D)

@@ -97,6 +97,8 @@ def test_alibi_bias_is_linear_in_distance():
 def test_rope_needs_even_head_size():
     with pytest.raises(ValueError, match="even"):
         qkv.RotaryPositionalEncoding(7)
+    with pytest.raises(ValueError, match=r"\(8\) rotates \(..., T, 8\), got \(1, 2, 3, 6\)"):
+        qkv.RotaryPositionalEncoding(8).rotate(torch.randn(1, 2, 3, 6))  # a broadcasting error
 
 
 def test_positions_that_do_not_fit_the_heads_are_refused_when_the_module_is_built():
