@@ -181,24 +181,35 @@ def test_rope_breaks_permutation_equivariance():
     assert not torch.allclose(m(x[:, perm])[0], m(x)[0][:, perm])
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference", "chunked"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 @pytest.mark.parametrize("positional", ["none", "rope", "alibi"])
-@pytest.mark.parametrize("kv_heads", [4, 2])
-def test_kv_cache_decoding_equals_one_causal_pass(positional, kv_heads):
-    torch.manual_seed(1)
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_kv_cache_decoding_equals_one_causal_pass(positional, kv_heads, padded, backend):
     pos = {"none": None, "rope": qkv.RotaryPositionalEncoding(E // H), "alibi": qkv.ALiBi(H)}
-    m = qkv.MultiHeadAttention(E, H, num_kv_heads=kv_heads, positional=pos[positional]).double()
+    m = qkv.MultiHeadAttention(
+        E, H, num_kv_heads=kv_heads, positional=pos[positional], backend=backend
+    ).double()
     x = torch.randn(2, 9, E, dtype=torch.float64)
-    full, w_full = m(x, causal=True, need_weights=True)
+    keys = qkv.padding_mask(torch.tensor([9, 4]), 9).flip(1) if padded else None  # row 1: 5 pads
+    full, w_full = m(x, causal=True, key_mask=keys, need_weights=True)
     cache = qkv.KVCache(1)
     pieces, first = [], 3  # a 3-token prompt, then one token at a time
-    out, _ = m(x[:, :first], causal=True, cache=cache)
+    out, _ = m(x[:, :first], causal=True, key_mask=_upto(keys, first), cache=cache)
     pieces.append(out)
     for t in range(first, 9):
-        out, w = m(x[:, t : t + 1], causal=True, cache=cache, need_weights=True)
+        out, w = m(
+            x[:, t : t + 1], causal=True, key_mask=_upto(keys, t + 1), cache=cache,
+            need_weights=True,
+        )  # fmt: skip
         pieces.append(out)
         torch.testing.assert_close(w[:, :, 0], w_full[:, :, t, : t + 1])
     torch.testing.assert_close(torch.cat(pieces, 1), full)
     assert cache.length == 9
+
+
+def _upto(key_mask: torch.Tensor | None, t: int) -> torch.Tensor | None:
+    return None if key_mask is None else key_mask[:, :t]
 
 
 @pytest.mark.parametrize("positional", ["none", "rope", "alibi"])

@@ -182,3 +182,26 @@ def _prefilled(m: qkv.MultiHeadAttention, prompt: torch.Tensor) -> qkv.KVCache:
     cache = qkv.KVCache(1)
     m(prompt, causal=True, cache=cache)
     return cache
+
+
+@pytest.mark.parametrize("heads", [4, 12], ids=["power-of-two", "twelve"])
+def test_causal_alibi_with_left_padding_matches_bloom(heads):
+    """BLOOM adds ``m_h * (key position)``, the positions counted over real tokens only
+    (``build_alibi_tensor``); qkv subtracts ``m_h * |i - j|`` over absolute positions.
+    Under a causal mask the two differ by a constant per query row, which softmax ignores,
+    so the attention is the same, left padding included."""
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    b, t, d = 3, 10, 4
+    m = qkv.MultiHeadAttention(heads * d, heads, positional=qkv.ALiBi(heads)).double()
+    x = torch.randn(b, t, heads * d, dtype=torch.float64)
+    keys = qkv.padding_mask(torch.tensor([10, 7, 4]), t).flip(1)  # left padding
+    _, w = m(x, causal=True, key_mask=keys, need_weights=True)
+    q = m.q_proj(x).view(b, t, heads, d).transpose(1, 2)
+    k = m.k_proj(x).view(b, t, heads, d).transpose(1, 2)
+    alibi = bloom.build_alibi_tensor(keys.long(), heads, torch.float64).view(b, heads, 1, t)
+    scores = q @ k.transpose(-1, -2) / d**0.5 + alibi
+    visible = keys[:, None, None, :] & torch.ones(t, t, dtype=torch.bool).tril()
+    theirs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    real = keys[:, None, :, None].expand_as(w)  # padded queries see nothing: zeros, not NaN
+    torch.testing.assert_close(w[real], theirs[real], atol=1e-6, rtol=0)  # BLOOM's float32 slopes
+    assert torch.all(w[~real] == 0)
