@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -86,6 +87,10 @@ class DataConfig:
             if self.kind != "files" and getattr(self, name):
                 raise ConfigError(f"data.{name}: files are read only with kind 'files', "
                                   f"not {self.kind!r}")  # fmt: skip
+        if not self.max_ratio >= 1:  # the smoothed ratio of any pair is >= 1
+            raise ConfigError(
+                f"data.max_ratio: must be >= 1 (a pair's ratio is), got {self.max_ratio}"
+            )
         if self.kind != "tsv" and self.path:
             raise ConfigError(f"data.path: read only with kind 'tsv', not {self.kind!r}")
         if self.kind == "tsv" and not self.path:
@@ -135,8 +140,18 @@ class OptimConfig:
             _positive(self, name)
         for name in ("warmup", "patience", "valid_bleu_sentences", "threads", "max_seconds"):
             _positive(self, name, allow_zero=True)
-        if not self.lr > 0:
-            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise ConfigError(f"train.lr: must be > 0 and finite, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:  # a negative rate would climb the loss
+            raise ConfigError(f"train.min_lr: must be in [0, train.lr = {self.lr}], "
+                              f"got {self.min_lr}")  # fmt: skip
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"train.betas: each must be in [0, 1), got {self.betas}")
+        _positive(self, "weight_decay", allow_zero=True)
+        if not self.clip_norm >= 0:
+            raise ConfigError(
+                f"train.clip_norm: must be >= 0 (0: no clipping), got {self.clip_norm}"
+            )
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(
                 f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}"
@@ -256,7 +271,7 @@ def _choice(obj, name: str, choices, section: str | None = None) -> None:
 
 def _positive(obj, name: str, allow_zero: bool = False) -> None:
     value = getattr(obj, name)
-    if value < 0 or (value == 0 and not allow_zero):
+    if not (value > 0 or (allow_zero and value == 0)):  # NaN too
         raise ConfigError(
             f"{_section(obj)}.{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value}"
         )

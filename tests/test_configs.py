@@ -70,9 +70,21 @@ def _train_error(capsys, tmp_path, content, *sets):
         (FILES, ["data.test=[va.de]"], "data.test: give two files [SOURCE, TARGET] (or none)"),
         (FILES, ["data.train=[1, 2]"], "data.train[0]: expected str, got 1"),
         ("name: x\ndata: {kind: toy\n", [], "line 3, column 1: expected ',' or '}', but got"),
+        (TOY, ["train.betas=[1.5, 0.9]"], "train.betas: each must be in [0, 1), got (1.5, 0.9)"),
+        (TOY, ["train.betas=[0.9, -0.1]"], "train.betas: each must be in [0, 1)"),
+        (TOY, ["train.weight_decay=-1"], "train.weight_decay: must be >= 0, got -1.0"),
+        (TOY, ["train.lr=.inf"], "train.lr: must be > 0 and finite, got inf"),
+        (TOY, ["train.lr=.nan"], "train.lr: must be > 0 and finite, got nan"),
+        (TOY, ["train.min_lr=-0.1"], "train.min_lr: must be in [0, train.lr = 0.001]"),
+        (TOY, ["train.min_lr=0.01"], "train.min_lr: must be in [0, train.lr = 0.001]"),
+        (TOY, ["train.clip_norm=-1"], "train.clip_norm: must be >= 0 (0: no clipping), got -1"),
+        (TOY, ["train.max_seconds=.nan"], "train.max_seconds: must be >= 0, got nan"),
+        (TOY, ["data.max_ratio=0.5"], "data.max_ratio: must be >= 1 (a pair's ratio is), got 0.5"),
     ],
     ids=["list", "scalar", "set-yaml", "betas-type", "betas-short", "betas-long", "min-max",
-         "toy-files", "one-test-file", "file-types", "yaml-location"],
+         "toy-files", "one-test-file", "file-types", "yaml-location", "beta-over-1",
+         "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
+         "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
@@ -95,9 +107,9 @@ def test_a_directory_as_config(capsys, tmp_path):
 def test_valid_tuples_still_convert():
     from qkv.recipe import recipe_from_dict
 
-    r = recipe_from_dict({"train": {"betas": [0.8, 1]}, "data": {"kind": "files",
+    r = recipe_from_dict({"train": {"betas": [0.8, 0]}, "data": {"kind": "files",
                           "train": ["a", "b"], "valid": ["c", "d"], "test": []}})  # fmt: skip
-    assert r.train.betas == (0.8, 1.0) and r.data.train == ("a", "b") and r.data.test == ()
+    assert r.train.betas == (0.8, 0.0) and r.data.train == ("a", "b") and r.data.test == ()
 
 
 @settings(max_examples=30, deadline=None)
