@@ -84,6 +84,24 @@ def test_float32_matches_torch_sdpa(backend, causal):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["gqa-2", "gqa-4", "mqa"])
+def test_gqa_matches_torch_sdpa_enable_gqa(backend, kv_heads):
+    """Query head h reads key/value head h // (H / Hkv), as torch's ``enable_gqa=True``;
+    a float mask per query head would show any other grouping."""
+    q = torch.randn(2, 8, 7, 16, dtype=torch.float64)
+    k = torch.randn(2, kv_heads, 9, 16, dtype=torch.float64)
+    v = torch.randn(2, kv_heads, 9, 12, dtype=torch.float64)
+    mask = torch.randn(2, 8, 7, 9, dtype=torch.float64) * 3
+    ours = qkv.scaled_dot_product_attention(q, k, v, mask, scale=0.3, backend=backend)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
+    k, v = k[:, :, :7], v[:, :, :7]
+    ours = qkv.scaled_dot_product_attention(q, k, v, causal=True, backend=backend)
+    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
 def test_fully_masked_rows_are_zero_never_nan(backend, dtype, mask_kind):
