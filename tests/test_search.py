@@ -35,6 +35,8 @@ def _transformer(tgt_vocab: int, **options) -> TransformerSeq2Seq:
 
 MODELS = {
     "rnn-bahdanau": lambda v: _rnn(v, attention="bahdanau"),
+    "rnn-luong-dot": lambda v: _rnn(v, attention="luong", score="dot", num_layers=2),
+    "rnn-luong-local-m": lambda v: _rnn(v, attention="luong", window="monotonic", window_size=1),
     "rnn-luong-local-p": lambda v: _rnn(v, attention="luong", window="predictive", window_size=2),
     "rnn-none": lambda v: _rnn(v, attention="none", cell="lstm"),
     "transformer": lambda v: _transformer(v),

@@ -87,6 +87,33 @@ def test_luong_scores_match_their_formulas(score):
     torch.testing.assert_close(weights, ref)
 
 
+def _concat_scores(attn, query, keys):
+    """Luong's concat, v_a^T tanh(W_a [h_t; h_s] + b), with W_a one matrix over the pair."""
+    sc = attn.score
+    w_a = torch.cat([sc.query_proj.weight, sc.key_proj.weight], 1)  # (A, Dq + Dk)
+    pairs = torch.cat(
+        [query[:, :, None].expand(B, TQ, TK, D), keys[:, None].expand(B, TQ, TK, D)], -1
+    )  # (B, Tq, Tk, 2D)
+    return (torch.tanh(pairs @ w_a.T + sc.key_proj.bias) @ sc.v.weight.T).squeeze(-1)
+
+
+def _location_scores(attn, query, keys):
+    """Luong's location, (W_a h_t + b)_s for the first Tk rows."""
+    return (query @ attn.score.proj.weight.T + attn.score.proj.bias)[..., : keys.shape[1]]
+
+
+@pytest.mark.parametrize("score", ["concat", "location"])
+def test_concat_and_location_scores_match_their_formulas(score):
+    torch.manual_seed(9)
+    attn = LuongAttention(D, D, score=score, max_len=TK + 3).double()
+    query, keys, mask = _inputs()
+    context, weights = attn(query, keys, mask)
+    formula = _concat_scores if score == "concat" else _location_scores
+    ref_context, ref = _naive(formula(attn, query, keys), keys, mask[:, None].expand(B, TQ, TK))
+    torch.testing.assert_close(weights, ref)
+    torch.testing.assert_close(context, ref_context)
+
+
 @pytest.mark.parametrize("score", ["dot", "concat"])
 def test_appending_padding_keys_changes_nothing(score):
     torch.manual_seed(4)
