@@ -198,9 +198,9 @@ class ALiBi(AttentionPositional):
     ``m_h (j - i)`` for ``j <= i``; without one, the distance is symmetric.
 
     Shape:
-        :meth:`bias` returns ``(1, H, Tq, Tk)`` (float32 unless ``dtype`` says otherwise,
-        computed in float64) for queries at ``q_start...`` and keys at ``0...Tk-1`` (the
-        whole key sequence, cache included).
+        :meth:`bias` returns ``(1, H, Tq, Tk)`` (float32 unless ``dtype`` says otherwise;
+        computed in float64 only for float64) for queries at ``q_start...`` and keys at
+        ``0...Tk-1`` (the whole key sequence, cache included).
     """
 
     def __init__(self, num_heads: int):
@@ -221,6 +221,9 @@ class ALiBi(AttentionPositional):
     ) -> Tensor:
         qpos = torch.arange(q_start, q_start + tq, device=device).unsqueeze(1)
         kpos = torch.arange(tk, device=device).unsqueeze(0)
-        dist = (qpos - kpos).abs().to(torch.float64)  # (Tq, Tk)
-        slopes = self.slopes.to(device).view(1, -1, 1, 1)
-        return (-slopes * dist).to(dtype)  # (1, H, Tq, Tk), rounded once
+        # float64 only for a float64 bias: a (H, T, T) float64 temporary is 1 GiB at
+        # T = 4096, H = 8, and a float32 slope times an exact distance is rounded once
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        dist = (qpos - kpos).abs().to(work)  # (Tq, Tk), exact integers
+        slopes = self.slopes.to(device=device, dtype=work).view(1, -1, 1, 1)
+        return (-slopes * dist).to(dtype)  # (1, H, Tq, Tk)
