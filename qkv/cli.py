@@ -39,8 +39,15 @@ _LABS = ("bottleneck", "gradients", "parallelism", "word-order", "heads", "align
 _BENCHMARKS = ("attention", "weights", "masks", "models", "search", "training", "gpu")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (exit code 2), not the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qkv", description="Attention from Q, K, V to a translator.")
+    p = _Parser(prog="qkv", description="Attention from Q, K, V to a translator.")
     p.add_argument("-v", "--verbose", action="store_true", help="log more detail")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -111,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
     data = sub.add_parser("data", help="corpora")
-    dsub = data.add_subparsers(dest="data_command", required=True)
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     dl = dsub.add_parser("download", help="fetch a public corpus into the local cache")
     dl.add_argument("name")
     dl.add_argument("--cache", default=None)
