@@ -246,3 +246,12 @@ def test_surrounding_whitespace_changes_no_translation(kind, data):
     for g, w in zip(got, want):
         assert [(t.text, t.score) for t in g] == [(t.text, t.score) for t in w]
     assert all(g[0].alignment is None for g, s in zip(got, bare) if not s)
+
+
+def test_a_folder_or_missing_file_as_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
+    """``qkv translate runs/demo`` (the run's folder, not its file) says it is a folder."""
+    for path, match in ((tmp_path, "is a directory, not a checkpoint file"),
+                        (tmp_path / "nope.safetensors", "no such checkpoint file")):  # fmt: skip
+        code, out, err = _cli(monkeypatch, capsys, "translate", path, stdin=b"x\n")
+        _one_line_error(code, err, f"{path}: {match}")
+        assert out == ""

@@ -168,6 +168,10 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"{path}: is a directory, not a checkpoint file (e.g. best.safetensors)"
+        )
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
