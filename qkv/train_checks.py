@@ -56,9 +56,14 @@ def check_lengths(model: nn.Module, data: Prepared) -> None:
                 raise ConfigError(
                     f"model.{key}: {limit} positions, but {too_long} of {len(examples)} "
                     f"{split} pairs have a longer {side}{plus}, up to {max(lengths)} tokens; "
-                    f"raise model.{key} or keep shorter sentences (data.max_len for the toy "
-                    f"corpus, data.max_tokens for files)"
+                    f"raise model.{key} or keep shorter sentences ({_shorter(split)})"
                 )
+
+
+def _shorter(split: str) -> str:
+    """How to keep a split's sentences shorter: data.max_tokens filters training files only."""
+    files = "data.max_tokens for files" if split == "training" else f"a shorter {split} file"
+    return f"data.max_len for the toy corpus, {files}"
 
 
 def restore(

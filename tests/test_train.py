@@ -339,3 +339,24 @@ def test_an_empty_training_set_names_the_files_and_the_filter(tmp_path):
         assert proc.returncode == 2 and "data.train: " in proc.stderr and match in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == "", proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_too_long_validation_pairs_are_not_sent_to_data_max_tokens():
+    """data.max_tokens filters only the training files: for long validation pairs the
+    message says to shorten that file, for long training pairs it names the setting."""
+    from types import SimpleNamespace
+
+    from qkv.train_checks import check_lengths
+
+    model = SimpleNamespace(config=SimpleNamespace(max_source_len=4, max_target_len=9))
+    short, long = ([1, 2], [3, 4]), ([1, 2, 3, 4, 5, 6], [3, 4])
+    for train_pairs, valid_pairs, split, hint in (
+        ([short], [long], "validation", "a shorter validation file"),
+        ([long], [short], "training", "data.max_tokens for files"),
+    ):
+        data = SimpleNamespace(train_examples=train_pairs, valid_examples=valid_pairs)
+        with pytest.raises(ConfigError) as err:
+            check_lengths(model, data)
+        message = str(err.value)
+        assert f"1 of 1 {split} pairs have a longer source" in message and hint in message
+        assert ("max_tokens" in message) == (split == "training")
