@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -84,6 +84,7 @@ class Translation:
     alignment: torch.Tensor | None  # (target tokens incl. a final EOS, source tokens)
     eos: bool = True  # False when the hypothesis stopped at the maximum length
     normalized_score: float | None = None  # None: the same as score
+    ids: list[int] = field(default_factory=list)  # the tokens' ids (no BOS, no EOS)
 
     def __post_init__(self) -> None:
         if self.normalized_score is None:
@@ -160,6 +161,7 @@ def translate_texts(
                     h.alignment,
                     h.eos,
                     h.normalized_score,
+                    list(h.tokens),
                 )
                 for h in nbest
             ]
@@ -298,22 +300,20 @@ def _check_attention_output(path: str, model) -> None:
 
 def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
     from qkv.cli import UserError
-    from qkv.viz import save_alignments
-    from qkv.viz.alignments import describe_alignment
+    from qkv.viz.translations import save_translations
 
-    items = []
+    entries = []
     for text, nbest in zip(lines, out):
         best = nbest[0]
         if best.alignment is not None:
-            src_tokens = [src_tok.id_to_token(i) for i in src_tok.encode(text.strip())]
-            src_tokens = src_tokens[: best.alignment.shape[-1]]  # a long line was cut
-            items.append((best.alignment, src_tokens, best.target_labels, text))
-    if not items:
+            ids = src_tok.encode(text.strip())[: best.alignment.shape[-1]]  # a long line was cut
+            entries.append((text, ids, [src_tok.id_to_token(i) for i in ids], best))
+    if not entries:
         if not any(src_tok.encode(text.strip()) for text in lines):
             raise UserError("--show-attention: the input has no sentence to show")
         raise UserError("--show-attention: this model has no attention to show")
     try:
-        return save_alignments(items, path, map_label=describe_alignment(model))
+        return save_translations(model, entries, path)
     except ValueError as err:
         raise UserError(f"--show-attention {path}: {err}") from None
 

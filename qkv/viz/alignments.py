@@ -177,7 +177,7 @@ def _save_page(
     labels: list[str],
     title: str | None,
     quantization: str,
-    map_label: str | None,
+    map_label: str | Sequence[str | None] | None,
 ) -> Path:
     """The viewer page with one item per sentence."""
     from qkv.viz.html import AttentionView, render_pages

@@ -35,18 +35,12 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from qkv.viz._maps import AttentionMaps, prepare, summarize, summarize_map
-from qkv.viz.payload import (
-    PAYLOAD_ID,
-    decode_payload,
-    encode_payload,
-    extract_payload,
-    json_for_script,
-)
+from qkv.viz.page import PER_LAYER, Summary, fill_page
+from qkv.viz.payload import decode_payload, encode_payload, extract_payload
 
 __all__ = [
     "AttentionView",
@@ -60,84 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_SIZE_BUDGET = 2_000_000  # bytes; a larger page still works but is slow to open
-
-
-def _asset(name: str) -> str:
-    """Text of a file shipped next to this module (viewer*.js, viewer.css)."""
-    return resources.files("qkv.viz").joinpath(name).read_text(encoding="utf-8")
-
-
-_SCRIPTS = ("viewer_head.js", "viewer_matrix.js", "viewer.js")  # views, then the wiring
-
-
-def _script() -> str:
-    """The viewer's script files in order (viewer.js starts the page), in one closure."""
-    body = "\n".join(_asset(name) for name in _SCRIPTS)
-    return f'(function () {{\n"use strict";\n\n{body}}})();'
-
-
-_CSP = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "img-src data:; base-uri 'none'; form-action 'none'"
-)
-
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="qkv.viz">
-<title>{title}</title>
-<style>
-{css}
-</style>
-</head>
-<body>
-<div id="qkv-app" data-kind="{kind}">
-<header>
-<h1 id="qkv-title">{title}</h1>
-<div id="qkv-items" hidden><label>Sentence <select id="qkv-item"></select></label></div>
-<div id="qkv-tabs" role="tablist" aria-label="Views">
-<button type="button" role="tab" id="qkv-tab-head" data-view="head"
- aria-controls="qkv-head-view">Head view</button>
-<button type="button" role="tab" id="qkv-tab-model" data-view="model"
- aria-controls="qkv-model-view">Model view</button>
-<button type="button" role="tab" id="qkv-tab-matrix" data-view="matrix"
- aria-controls="qkv-matrix-view">Matrix view</button>
-</div>
-<div id="qkv-controls">
-<label id="qkv-layer-label">Layer <select id="qkv-layer"></select></label>
-<span id="qkv-heads" role="group" aria-label="heads"></span>
-<span id="qkv-map-label" hidden></span>
-<span class="qkv-hint" id="qkv-hint"></span>
-</div>
-</header>
-<main>
-<section id="qkv-head-view" class="qkv-view" role="tabpanel" aria-labelledby="qkv-tab-head">
-</section>
-<section id="qkv-model-view" class="qkv-view" role="tabpanel" aria-labelledby="qkv-tab-model"
- hidden></section>
-<section id="qkv-matrix-view" class="qkv-view" role="tabpanel"
- aria-labelledby="qkv-tab-matrix" hidden></section>
-</main>
-<div id="qkv-tooltip" role="tooltip" hidden></div>
-<p id="qkv-readout" class="qkv-sr-only" role="status" aria-live="polite"></p>
-<footer>
-<details id="qkv-summary"><summary>{summary_heading}</summary><ul>{summary}</ul>
-</details>
-<p id="qkv-quantization" data-dtype="{dtype}" data-max-error="{max_error!r}">{quant_text}</p>
-</footer>
-</div>
-<script type="application/json" id="{payload_id}">{payload}</script>
-<script>
-{js}
-</script>
-</body>
-</html>
-"""
 
 
 def render_html(
@@ -178,10 +94,10 @@ def render_html(
     if initial:
         payload["initial"] = _check_initial(initial, layers, heads)
     if map_label is None:
-        summary = _Summary(_PER_LAYER, summarize(am))
+        summary = Summary(PER_LAYER, summarize(am))
     else:
-        summary = _Summary(f"Where the attention looks ({map_label})", [summarize_map(am)])
-    return _page(payload, [payload["encoding"]], am.kind, summary)
+        summary = Summary(f"Where the attention looks ({map_label})", [summarize_map(am)])
+    return fill_page(payload, [payload["encoding"]], am.kind, summary)
 
 
 def render_pages(
@@ -191,7 +107,7 @@ def render_pages(
     title: str,
     quantization: str = "uint16",
     initial: Mapping[str, Any] | None = None,
-    map_label: str | None = None,
+    map_label: str | Sequence[str | None] | None = None,
 ) -> str:
     """One viewer page for several inputs (e.g. sentences), with a selector between them.
 
@@ -203,7 +119,8 @@ def render_pages(
         title: page title.
         quantization: ``"uint16"`` or ``"uint8"``.
         initial: as in :func:`render_html`; layer and head apply to the first item.
-        map_label: as in :func:`render_html`, for every item (each a single map).
+        map_label: as in :func:`render_html`, for every item (each a single map), or one
+            per item (``None`` for an item whose maps keep their layer and head numbers).
 
     Returns:
         the complete HTML document; its payload holds ``items``, each a payload as
@@ -211,9 +128,16 @@ def render_pages(
     """
     if not items or len(items) != len(labels):
         raise ValueError(f"render_pages: {len(items)} items and {len(labels)} labels")
+    names = (
+        [map_label] * len(items)
+        if map_label is None or isinstance(map_label, str)
+        else list(map_label)
+    )
+    if len(names) != len(items):
+        raise ValueError(f"render_pages: {len(items)} items and {len(names)} map labels")
     payloads = [
-        encode_payload(am, title=str(label), quantization=quantization, map_label=map_label)
-        for am, label in zip(items, labels)
+        encode_payload(am, title=str(label), quantization=quantization, map_label=name)
+        for am, label, name in zip(items, labels, names)
     ]
     kinds = {am.kind for am in items}
     payload: dict[str, Any] = {"version": 1, "kind": kinds.pop() if len(kinds) == 1 else "mixed"}
@@ -221,13 +145,17 @@ def render_pages(
     if initial:
         payload["initial"] = _check_initial(initial, *items[0].weights.shape[:2])
     numbered = [f"{k + 1}. {label}" for k, label in enumerate(labels)]
-    if map_label is None:
-        lines = [f"{n} — {line}" for n, am in zip(numbered, items) for line in summarize(am)]
-        summary = _Summary(_PER_LAYER, lines)
-    else:
+    if isinstance(map_label, str):
         lines = [f"{n} — {summarize_map(am)}" for n, am in zip(numbered, items)]
-        summary = _Summary(f"Where the attention looks ({map_label})", lines)
-    return _page(payload, [p["encoding"] for p in payloads], payload["kind"], summary)
+        summary = Summary(f"Where the attention looks ({map_label})", lines)
+    else:
+        lines = [
+            f"{n} — {line}"
+            for n, am, name in zip(numbered, items, names)
+            for line in (summarize(am) if name is None else [f"{summarize_map(am)} ({name})"])
+        ]
+        summary = Summary(PER_LAYER, lines)
+    return fill_page(payload, [p["encoding"] for p in payloads], payload["kind"], summary)
 
 
 def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[str, Any]:
@@ -245,61 +173,6 @@ def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[
                 raise ValueError(f"initial {key} {initial[key]} out of range 0..{n - 1}")
             out[key] = int(initial[key])
     return out
-
-
-@dataclass(frozen=True)
-class _Summary:
-    """The page's footer summary: a heading and its lines (plain text)."""
-
-    heading: str
-    lines: list[str]
-
-
-_PER_LAYER = "Most focused head per layer"
-
-
-def _page(
-    payload: dict[str, Any],
-    encodings: list[dict[str, Any]],
-    kind: str,
-    summary: _Summary,
-) -> str:
-    """Fill the page template with a payload, its error bound and the summary lines."""
-    max_error = max(enc["maxError"] for enc in encodings)
-    ranges = {(enc["lo"], enc["hi"]) for enc in encodings}
-    over = (
-        f"[{encodings[0]['lo']:.6g}, {encodings[0]['hi']:.6g}]"
-        if len(ranges) == 1
-        else "the range of each item"
-    )
-    quant_text = (
-        f"Weights are stored as {encodings[0]['dtype']} over {over}; "
-        f"values shown differ from the model's by at most {max_error:.3g}."
-    )
-    title = payload["title"]
-    page = _TEMPLATE.format(
-        csp=_CSP,
-        title=html.escape(title),
-        kind=html.escape(kind),
-        css=_asset("viewer.css"),
-        summary_heading=html.escape(summary.heading),
-        summary="".join(f"<li>{html.escape(line)}</li>" for line in summary.lines),
-        dtype=encodings[0]["dtype"],
-        max_error=max_error,
-        quant_text=html.escape(quant_text),
-        payload_id=PAYLOAD_ID,
-        payload=json_for_script(payload),
-        js=_script(),
-    )
-    size = len(page.encode("utf-8"))
-    if size > _SIZE_BUDGET:  # advice that applies: 8-bit weights, else fewer tokens
-        hint = (
-            "quantization='uint8' halves the weights"
-            if encodings[0]["dtype"] != "uint8"
-            else "fewer tokens or layers make it smaller"
-        )
-        log.warning("attention page is %.1f MB; %s", size / 1e6, hint)
-    return page
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def test_page_is_self_contained(make_maps):
 
 
 def test_assets_cannot_close_their_blocks():
-    from qkv.viz.html import _asset, _script
+    from qkv.viz.page import _asset, _script
 
     assert "</script" not in _script().lower()
     assert "</style" not in _asset("viewer.css").lower()
@@ -79,7 +79,7 @@ def test_assets_cannot_close_their_blocks():
 def test_page_inlines_every_script_file_once_in_order(make_maps):
     from importlib import resources
 
-    from qkv.viz.html import _SCRIPTS, _asset
+    from qkv.viz.page import _SCRIPTS, _asset
 
     page = render_html(make_maps(1, 1, 3, 3), list("abc"))
     where = [page.index(_asset(name)) for name in _SCRIPTS]

@@ -1,0 +1,129 @@
+"""Every attention map of a Transformer translation: the same rows search saw, on one page."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.evaluate import translate_texts
+from qkv.models.config import TransformerSeq2SeqConfig
+from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+from qkv.viz.alignments import describe_alignment
+from qkv.viz.html import decode_payload, extract_payload
+from qkv.viz.translations import save_translations, translation_attention
+
+SOURCES = ["고양이가 쥐를 잡았다", "개가 잤다", "작은 고양이가 큰 개를 보았다 그리고 잤다"]
+
+
+@pytest.fixture(scope="module")
+def translator():
+    """A random two-layer, three-head Transformer and word tokenizers over SOURCES."""
+    from qkv.data.tokenizers import train_tokenizers
+
+    targets = ["the cat caught the mouse", "the dog slept", "a small cat saw a big dog"]
+    src, tgt = train_tokenizers("word", SOURCES, targets, vocab_size=60)
+    torch.manual_seed(int(torch.randint(0, 2**16, ())))
+    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=12, num_heads=3,
+                                   num_encoder_layers=2, num_decoder_layers=2, ff_dim=16,
+                                   max_len=12, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    return TransformerSeq2Seq(cfg).eval(), src, tgt
+
+
+def _entries(translator, beam: int):
+    model, src, tgt = translator
+    out = translate_texts(model, src, tgt, SOURCES, beam=beam)
+    return [(text, src.encode(text), [src.id_to_token(i) for i in src.encode(text)], n[0])
+            for text, n in zip(SOURCES, out)]  # fmt: skip
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_forced_pass_has_the_rows_search_saw(translator, beam):
+    """The mean over the heads of the last layer's cross-attention is search's alignment,
+    row by row (the EOS step included); the encoder's rows sum to one over the source and
+    the decoder's self-attention is causal."""
+    model = translator[0]
+    for _, src_ids, _, best in _entries(translator, beam):
+        attn = translation_attention(model, src_ids, best.ids, best.eos)
+        rows = len(best.ids) + int(best.eos)
+        assert best.alignment.shape == (rows, len(src_ids))
+        torch.testing.assert_close(attn.cross[-1][0].mean(0), best.alignment, atol=1e-5, rtol=0)
+        for w in attn.encoder:
+            torch.testing.assert_close(w.sum(-1), torch.ones(1, 3, len(src_ids)))
+        for w in attn.decoder:
+            assert w.shape == (1, 3, rows, rows)
+            assert torch.count_nonzero(torch.triu(w[0], diagonal=1)) == 0
+
+
+def test_the_page_holds_every_layer_and_head_of_each_view(translator, tmp_path):
+    model = translator[0]
+    entries = _entries(translator, 3)
+    (path,) = save_translations(model, entries, tmp_path / "t.html")
+    items = extract_payload(path.read_text(encoding="utf-8"))["items"]
+    assert len(items) == 4 * len(entries)
+    for k, (_, src_ids, src_tokens, best) in enumerate(entries):
+        mean, cross, encoder, decoder = items[4 * k : 4 * k + 4]
+        labels = best.target_labels
+        assert mean["mapLabel"] == describe_alignment(model) and "alignment" in mean["title"]
+        assert all("mapLabel" not in item for item in (cross, encoder, decoder))
+        got = decode_payload(mean)[0, 0]
+        assert np.abs(got - best.alignment.double().numpy()).max() <= mean["encoding"][
+            "maxError"
+        ] * (1 + 1e-9)
+        assert cross["kind"] == "cross" and encoder["kind"] == decoder["kind"] == "self"
+        assert cross["queryTokens"] == labels and cross["keyTokens"] == src_tokens
+        assert encoder["queryTokens"] == src_tokens
+        assert decoder["queryTokens"] == ["<s>", *labels[:-1]]
+        assert "cross-attention" in cross["title"] and "decoder" in decoder["title"]
+        attn = translation_attention(model, src_ids, best.ids, best.eos)
+        for got, maps in ((cross, attn.cross), (encoder, attn.encoder), (decoder, attn.decoder)):
+            want = torch.stack([w[0] for w in maps]).double().numpy()  # (2, 3, Tq, Tk)
+            decoded = decode_payload(got)
+            assert decoded.shape == want.shape
+            assert np.abs(decoded - want).max() <= got["encoding"]["maxError"] * (1 + 1e-9)
+
+
+def test_past_the_budget_the_page_shows_the_alignments(translator, tmp_path, caplog):
+    model = translator[0]
+    entries = _entries(translator, 1)
+    with caplog.at_level(logging.WARNING):
+        (path,) = save_translations(model, entries, tmp_path / "t.html", budget_mib=1e-4)
+    assert "shows the alignments only" in caplog.text
+    items = extract_payload(path.read_text(encoding="utf-8"))["items"]
+    assert len(items) == len(entries)
+    for got, (_, _, _, best) in zip(items, entries):
+        decoded = decode_payload(got)
+        assert decoded.shape == (1, 1, *best.alignment.shape)
+        assert np.abs(decoded[0, 0] - best.alignment.double().numpy()).max() <= 1e-4
+
+
+def test_the_page_switches_between_views_in_the_browser(open_page, translator, tmp_path):
+    """Cross, encoder and decoder entries of a sentence in turn: the matrix shows the
+    chosen layer and head of each, its rows and columns are that view's tokens."""
+    entries = _entries(translator, 1)
+    (path,) = save_translations(translator[0], entries, tmp_path / "t.html")
+    items = extract_payload(path.read_text(encoding="utf-8"))["items"]
+    p = open_page(path)
+    assert p.page.locator("#qkv-item option").count() == 4 * len(entries)
+    for k in (3, 1, 2, 5):  # a sentence's views, then another sentence's cross-attention
+        p.page.select_option("#qkv-item", str(k))
+        p.page.select_option("#qkv-layer", "1")
+        p.page.click(".qkv-head-toggle[data-head='2']")  # the matrix view shows one head
+        got = p.page.eval_on_selector_all(
+            "#qkv-matrix .qkv-cell", "cs => cs.map(c => Number(c.dataset.weight))"
+        )
+        want = decode_payload(items[k])[1, 2]
+        np.testing.assert_array_equal(np.array(got).reshape(want.shape), want)
+        rows = p.page.eval_on_selector_all(".qkv-row-label", "ls => ls.map(l => l.textContent)")
+        assert rows == items[k]["queryTokens"]
+    p.page.select_option("#qkv-item", "4")  # the second sentence's alignment: named so
+    caption = p.page.text_content("#qkv-matrix-caption")
+    assert caption.startswith(describe_alignment(translator[0]))
+    assert p.page.text_content("#qkv-map-label") == f"Map: {describe_alignment(translator[0])}"
+    p.page.select_option("#qkv-item", "5")
+    assert p.page.text_content("#qkv-matrix-caption").startswith("layer 0, head 0")
+    p.page.click("#qkv-tab-model")
+    assert p.page.locator(".qkv-thumb").count() == 2 * 3
+    assert p.requests == [p.url] and not p.errors and not p.dialogs
