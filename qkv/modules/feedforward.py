@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.dropout import Dropout
 
 __all__ = ["FeedForward"]
@@ -107,3 +108,18 @@ def _copy_ff_norms(new: nn.Module, layer: nn.Module, norms: list[str]) -> None:
     new.ff.linear2.load_state_dict(layer.linear2.state_dict())
     for name in norms:
         getattr(new, name).load_state_dict(getattr(layer, name).state_dict())
+
+
+def _layer_from_torch(cls: type, layer: nn.Module, norms: list[str], **extra):
+    """``cls`` with a torch layer's options, self-attention, feed-forward and norms (copied
+    in the layer's dtype: no rounding); ``extra`` goes to ``cls`` as it is."""
+    attn = layer.self_attn
+    new = cls(
+        attn.embed_dim, attn.num_heads, layer.linear1.out_features,
+        dropout=layer.dropout.p, activation=_torch_activation(layer),
+        norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
+        bias=layer.linear1.bias is not None, **extra,
+    ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
+    new.self_attn = MultiHeadAttention.from_torch(attn)
+    _copy_ff_norms(new, layer, norms)
+    return new

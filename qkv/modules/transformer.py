@@ -24,13 +24,7 @@ from torch import Tensor, nn
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, LayerCache
 from qkv.modules.dropout import Dropout
-from qkv.modules.feedforward import (
-    FeedForward,
-    _copy_ff_norms,
-    _norm,
-    _residual,
-    _torch_activation,
-)
+from qkv.modules.feedforward import FeedForward, _layer_from_torch, _norm, _residual
 from qkv.modules.positional import AttentionPositional
 
 __all__ = [
@@ -118,16 +112,7 @@ class EncoderLayer(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderLayer:
         """A qkv layer with the weights and options of ``torch.nn.TransformerEncoderLayer``."""
-        attn = layer.self_attn
-        new = cls(
-            attn.embed_dim, attn.num_heads, layer.linear1.out_features,
-            dropout=layer.dropout.p, activation=_torch_activation(layer),
-            norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
-            bias=layer.linear1.bias is not None,
-        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
-        new.self_attn = MultiHeadAttention.from_torch(attn)
-        _copy_ff_norms(new, layer, ["norm1", "norm2"])  # in the layer's dtype: no rounding
-        return new
+        return _layer_from_torch(cls, layer, ["norm1", "norm2"])
 
 
 class DecoderLayer(nn.Module):
@@ -232,16 +217,9 @@ class DecoderLayer(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderLayer:
         """A qkv layer with the weights and options of ``torch.nn.TransformerDecoderLayer``."""
-        attn = layer.self_attn
-        new = cls(
-            attn.embed_dim, attn.num_heads, layer.linear1.out_features,
-            dropout=layer.dropout.p, activation=_torch_activation(layer),
-            norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
-            bias=layer.linear1.bias is not None, memory_dim=layer.multihead_attn.kdim,
-        ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
-        new.self_attn = MultiHeadAttention.from_torch(attn)
-        new.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        _copy_ff_norms(new, layer, ["norm1", "norm2", "norm3"])  # in the layer's dtype
+        cross = layer.multihead_attn
+        new = _layer_from_torch(cls, layer, ["norm1", "norm2", "norm3"], memory_dim=cross.kdim)
+        new.cross_attn = MultiHeadAttention.from_torch(cross)
         return new
 
 
