@@ -124,28 +124,11 @@ class MultiHeadAttention(nn.Module):
         layer = _layer(cache, self_attn)
         past = layer.length if (layer is not None and self_attn) else 0
 
-        # 1) project and split heads: (B, T, E) -> (B, H, T, D)
-        q = self._split(self.q_proj(query), self.num_heads)
-        if layer is not None and layer.static:
-            k, v = layer.k, layer.v  # cross-attention keys/values, computed once
-        else:
-            k = self._split(self.k_proj(key), self.num_kv_heads)
-            v = self._split(self.v_proj(value), self.num_kv_heads)
-            if self.positional is not None and self_attn:
-                q, k = self.positional(q, k, past, past)
-            if layer is not None:
-                k, v = layer.append(k, v) if self_attn else layer.set_static(k, v)
-
-        # 2) one mask: user mask, key padding and positional bias (+ the extra keys)
-        tq, tk = q.shape[-2], k.shape[-2]
-        bias = self._bias(tq, tk, past, q) if self_attn else None
-        target = (query.shape[0], self.num_heads, tq, tk)
-        full = combine_masks(_as_4d(mask, target), _key_mask(key_mask, target), bias)
+        # 1) project and split heads; 2) one mask for user mask, padding and positions
+        q, k, v = self._project(query, key, value, layer, self_attn, past)
+        full, causal = self._one_mask(q, k, mask, key_mask, causal, past, self_attn)
+        tq = q.shape[-2]
         k, v = self._extra_keys(k, v)
-        if k.shape[-2] > tk:
-            if causal:  # causal over the real keys only; the extra ones stay visible
-                full, causal = combine_masks(full, causal_mask(tq, tk, device=q.device)), False
-            full = _visible(full, tk, k.shape[-2] - tk)
 
         # 3) attend in every head at once
         dropout_p = self.dropout if self.training else 0.0
@@ -166,6 +149,34 @@ class MultiHeadAttention(nn.Module):
         # 4) concatenate heads and project: (B, H, Tq, D) -> (B, Tq, E)
         out = out.transpose(1, 2).reshape(query.shape[0], tq, self.embed_dim)
         return self.out_proj(out), weights
+
+    def _project(self, query, key, value, layer, self_attn: bool, past: int):
+        """1) Project and split heads, (B, T, E) -> (B, H, T, D); rotate, fill the cache."""
+        q = self._split(self.q_proj(query), self.num_heads)
+        if layer is not None and layer.static:
+            return q, layer.k, layer.v  # cross-attention keys/values, computed once
+        k = self._split(self.k_proj(key), self.num_kv_heads)
+        v = self._split(self.v_proj(value), self.num_kv_heads)
+        if self.positional is not None and self_attn:
+            q, k = self.positional(q, k, past, past)
+        if layer is not None:
+            k, v = layer.append(k, v) if self_attn else layer.set_static(k, v)
+        return q, k, v
+
+    def _one_mask(self, q, k, mask, key_mask, causal: bool, past: int, self_attn: bool):
+        """2) One mask: the user's mask, key padding and positional bias, widened for the
+        extra keys of ``add_bias_kv``/``add_zero_attn`` (visible to every query, so the
+        causal limit then becomes part of the mask); returns it and the causal flag left."""
+        tq, tk = q.shape[-2], k.shape[-2]
+        bias = self._bias(tq, tk, past, q) if self_attn else None
+        target = (q.shape[0], self.num_heads, tq, tk)
+        full = combine_masks(_as_4d(mask, target), _key_mask(key_mask, target), bias)
+        extra = int(self.bias_k is not None) + int(self.add_zero_attn)
+        if extra:
+            if causal:  # causal over the real keys only; the extra ones stay visible
+                full, causal = combine_masks(full, causal_mask(tq, tk, device=q.device)), False
+            full = _visible(full, tk, extra)
+        return full, causal
 
     def _extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append the learned and the zero key/value (``add_bias_kv``, ``add_zero_attn``)."""
