@@ -192,15 +192,9 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
     console.print(f"[bold]tokens[/bold] ({len(result.tokens)}): {' | '.join(result.tokens)}")
     for step in result.steps:
         shape = "x".join(str(n) for n in step.value.shape)
-        title = f"[bold]{step.title}[/bold]  shape ({shape})"
-        table = Table(
-            title=title,
-            caption=step.note or None,
-            title_justify="left",
-            caption_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
+        # the title and note on lines of their own: as a table's title they wrap to its width
+        console.print(f"\n[bold]{step.title}[/bold]  shape ({shape})", soft_wrap=True)
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         cols = step.cols[:max_cols]
         table.add_column("", style="cyan", no_wrap=True)
         for c in cols:
@@ -211,6 +205,8 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
             cells = [f"{v:+.2f}" for v in row[:max_cols].tolist()]
             table.add_row(label, *cells, *(["..."] if len(step.cols) > max_cols else []))
         console.print(table)
+        if step.note:
+            console.print(f"[dim]{step.note}[/dim]", soft_wrap=True)
     same = sum(diff < 1e-9 for diff in result.reorder_diff)
     if positions:
         console.print(

@@ -75,3 +75,13 @@ def test_cli_bad_input_exits_2_without_traceback(args, match):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("qkv walkthrough: error:") and match in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_step_titles_are_whole_lines_even_over_narrow_tables(capsys):
+    """A 3 x 3 table is narrower than its title: the title is a line of its own, not
+    wrapped to the table's width."""
+    assert main(["walkthrough", "나는 학교에 간다", "--heads", "2", "--dim", "4"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    for title in ("scaled scores / sqrt(2) (head 1/2)  shape (3x3)",
+                  "weights = softmax(rows) (head 2/2)  shape (3x3)"):  # fmt: skip
+        assert title in lines
