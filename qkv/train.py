@@ -228,7 +228,7 @@ class _Loop:
         stream = self.batches()
         with TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar:
             while self.state.step < self.cfg.steps:
-                loss, tokens = self.update(stream)
+                loss, tokens, lr = self.update(stream)
                 self.state.step += 1
                 self.tokens_seen += tokens
                 seconds = time.perf_counter() - self.started
@@ -239,7 +239,7 @@ class _Loop:
                         "step": self.state.step,
                         "loss": loss,
                         "target_tokens": tokens,
-                        "lr": self.schedule.get_last_lr()[0],
+                        "lr": lr,
                         "tokens_per_s": rate,
                         "seconds": seconds,
                     }
@@ -248,8 +248,9 @@ class _Loop:
                     break
         return self.result()
 
-    def update(self, stream) -> tuple[float, int]:
-        """One optimiser step over ``accumulate`` batches; returns per-token loss and tokens."""
+    def update(self, stream) -> tuple[float, int, float]:
+        """One optimiser step over ``accumulate`` batches: per-token loss, tokens, and the
+        learning rate this step used (the schedule's ``get_last_lr`` is the next step's)."""
         cfg, pad = self.cfg, self.data.tgt_tok.pad_id
         total, tokens = torch.zeros((), dtype=torch.float64), 0
         for micro in range(cfg.accumulate):
@@ -264,11 +265,12 @@ class _Loop:
             total, tokens = total + loss.detach().double() / n, tokens + n
         if cfg.clip_norm > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         mean_loss = self.dist.mean(total / cfg.accumulate)
-        return mean_loss, self.dist.sum_int(tokens)
+        return mean_loss, self.dist.sum_int(tokens), lr
 
     def after_step(self) -> str | None:
         cfg, st = self.cfg, self.state

@@ -58,3 +58,35 @@ def run_cli(*args, stdin: str = ""):
     return subprocess.run(
         [sys.executable, "-m", "qkv", *args], input=stdin, capture_output=True, text=True
     )
+
+
+def logged_rows(out: Path) -> list[dict]:
+    """Every row of a run's log.jsonl, without the timing fields that differ run to run."""
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "seconds")} for r in rows]
+
+
+class Interrupted(Exception):
+    """Raised inside the training loop, as a Ctrl-C or a kill would stop it."""
+
+
+def train_until_interrupted(recipe, step: int) -> None:
+    """Train ``recipe`` and stop it right after ``step`` (its checkpoints left as they are)."""
+    from unittest import mock
+
+    import qkv.train
+
+    after_step = qkv.train._Loop.after_step
+
+    def stop_after(loop):
+        verdict = after_step(loop)
+        if loop.state.step == step:
+            raise Interrupted
+        return verdict
+
+    with mock.patch.object(qkv.train._Loop, "after_step", stop_after):
+        try:
+            qkv.train.train(recipe, progress=False)
+        except Interrupted:
+            return
+    raise AssertionError(f"the run ended before step {step}")

@@ -1,0 +1,39 @@
+"""What a run records and carries across a resume: the logged learning rates, the
+optimiser settings of the config, early stopping and the time budget."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from train_helpers import logged_rows, tiny_recipe, train_until_interrupted
+
+from qkv.train import train
+
+
+def _formula(schedule: str, step: int, steps: int, warmup: int, lr: float, min_lr: float):
+    """The rate of update ``step`` (1-based), as the schedule's docstring writes it."""
+    if step <= warmup:
+        return lr * step / warmup
+    if schedule == "inverse_sqrt":
+        return lr * math.sqrt(warmup / step)
+    if schedule == "cosine":
+        progress = (step - warmup) / (steps - warmup)
+        return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+    return lr
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine", "constant"])
+def test_the_logged_lr_is_the_rate_of_that_steps_update(tmp_path, schedule):
+    rng = random.Random()
+    warmup, steps = rng.randint(2, 5), rng.randint(7, 9)
+    lr, min_lr = rng.uniform(1e-3, 5e-3), rng.uniform(0, 1e-3)
+    recipe = tiny_recipe(tmp_path, steps=steps, warmup=warmup, lr=lr, min_lr=min_lr,
+                         schedule=schedule, save_every=3)  # fmt: skip
+    train_until_interrupted(recipe, step=rng.randint(3, 5))  # resumed from step 3
+    train(recipe, resume=True, progress=False)
+    logged = {r["step"]: r["lr"] for r in logged_rows(tmp_path) if "lr" in r}
+    assert sorted(logged) == list(range(1, steps + 1))
+    for step, rate in logged.items():
+        assert rate == pytest.approx(_formula(schedule, step, steps, warmup, lr, min_lr))
