@@ -140,7 +140,7 @@ def chunked_attention(
         weights = None
         if req.need_weights:
             weights = attention_weights(req, None, req.weight_heads, req.weight_rows)
-        return AttentionResult(out=fused_blocks(req, ranges), weights=weights)
+        return AttentionResult(out=_in_graph(req, fused_blocks(req, ranges)), weights=weights)
     hkv = req.k.shape[1]
     q, k, v = grouped(req.q, hkv), req.k.unsqueeze(2), req.v.unsqueeze(2)  # 5-d
     user = grouped_mask(req.mask, hkv)
@@ -168,7 +168,18 @@ def chunked_attention(
     weights = None
     if req.need_weights:
         weights = attention_weights(req, lse, req.weight_heads, req.weight_rows)
+    out, lse = _in_graph(req, out), _in_graph(req, lse)
     return AttentionResult(out=out, weights=weights, lse=lse if req.need_lse else None)
+
+
+def _in_graph(req: AttentionRequest, t: Tensor) -> Tensor:
+    """``t`` joined to the autograd graph of the inputs where no block put it there (no
+    row sees a key, or there are none): backward then gives zero gradients, as for the
+    formula, instead of failing on an output without ``grad_fn``."""
+    if t.requires_grad or not req.requires_grad:
+        return t
+    inputs = [x for x in (req.q, req.k, req.v, req.mask) if x is not None and x.requires_grad]
+    return t + sum(x[..., :0].sum() for x in inputs).to(t.dtype)  # an empty sum: exactly 0
 
 
 def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:

@@ -266,3 +266,31 @@ def test_auto_prefers_chunked_where_sdpa_would_copy_a_boolean_mask_past_its_limi
     assert qkv.explain_dispatch(q, k, v, bias).chosen == "sdpa"
     grad = q.clone().requires_grad_()
     assert qkv.explain_dispatch(grad, k, v, mask).chosen == "sdpa"  # no autograd in chunked
+
+
+@pytest.mark.parametrize("lse", [False, True], ids=["fused", "online"])
+@pytest.mark.parametrize("kind", ["bool", "float", "no-keys"])
+def test_gradients_are_zero_when_every_key_is_hidden(kind, lse):
+    """A call in which no row sees a key still belongs to the graph: backward gives zero
+    gradients, as the float64 formula does (chunked's output had no grad_fn)."""
+    tk = 0 if kind == "no-keys" else 6
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, tk, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, tk, 4, dtype=torch.float64, requires_grad=True)
+    mask = {
+        "bool": torch.zeros(5, tk, dtype=torch.bool),
+        "float": torch.full((2, 4, 5, tk), float("-inf"), dtype=torch.float64, requires_grad=True),
+        "no-keys": None,
+    }[kind]
+    if lse:
+        out, _ = qkv.attention_lse(q, k, v, mask, backend="chunked")
+    else:
+        out = qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked")
+    ref, _ = naive_attention(q, k, v, mask)
+    inputs = [t for t in (q, k, v, mask) if t is not None and t.requires_grad]
+    go = torch.randn(out.shape, dtype=torch.float64)
+    grads = torch.autograd.grad(out, inputs, go, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref, inputs, go, allow_unused=True)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, torch.zeros_like(r) if r is None else r, atol=0, rtol=0)
