@@ -91,6 +91,7 @@ def restore(
     try:
         if ckpt.optimizer_state is not None:
             optimizer.load_state_dict(ckpt.optimizer_state)
+            _use_config_settings(optimizer, recipe)
         if ckpt.rng is not None:
             restore_rng(ckpt.rng)
         saved = ckpt.extra.get("train", {})
@@ -100,6 +101,16 @@ def restore(
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: cannot resume: corrupt training state ({first})") from None
+
+
+def _use_config_settings(optimizer, recipe: Recipe) -> None:
+    """The config's lr, betas and weight decay, not the checkpoint's: loading the
+    optimiser's state also loads the settings it was saved with, which would silently
+    override ``--set train.lr=...`` on resume (the schedule starts from ``initial_lr``)."""
+    cfg = recipe.train
+    for group in optimizer.param_groups:
+        group.update(lr=cfg.lr, initial_lr=cfg.lr, betas=tuple(cfg.betas),
+                     weight_decay=cfg.weight_decay)  # fmt: skip
 
 
 def _data_change(ckpt, recipe: Recipe, data: Prepared) -> str | None:

@@ -37,3 +37,21 @@ def test_the_logged_lr_is_the_rate_of_that_steps_update(tmp_path, schedule):
     assert sorted(logged) == list(range(1, steps + 1))
     for step, rate in logged.items():
         assert rate == pytest.approx(_formula(schedule, step, steps, warmup, lr, min_lr))
+
+
+def test_resume_uses_the_configs_optimiser_settings(tmp_path):
+    from qkv.models.checkpoint import load_checkpoint
+
+    rng = random.Random()
+    first = {"lr": rng.uniform(2e-3, 4e-3), "betas": [0.9, 0.98], "weight_decay": 0.0}
+    then = {"lr": rng.uniform(1e-4, 1e-3), "betas": [rng.uniform(0.5, 0.8), 0.95],
+            "weight_decay": rng.uniform(0.01, 0.1)}  # fmt: skip
+    common = {"warmup": 0, "schedule": "constant", "save_every": 100}
+    train(tiny_recipe(tmp_path, steps=3, **common, **first), progress=False)
+    train(tiny_recipe(tmp_path, steps=6, **common, **then), resume=True, progress=False)
+    logged = {r["step"]: r["lr"] for r in logged_rows(tmp_path) if "lr" in r}
+    assert [logged[s] for s in (1, 2, 3)] == [first["lr"]] * 3
+    assert [logged[s] for s in (4, 5, 6)] == [then["lr"]] * 3
+    group = load_checkpoint(tmp_path / "last.safetensors").optimizer_state["param_groups"][0]
+    assert group["lr"] == then["lr"] and group["weight_decay"] == then["weight_decay"]
+    assert list(group["betas"]) == then["betas"]  # what AdamW's step read
