@@ -108,10 +108,13 @@ class KeptResults:
     :meth:`empty` returns a tensor like ``torch.empty``; for a CPU tensor of at least
     ``min_bytes`` it keeps the storage, and a later request of the same size and dtype gets
     that storage back if no tensor (the caller's, or any view of it) still uses it, which
-    the storage's reference count says exactly. Its content is then stale, so callers must
-    write every element, as the attention weights do. At most ``limit_bytes`` are kept (the
-    oldest are let go first; ``limit_bytes = 0`` keeps nothing); :meth:`clear` lets go of
-    all of them. Set ``QKV_KEPT_RESULTS_MIB`` to change the default limit (1024 MiB).
+    the storage's reference count says exactly, and if it was made in the same mode: an
+    inference tensor (made under ``torch.inference_mode``) only goes to a call in that
+    mode, where it is what ``torch.empty`` would give, and a normal one only outside it.
+    Its content is then stale, so callers must write every element, as the attention
+    weights do. At most ``limit_bytes`` are kept (the oldest are let go first;
+    ``limit_bytes = 0`` keeps nothing); :meth:`clear` lets go of all of them. Set
+    ``QKV_KEPT_RESULTS_MIB`` to change the default limit (1024 MiB).
     """
 
     def __init__(self, limit_bytes: int, min_bytes: int = 32 << 20) -> None:
@@ -124,9 +127,11 @@ class KeptResults:
         nbytes = numel * dtype.itemsize
         if torch.device(device).type != "cpu" or not self.min_bytes <= nbytes <= self.limit_bytes:
             return torch.empty(shape, dtype=dtype, device=device)
+        inference = torch.is_inference_mode_enabled()  # kept tensors keep their mode
         with self._lock:
             for i, flat in enumerate(self._kept):
-                if flat.dtype == dtype and flat.numel() == numel and _unused(flat):
+                if (flat.dtype == dtype and flat.numel() == numel
+                        and flat.is_inference() == inference and _unused(flat)):  # fmt: skip
                     self._kept.append(self._kept.pop(i))  # the newest now
                     return flat.view(shape)
             flat = torch.empty(numel, dtype=dtype)

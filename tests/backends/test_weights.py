@@ -171,6 +171,26 @@ def test_weights_under_autograd_are_never_kept(monkeypatch):
     assert kept._kept == [] and q.grad is not None
 
 
+@pytest.mark.parametrize("first", ["inference", "plain"])
+def test_kept_weights_never_cross_inference_mode(monkeypatch, first):
+    """Weights kept from a call under torch.inference_mode are inference tensors: handed
+    out again to a call outside it, they could not be written (torch's softmax refused)
+    nor used with autograd; and the other way round the caller asked for an inference
+    tensor. Each call gets a buffer of its own mode, with the formula's weights."""
+    monkeypatch.setattr(weights_module, "SMALL_ELEMENTS", 100)  # the blocked path
+    monkeypatch.setattr(weights_module, "kept_results", KeptResults(1 << 20, min_bytes=1))
+    modes = {"inference": torch.inference_mode, "plain": torch.no_grad}
+    second = "plain" if first == "inference" else "inference"
+    for mode in (first, second):
+        q, k, v, mask = _case("bool", torch.float32)
+        with modes[mode]():
+            _, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+        assert w.is_inference() == (mode == "inference")
+        _, ref_w = naive_attention(q.double(), k.double(), v.double(), mask, False)
+        torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
+        del w  # released: its storage may be handed out again
+
+
 def _rows_unseen(kind: str):
     """q, k, v (float64, requiring gradients) and a mask under which some query rows see
     no key, with the causal flag: a boolean mask with empty rows, a float mask with a row
