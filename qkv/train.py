@@ -52,7 +52,8 @@ class TrainResult:
     seconds: float
     target_tokens_per_s: float
     bf16: bool = False  # whether the forward passes ran under bf16 autocast
-    already_done: bool = False  # resumed at or past train.steps: nothing was trained
+    already_done: bool = False  # resumed a finished run: nothing was trained
+    done_because: str = ""  # why it was finished, for the user
 
 
 @dataclass
@@ -133,7 +134,8 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
 
     With ``resume``, a ``last.safetensors`` in the output folder is continued; it must
     have been trained on the same data (data and tokenizer sections, tokenizers) and model.
-    A checkpoint already at or past ``train.steps`` trains nothing (``already_done``).
+    A checkpoint of a finished run (at or past ``train.steps``, or stopped early by
+    ``train.patience``) trains nothing (``already_done``, and ``done_because`` says why).
     ``train.threads`` holds only while it trains: torch's thread count is restored after.
     """
     before = torch.get_num_threads()
@@ -169,9 +171,11 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     if resume and (out / "last.safetensors").exists():
         saved = restore(out / "last.safetensors", model, optimizer, recipe, data)
         state = _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
-        if state.step >= cfg.steps:
+        done = _finished(state, cfg)
+        if done:
             return TrainResult(out, state.step, state.best_bleu, state.best_step,
-                               state.valid_loss, 0.0, 0.0, already_done=True)  # fmt: skip
+                               state.valid_loss, 0.0, 0.0, already_done=True,
+                               done_because=done)  # fmt: skip
     started = time.perf_counter()
     clock = (lambda: time.perf_counter() - started) if dist.world_size == 1 else None
     schedule = make_schedule(optimizer, cfg, state.step, clock)
@@ -187,6 +191,19 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         trim_log(out / "log.jsonl", state.step)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
+
+
+def _finished(state: _State, cfg) -> str | None:
+    """Why a resumed run has nothing left to train (as the uninterrupted run would have
+    stopped there), or None."""
+    if state.step >= cfg.steps:
+        return (f"is already at step {state.step} and train.steps is {cfg.steps}; raise "
+                f"train.steps (--set train.steps=N) to train further")  # fmt: skip
+    if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+        return (f"stopped early at step {state.step}: {state.bad_evals} evaluations without a "
+                f"better BLEU and train.patience is {cfg.patience}; raise train.patience "
+                f"to train further")  # fmt: skip
+    return None
 
 
 class _Loop:
@@ -360,11 +377,7 @@ def run_cli(args) -> int:
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None
     if result.already_done:
-        print(
-            f"nothing to do: {result.out_dir / 'last.safetensors'} is already at step "
-            f"{result.steps} and train.steps is {recipe.train.steps}; raise train.steps "
-            f"(--set train.steps=N) to train further"
-        )
+        print(f"nothing to do: {result.out_dir / 'last.safetensors'} {result.done_because}")
         return 0
     print(
         f"trained {result.steps} steps in {result.seconds:.0f} s "

@@ -3,6 +3,7 @@ optimiser settings of the config, early stopping and the time budget."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -55,3 +56,27 @@ def test_resume_uses_the_configs_optimiser_settings(tmp_path):
     group = load_checkpoint(tmp_path / "last.safetensors").optimizer_state["param_groups"][0]
     assert group["lr"] == then["lr"] and group["weight_decay"] == then["weight_decay"]
     assert list(group["betas"]) == then["betas"]  # what AdamW's step read
+
+
+def test_resuming_a_run_that_stopped_early_trains_nothing(tmp_path):
+    from train_helpers import run_cli, tiny_dict
+
+    patience = random.randint(1, 2)
+    recipe = tiny_recipe(tmp_path, steps=40, eval_every=2, patience=patience, lr=1e-5)
+    stopped = train(recipe, progress=False)  # lr 1e-5: BLEU stays put, so it stops early
+    assert stopped.steps < 40
+    log, ckpt = (tmp_path / "log.jsonl").read_text(), (tmp_path / "last.safetensors").read_bytes()
+    again = train(recipe, resume=True, progress=False)
+    assert again.already_done and again.steps == stopped.steps
+    assert "train.patience" in again.done_because
+    assert (tmp_path / "log.jsonl").read_text() == log
+    assert (tmp_path / "last.safetensors").read_bytes() == ckpt
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path, steps=40, eval_every=2, lr=1e-5,
+                                           patience=patience)))  # fmt: skip
+    proc = run_cli("train", str(config), "--resume")
+    assert proc.returncode == 0 and "nothing to do" in proc.stdout, proc.stderr
+    assert f"stopped early at step {stopped.steps}" in proc.stdout
+    more = train(tiny_recipe(tmp_path, steps=40, eval_every=2, patience=patience + 5,
+                             lr=1e-5), resume=True, progress=False)  # fmt: skip
+    assert not more.already_done and more.steps > stopped.steps
