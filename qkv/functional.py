@@ -8,6 +8,7 @@ query may attend to a key; a float mask is added to the scores.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Iterable, Sequence
 
@@ -248,11 +249,11 @@ def _run(req: AttentionRequest, backend: str):
 
 def _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse) -> AttentionRequest:
     _check_qkv(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    mask = _check_mask(mask, target)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    mask = _check_mask(mask, target, q.device)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _scale(scale)
     heads = _heads(need_weights, q.shape[1])
     wanted = need_weights if isinstance(need_weights, bool) else need_weights is not None
     return AttentionRequest(q, k, v, mask, causal, scale, dropout_p, wanted, need_lse, heads)
@@ -287,7 +288,23 @@ def _rows(rows: slice | None, tq: int) -> tuple[int, int] | None:
     return start, stop
 
 
+def _scale(scale) -> float:
+    if not isinstance(scale, numbers.Real):
+        raise ValueError(f"scale must be a number or None, got {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be a finite number, got {value}")
+    return value
+
+
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if not q.device == k.device == v.device:
+        raise ValueError(
+            f"q, k, v must be on one device: q on {q.device}, k on {k.device}, v on {v.device}"
+        )
     problem = shape_problem(q.shape, k.shape, v.shape)
     if problem:
         shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -296,12 +313,17 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"q, k, v must share one floating dtype: {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def _check_mask(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:
-    """Validate a mask against ``(B, H, Tq, Tk)`` and return it as a 4-d broadcastable view."""
+def _check_mask(
+    mask: Tensor | None, target: tuple[int, int, int, int], device: torch.device
+) -> Tensor | None:
+    """Validate a mask against ``(B, H, Tq, Tk)`` on ``device`` and return it as a 4-d
+    broadcastable view."""
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
         raise ValueError(f"mask must be a tensor or None, got {type(mask).__name__}")
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device}, q, k, v on {device}: move it there")
     if mask.dtype != torch.bool and not mask.is_floating_point():
         raise ValueError(f"mask must be boolean (True = may attend) or float, got {mask.dtype}")
     ok = mask.ndim <= 4 and all(

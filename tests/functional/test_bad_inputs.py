@@ -1,0 +1,53 @@
+"""Bad arguments to scaled_dot_product_attention: one line that names the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkv
+
+# "meta" stands for another device (a GPU) on a machine that has none.
+CASES = {
+    "k-on-another-device": (dict(k="meta"), r"k on meta"),
+    "v-on-another-device": (dict(v="meta"), r"v on meta"),
+    "mask-on-another-device": (dict(mask="meta"), r"mask is on meta"),
+    "float-mask-on-another-device": (dict(mask="meta-float"), r"mask is on meta"),
+    "q-a-list": (dict(q="list"), r"^q must be a tensor, got list$"),
+    "k-an-array": (dict(k="numpy"), r"^k must be a tensor, got ndarray$"),
+    "scale-a-string": (dict(scale="a"), r"^scale must be a number"),
+    "scale-nan": (dict(scale=float("nan")), r"^scale must be a finite number"),
+    "dropout-a-string": (dict(dropout_p="0.1"), r"^dropout_p must be a number in \[0, 1\)"),
+}
+
+
+def _arguments(change: dict):
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 6)
+    args = {"q": q, "k": k, "v": v, "mask": torch.rand(3, 5) > 0.5}
+    for name, how in change.items():
+        if how == "meta":
+            args[name] = args[name].to("meta")
+        elif how == "meta-float":
+            args[name] = torch.randn(3, 5, device="meta")
+        elif how == "list":
+            args[name] = args[name].tolist()
+        elif how == "numpy":
+            args[name] = args[name].numpy()
+    options = {key: value for key, value in change.items() if key in ("scale", "dropout_p")}
+    return args, options
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "chunked"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_argument_is_named_in_one_line(case, backend):
+    change, message = CASES[case]
+    args, options = _arguments(change)
+    with pytest.raises(ValueError, match=message) as caught:
+        qkv.scaled_dot_product_attention(**args, **options, backend=backend)
+    assert "\n" not in str(caught.value)
+    if options:  # attention_lse takes no dropout_p, explain_dispatch no scale
+        return
+    with pytest.raises(ValueError, match=message):
+        qkv.attention_lse(**args, backend="chunked" if backend == "sdpa" else backend)
+    with pytest.raises(ValueError, match=message):
+        qkv.explain_dispatch(args["q"], args["k"], args["v"], args["mask"])
