@@ -133,7 +133,8 @@ class OptimConfig:
     seed: int = 0
     device: str = "auto"
     threads: int = 0
-    max_seconds: float = 0.0  # stop (and checkpoint) after this much training time; 0 = none
+    max_seconds: float = 0.0  # stop (and checkpoint) after this much training time, counted
+    # over resumes; 0 = none
 
     def __post_init__(self) -> None:
         for name in ("steps", "max_tokens", "accumulate", "eval_every", "save_every"):

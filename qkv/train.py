@@ -65,6 +65,7 @@ class _State:
     best_step: int = 0
     bad_evals: int = 0
     valid_loss: float = float("nan")
+    seconds: float = 0.0  # training time so far, counted over every resume (max_seconds)
 
 
 def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
@@ -134,8 +135,8 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
 
     With ``resume``, a ``last.safetensors`` in the output folder is continued; it must
     have been trained on the same data (data and tokenizer sections, tokenizers) and model.
-    A checkpoint of a finished run (at or past ``train.steps``, or stopped early by
-    ``train.patience``) trains nothing (``already_done``, and ``done_because`` says why).
+    A checkpoint of a finished run (at ``train.steps``, or stopped by ``train.patience``
+    or ``train.max_seconds``) trains nothing (``already_done``; ``done_because`` says why).
     ``train.threads`` holds only while it trains: torch's thread count is restored after.
     """
     before = torch.get_num_threads()
@@ -176,8 +177,8 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
             return TrainResult(out, state.step, state.best_bleu, state.best_step,
                                state.valid_loss, 0.0, 0.0, already_done=True,
                                done_because=done)  # fmt: skip
-    started = time.perf_counter()
-    clock = (lambda: time.perf_counter() - started) if dist.world_size == 1 else None
+    before, started = state.seconds, time.perf_counter()
+    clock = (lambda: before + time.perf_counter() - started) if dist.world_size == 1 else None
     schedule = make_schedule(optimizer, cfg, state.step, clock)
     wrapped = dist.wrap(model)
     loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
@@ -203,6 +204,10 @@ def _finished(state: _State, cfg) -> str | None:
         return (f"stopped early at step {state.step}: {state.bad_evals} evaluations without a "
                 f"better BLEU and train.patience is {cfg.patience}; raise train.patience "
                 f"to train further")  # fmt: skip
+    if cfg.max_seconds > 0 and state.seconds >= cfg.max_seconds:
+        return (f"has trained {state.seconds:.0f} s, its train.max_seconds of "
+                f"{cfg.max_seconds:g}, by step {state.step}; raise train.max_seconds to "
+                f"train further")  # fmt: skip
     return None
 
 
@@ -220,6 +225,7 @@ class _Loop:
         self.state, self.dist, self.out = state, dist, recipe.out_dir
         self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
         self.tokens_seen, self.started = 0, time.perf_counter()
+        self.before = state.seconds  # trained before this process, when resumed
         self.bf16 = uses_bf16(self.cfg.bf16, dist.device)
         if self.bf16 and dist.device.type == "cpu":
             bound_onednn_caches()  # else they grow with every new batch shape (qkv/memory.py)
@@ -258,7 +264,7 @@ class _Loop:
                         "target_tokens": tokens,
                         "lr": lr,
                         "tokens_per_s": rate,
-                        "seconds": seconds,
+                        "seconds": self.trained_seconds(),
                     }
                 )
                 if self.after_step() == "stop":
@@ -292,7 +298,7 @@ class _Loop:
     def after_step(self) -> str | None:
         cfg, st = self.cfg, self.state
         out_of_time = self.dist.broadcast_flag(
-            cfg.max_seconds > 0 and time.perf_counter() - self.started > cfg.max_seconds
+            cfg.max_seconds > 0 and self.trained_seconds() > cfg.max_seconds
         )
         last = st.step == cfg.steps or out_of_time
         verdict = "stop" if out_of_time else None
@@ -301,6 +307,10 @@ class _Loop:
         if st.step % cfg.save_every == 0 or last or verdict == "stop":
             self.save("last.safetensors")
         return verdict
+
+    def trained_seconds(self) -> float:
+        """Training time of the whole run, the processes it was resumed from included."""
+        return self.before + time.perf_counter() - self.started
 
     def evaluate(self) -> str | None:
         st = self.state
@@ -327,6 +337,7 @@ class _Loop:
         if not self.dist.is_main:
             return
         st = self.state
+        st.seconds = self.trained_seconds()
         extra = {"train": {k: getattr(st, k) for k in vars(st)}, "recipe": self.recipe_dict()}
         tokenizers = {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
         save_checkpoint(
