@@ -9,6 +9,7 @@ torchrun everything here is a no-op.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -65,6 +66,19 @@ class Dist:
         if self.world_size > 1 and not last_micro_batch:
             return wrapped.no_sync()
         return contextlib.nullcontext()
+
+    def micro_batch_seed(self, seed: int, step: int, micro: int) -> int:
+        """The torch seed of one micro-batch (its dropout masks): a function of the run's
+        seed, the step and the micro-batch's place in the global batch only.
+
+        Rank ``r``'s micro-batch ``m`` is global batch ``m * world_size + r`` of the step,
+        the batch one process with ``world_size`` times the accumulation draws there, so
+        both draw the same masks; and a resumed run draws the uninterrupted run's masks
+        without the RNG states of other ranks or of CUDA, which no checkpoint holds.
+        """
+        index = micro * self.world_size + self.rank
+        digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1  # below 2**63: torch.manual_seed's range
 
     def mean(self, value: torch.Tensor) -> float:
         if self.world_size > 1:

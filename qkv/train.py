@@ -4,9 +4,11 @@ AdamW with warmup then an inverse-square-root or cosine schedule (Vaswani et al.
 label-smoothed cross-entropy (Szegedy et al. 2016), gradient clipping and accumulation,
 optional bf16 autocast, validation loss and sacreBLEU every ``eval_every`` steps, the
 best checkpoint kept, early stopping, a progress bar and a JSON-lines log. Training
-resumes exactly: the checkpoint holds the optimiser, the RNG states and the position in
-the epoch's batch order, so an interrupted run continues with the same losses. Under
-``torchrun`` it trains data-parallel with ``DistributedDataParallel`` (gloo on CPU).
+resumes exactly: the checkpoint holds the optimiser and the position in the epoch's batch
+order, and each micro-batch seeds its dropout from (seed, step, place in the global
+batch), so an interrupted run continues with the same losses. Under ``torchrun`` it
+trains data-parallel with ``DistributedDataParallel`` (gloo on CPU), as one process
+with ``accumulate`` times the processes would.
 """
 
 from __future__ import annotations
@@ -278,6 +280,7 @@ class _Loop:
         total, tokens = torch.zeros((), dtype=torch.float64), 0
         for micro in range(cfg.accumulate):
             batch = next(stream)
+            torch.manual_seed(self.dist.micro_batch_seed(cfg.seed, self.state.step + 1, micro))
             last = micro == cfg.accumulate - 1
             with (
                 self.dist.no_sync(self.wrapped, last),
