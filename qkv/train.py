@@ -35,7 +35,7 @@ from qkv.models.checkpoint import (
 )
 from qkv.recipe import ConfigError, Recipe, load_yaml
 from qkv.schedule import make_schedule
-from qkv.train_checks import check_lengths, check_out_dir, restore, trim_log
+from qkv.train_checks import check_lengths, check_out_dir, finished, restore, trim_log
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
 
@@ -174,7 +174,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     if resume and (out / "last.safetensors").exists():
         saved = restore(out / "last.safetensors", model, optimizer, recipe, data)
         state = _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
-        done = _finished(state, cfg)
+        done = finished(state, cfg)
         if done:
             return TrainResult(out, state.step, state.best_bleu, state.best_step,
                                state.valid_loss, 0.0, 0.0, already_done=True,
@@ -194,23 +194,6 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         trim_log(out / "log.jsonl", state.step)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
-
-
-def _finished(state: _State, cfg) -> str | None:
-    """Why a resumed run has nothing left to train (as the uninterrupted run would have
-    stopped there), or None."""
-    if state.step >= cfg.steps:
-        return (f"is already at step {state.step} and train.steps is {cfg.steps}; raise "
-                f"train.steps (--set train.steps=N) to train further")  # fmt: skip
-    if cfg.patience > 0 and state.bad_evals >= cfg.patience:
-        return (f"stopped early at step {state.step}: {state.bad_evals} evaluations without a "
-                f"better BLEU and train.patience is {cfg.patience}; raise train.patience "
-                f"to train further")  # fmt: skip
-    if cfg.max_seconds > 0 and state.seconds >= cfg.max_seconds:
-        return (f"has trained {state.seconds:.0f} s, its train.max_seconds of "
-                f"{cfg.max_seconds:g}, by step {state.step}; raise train.max_seconds to "
-                f"train further")  # fmt: skip
-    return None
 
 
 class _Loop:

@@ -20,7 +20,7 @@ from qkv.data.prepare import Prepared
 from qkv.models.checkpoint import CheckpointError, load_checkpoint, model_kind, restore_rng
 from qkv.recipe import ConfigError, Recipe
 
-__all__ = ["check_lengths", "check_out_dir", "restore", "trim_log"]
+__all__ = ["check_lengths", "check_out_dir", "finished", "restore", "trim_log"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,23 @@ def _model_change(ckpt, model: nn.Module) -> str | None:
     saved = ckpt.model_config
     changed = sorted(k for k in config.keys() | saved.keys() if config.get(k) != saved.get(k))
     return ", ".join(changed) or None
+
+
+def finished(state, cfg) -> str | None:
+    """Why a resumed run has nothing left to train (as the uninterrupted run would have
+    stopped there), or None."""
+    if state.step >= cfg.steps:
+        return (f"is already at step {state.step} and train.steps is {cfg.steps}; raise "
+                f"train.steps (--set train.steps=N) to train further")  # fmt: skip
+    if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+        return (f"stopped early at step {state.step}: {state.bad_evals} evaluations without a "
+                f"better BLEU and train.patience is {cfg.patience}; raise train.patience "
+                f"to train further")  # fmt: skip
+    if cfg.max_seconds > 0 and state.seconds >= cfg.max_seconds:
+        return (f"has trained {state.seconds:.0f} s, its train.max_seconds of "
+                f"{cfg.max_seconds:g}, by step {state.step}; raise train.max_seconds to "
+                f"train further")  # fmt: skip
+    return None
 
 
 def trim_log(path: Path, step: int) -> None:
