@@ -251,6 +251,8 @@ def _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse) ->
     _check_qkv(q, k, v)
     if not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if not isinstance(causal, bool):  # "no" or None would be taken as truthy or falsy
+        raise ValueError(f"causal must be True or False, got {causal!r}")
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     mask = _check_mask(mask, target, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _scale(scale)

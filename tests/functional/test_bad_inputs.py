@@ -18,6 +18,8 @@ CASES = {
     "scale-a-string": (dict(scale="a"), r"^scale must be a number"),
     "scale-nan": (dict(scale=float("nan")), r"^scale must be a finite number"),
     "dropout-a-string": (dict(dropout_p="0.1"), r"^dropout_p must be a number in \[0, 1\)"),
+    "causal-a-string": (dict(causal="no"), r"^causal must be True or False, got 'no'$"),
+    "causal-none": (dict(causal=None), r"^causal must be True or False, got None$"),
 }
 
 
@@ -33,7 +35,9 @@ def _arguments(change: dict):
             args[name] = args[name].tolist()
         elif how == "numpy":
             args[name] = args[name].numpy()
-    options = {key: value for key, value in change.items() if key in ("scale", "dropout_p")}
+    options = {
+        key: value for key, value in change.items() if key in ("scale", "dropout_p", "causal")
+    }
     return args, options
 
 
