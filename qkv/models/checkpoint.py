@@ -125,12 +125,20 @@ def _write_atomic(path: Path, tensors, metadata, save_file) -> None:
     os.close(fd)
     try:
         save_file(_dedupe_shared(tensors), tmp, metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's (and safetensors') 0600: only we could read it
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    """The process's umask (only readable by setting one: 077 meanwhile, not 000)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _dedupe_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
