@@ -7,7 +7,9 @@
 #      machine's triton (registers, spills, shared memory);
 #   3. tests: tests/backends/test_triton_flash.py compiled on the GPU (outputs and
 #      gradients against float64 references), in parallel where pytest-xdist is there;
-#   4. gpu: benchmarks/gpu.py, qkv against SDPA's flash, cuDNN and efficient kernels;
+#   4. half_masks: the half-precision tests with float32 masks of finfo(float32).min and
+#      with scores past float16's range, on CUDA (kernel_bias saturates masks there);
+#   5. gpu: benchmarks/gpu.py, qkv against SDPA's flash, cuDNN and efficient kernels;
 #      its JSON file is rewritten after every case.
 # Each step has its own time limit (590 s together), so a slow one cannot starve the
 # benchmark. Logs and gpu.json go to $OUT (the device tool's folder; else
@@ -40,10 +42,13 @@ if torch.cuda.is_available():
 else:
     print('no CUDA device: a dry run')
 "
-step 100 hopper_fit "$PY" benchmarks/hopper_fit.py --head-sizes 64 128 --dtypes bf16 fp32
+step 85 hopper_fit "$PY" benchmarks/hopper_fit.py --head-sizes 64 128 --dtypes bf16 fp32
 xdist=()
 if "$PY" -c "import xdist" 2>/dev/null; then xdist=(-n 8); fi
-step 200 tests "$PY" -m pytest -q -x -p no:cacheprovider "${xdist[@]}" \
+step 185 tests "$PY" -m pytest -q -x -p no:cacheprovider "${xdist[@]}" \
     tests/backends/test_triton_flash.py -k "not fits_hopper"
+device=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+step 30 half_masks env QKV_TEST_DEVICE="$device" "$PY" -m pytest -q -x -p no:cacheprovider \
+    tests/functional/test_sdpa.py -k "huge_negatives or past_its_largest"
 TAIL_LINES=40 step 250 gpu "$PY" benchmarks/gpu.py "$OUT" --budget-s 200
 exit $status

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,8 @@ import qkv
 from tests.conftest import naive_attention
 
 BACKENDS = ["reference", "sdpa", "chunked"]
+# benchmarks/device.sh runs the half-precision mask tests again with QKV_TEST_DEVICE=cuda
+DEVICE = torch.device(os.environ.get("QKV_TEST_DEVICE", "cpu"))
 SHAPES = {
     "self": (2, 4, 4, 9, 9, 16),
     "cross_tq<tk": (2, 4, 4, 5, 13, 8),
@@ -145,8 +149,9 @@ def test_half_precision_error_is_close_to_torch(dtype, backend):
 
 
 def _within_twice_torchs_error(ours, theirs, exact, atol):
-    err_ours = (ours.double() - exact).abs().max().item()
-    err_torch = (theirs.double() - exact).abs().max().item()
+    exact = exact.cpu()
+    err_ours = (ours.double().cpu() - exact).abs().max().item()
+    err_torch = (theirs.double().cpu() - exact).abs().max().item()
     assert err_ours <= 2 * err_torch + atol, (err_ours, err_torch)
 
 
@@ -156,8 +161,8 @@ def test_half_inputs_with_a_float32_mask_of_huge_negatives_act_as_torch(dtype, b
     """A Hugging Face-style float32 mask, torch.finfo(float32).min on a whole row and on
     padding keys, beside half inputs: torch adds it to float32 scores (the row then attends
     uniformly); every backend does the same, without NaN, also in the gradients."""
-    q, k, v = _inputs((2, 4, 4, 6, 5, 8), torch.float64)
-    mask = torch.zeros(2, 1, 6, 5)
+    q, k, v = (x.to(DEVICE) for x in _inputs((2, 4, 4, 6, 5, 8), torch.float64))
+    mask = torch.zeros(2, 1, 6, 5, device=DEVICE)
     mask[:, :, 0] = torch.finfo(torch.float32).min
     mask[1, :, :, 3:] = torch.finfo(torch.float32).min
     exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.double())
@@ -178,10 +183,10 @@ def test_half_inputs_with_a_float32_mask_of_huge_negatives_act_as_torch(dtype, b
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float16_scores_past_its_largest_value_stay_finite(backend):
     """Products q . k above 65504 overflow float16, but torch's kernels score in float32."""
-    q, k, v = _inputs((1, 2, 2, 4, 6, 48), torch.float64)
+    q, k, v = (x.to(DEVICE) for x in _inputs((1, 2, 2, 4, 6, 48), torch.float64))
     q, k = q * 120, k * 120
     assert (q @ k.transpose(-1, -2)).abs().max() > 2 * torch.finfo(torch.float16).max
-    exact, _ = naive_attention(q, k, v)
+    exact, _ = naive_attention(q.cpu(), k.cpu(), v.cpu())
     q, k, v = (x.half() for x in (q, k, v))
     ours, w = qkv.scaled_dot_product_attention(q, k, v, backend=backend, need_weights=True)
     _within_twice_torchs_error(ours, F.scaled_dot_product_attention(q, k, v), exact, 1e-3)
