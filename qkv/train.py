@@ -35,7 +35,14 @@ from qkv.models.checkpoint import (
 )
 from qkv.recipe import ConfigError, Recipe, load_yaml
 from qkv.schedule import make_schedule
-from qkv.train_checks import check_lengths, check_out_dir, finished, restore, trim_log
+from qkv.train_checks import (
+    check_lengths,
+    check_out_dir,
+    finished,
+    remove_partial_checkpoints,
+    restore,
+    trim_log,
+)
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
 
@@ -192,6 +199,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         trim_log(out / "log.jsonl", state.step)
+        remove_partial_checkpoints(out)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
 

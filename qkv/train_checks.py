@@ -20,7 +20,14 @@ from qkv.data.prepare import Prepared
 from qkv.models.checkpoint import CheckpointError, load_checkpoint, model_kind, restore_rng
 from qkv.recipe import ConfigError, Recipe
 
-__all__ = ["check_lengths", "check_out_dir", "finished", "restore", "trim_log"]
+__all__ = [
+    "check_lengths",
+    "check_out_dir",
+    "finished",
+    "remove_partial_checkpoints",
+    "restore",
+    "trim_log",
+]
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +177,14 @@ def finished(state, cfg) -> str | None:
                 f"{cfg.max_seconds:g}, by step {state.step}; raise train.max_seconds to "
                 f"train further")  # fmt: skip
     return None
+
+
+def remove_partial_checkpoints(out: Path) -> None:
+    """Delete the temporary files of checkpoint writes that a kill cut short: each is as
+    big as a checkpoint, and nothing else removes them (the write renames its own)."""
+    for name in ("last", "best"):
+        for partial in out.glob(f".{name}.safetensors.*.tmp"):
+            partial.unlink(missing_ok=True)
 
 
 def trim_log(path: Path, step: int) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 import yaml
 from train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
 
@@ -134,3 +135,41 @@ def test_resume_past_train_steps_trains_nothing_and_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" in proc.stdout and "already at step 4" in proc.stdout
     assert "nan" not in proc.stdout + proc.stderr and "tok/s" not in proc.stdout + proc.stderr
+
+
+KILLED_WRITING = """
+import os, signal, sys
+import safetensors.torch
+from train_helpers import tiny_recipe
+from qkv.train import train
+
+save_file, saves = safetensors.torch.save_file, []
+
+def half_then_killed(tensors, filename, metadata=None):
+    saves.append(filename)
+    if len(saves) == 2:  # the checkpoint of step 8: half written, then SIGKILL
+        save_file(tensors, filename, metadata=metadata)
+        size = os.path.getsize(filename)
+        os.truncate(filename, size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    save_file(tensors, filename, metadata=metadata)
+
+safetensors.torch.save_file = half_then_killed
+train(tiny_recipe(sys.argv[1]), progress=False)
+"""
+
+
+def test_resume_after_sigkill_in_the_middle_of_writing_a_checkpoint(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    train(tiny_recipe(full), progress=False)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITING, str(killed)], env=env)
+    assert proc.returncode == -signal.SIGKILL
+    assert list(killed.glob(".last.safetensors.*.tmp"))  # what the kill left
+    assert load_checkpoint(killed / "last.safetensors").extra["train"]["step"] == 4
+    train(tiny_recipe(killed), resume=True, progress=False)
+    assert logged_losses(killed) == logged_losses(full)
+    assert not list(killed.glob(".*.tmp"))
+    last = {name: load_checkpoint(out / "last.safetensors").model.state_dict()
+            for name, out in (("full", full), ("killed", killed))}  # fmt: skip
+    assert all(torch.equal(last["killed"][k], v) for k, v in last["full"].items())
