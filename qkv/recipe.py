@@ -215,7 +215,9 @@ def recipe_from_dict(d: dict) -> Recipe:
 
 def _build(cls, d: Any, where: str):
     if not isinstance(d, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(d).__name__}")
+        raise ConfigError(
+            f"{where.rstrip('.') or 'config'}: expected a mapping, got {type(d).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in d:

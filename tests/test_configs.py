@@ -80,11 +80,14 @@ def _train_error(capsys, tmp_path, content, *sets):
         (TOY, ["train.clip_norm=-1"], "train.clip_norm: must be >= 0 (0: no clipping), got -1"),
         (TOY, ["train.max_seconds=.nan"], "train.max_seconds: must be >= 0, got nan"),
         (TOY, ["data.max_ratio=0.5"], "data.max_ratio: must be >= 1 (a pair's ratio is), got 0.5"),
+        (TOY, ["train=5"], "c.yaml: train: expected a mapping, got int"),
+        ("data: [toy]\n", [], "c.yaml: data: expected a mapping, got list"),
     ],
     ids=["list", "scalar", "set-yaml", "betas-type", "betas-short", "betas-long", "min-max",
          "toy-files", "one-test-file", "file-types", "yaml-location", "beta-over-1",
          "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
-         "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1"],
+         "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
+         "section-scalar", "section-list"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
