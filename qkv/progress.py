@@ -1,8 +1,18 @@
-"""A training progress bar (rich): step, loss, target tokens per second and ETA."""
+"""A training progress bar (rich): step, loss, target tokens per second and ETA.
+
+The bars go to stderr, as tqdm's do: stdout keeps the results (``qkv train > result.txt``
+still shows the bar, and the file holds only the summary line).
+"""
 
 from __future__ import annotations
 
 __all__ = ["LogProgress", "TrainingProgress"]
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 class TrainingProgress:
@@ -33,6 +43,7 @@ class TrainingProgress:
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
+                console=_stderr(),
             )
             self._progress.start()
             self._task = self._progress.add_task(
@@ -70,6 +81,7 @@ class LogProgress:
                 BarColumn(),
                 TextColumn("step {task.fields[step]:>5}  loss {task.fields[loss]:.3f}"),
                 TextColumn("{task.completed:>4.0f} s trained"),
+                console=_stderr(),
             )
             self._progress.start()
             for name, limit in self.limits.items():

@@ -27,3 +27,17 @@ def test_each_bar_shows_its_own_runs_training_time(tmp_path):
         _write(later, [{"step": 3, "loss": 4.0, "seconds": 1.5}])
         bars.refresh()
         assert {t.description: t.completed for t in bars._progress.tasks}["later"] == 1.5
+
+
+def test_the_training_bar_goes_to_stderr_and_stdout_keeps_the_summary(tmp_path):
+    import yaml
+    from train_helpers import run_cli, tiny_dict
+
+    steps = random.randint(2, 4)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict(tmp_path / "out", steps=steps)))
+    proc = run_cli("train", str(config))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [proc.stdout.strip()]
+    assert proc.stdout.startswith(f"trained {steps} steps")
+    assert f"{steps}/{steps}" in proc.stderr and "tok/s" in proc.stderr  # the bar, once
