@@ -188,9 +188,16 @@ def remove_partial_checkpoints(out: Path) -> None:
 
 
 def trim_log(path: Path, step: int) -> None:
-    """On resume, drop log rows written after the checkpoint's step."""
+    """On resume, drop log rows written after the checkpoint's step, and a row that a
+    crash left half written (it is not JSON, and rows after it come from later steps)."""
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in rows if json.loads(r).get("step", 0) <= step] if step else []
-    path.write_text("".join(r + "\n" for r in kept))
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if step else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("step", 0) <= step:
+            kept.append(line)
+    path.write_text("".join(r + "\n" for r in kept), encoding="utf-8")

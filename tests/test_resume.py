@@ -13,7 +13,15 @@ import time
 import pytest
 import torch
 import yaml
-from train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
+from train_helpers import (
+    TINY,
+    logged_losses,
+    logged_rows,
+    run_cli,
+    tiny_dict,
+    tiny_recipe,
+    train_until_interrupted,
+)
 
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
 from qkv.recipe import recipe_from_dict
@@ -173,3 +181,15 @@ def test_resume_after_sigkill_in_the_middle_of_writing_a_checkpoint(tmp_path):
     last = {name: load_checkpoint(out / "last.safetensors").model.state_dict()
             for name, out in (("full", full), ("killed", killed))}  # fmt: skip
     assert all(torch.equal(last["killed"][k], v) for k, v in last["full"].items())
+
+
+def test_resume_drops_a_log_row_that_a_crash_cut_short(tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(tiny_recipe(full), progress=False)
+    train_until_interrupted(tiny_recipe(cut), step=6)  # checkpoint at 4
+    log = cut / "log.jsonl"
+    last = log.read_text().splitlines()[-1]
+    with open(log, "a", encoding="utf-8") as f:  # step 7's row, half written
+        f.write(last.replace('"step": 6', '"step": 7')[: random.randint(1, len(last) - 2)])
+    train(tiny_recipe(cut), resume=True, progress=False)
+    assert logged_rows(cut) == logged_rows(full)
