@@ -153,6 +153,7 @@ class TokenBatcher:
         extra = int(src_eos)
         # padded cost of one pair: its longer side, counting <s> (tgt_in) or </s> (tgt_out)
         self.cost = [max(len(s) + extra, len(t) + 1) for s, t in examples]
+        _warn_over_budget(self.cost, max_tokens)
 
     def _cut(self, order: list[int]) -> list[list[int]]:
         """Cut length-sorted indices into batches within the token budget."""
@@ -165,8 +166,6 @@ class TokenBatcher:
             if current and (longest_if * (len(current) + 1) > self.max_tokens or full):
                 batches.append(current)
                 current, longest_if = [], self.cost[i]
-            if self.cost[i] > self.max_tokens:
-                log.warning("pair %d: %d padded tokens > max_tokens", i, self.cost[i])
             current.append(i)
             longest = longest_if
         if current:
@@ -210,3 +209,15 @@ class TokenBatcher:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.epoch(0)
+
+
+def _warn_over_budget(cost: list[int], max_tokens: int) -> None:
+    """One warning, when the batcher is made, for every pair alone over the token budget."""
+    over = [i for i, c in enumerate(cost) if c > max_tokens]
+    if over:
+        shown = ", ".join(map(str, over[:5])) + (", ..." if len(over) > 5 else "")
+        log.warning(
+            "%d of %d pairs have more padded tokens than max_tokens (%d; train.max_tokens in "
+            "a recipe), up to %d: each gets a batch of its own (pairs %s)",
+            len(over), len(cost), max_tokens, max(cost[i] for i in over), shown,
+        )  # fmt: skip

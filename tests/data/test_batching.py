@@ -103,3 +103,22 @@ def test_ranks_partition_the_batches():
     assert len(seen) == len(set(seen))
     with pytest.raises(ValueError, match="rank"):
         TokenBatcher(data, 150, rank=3, world_size=3)
+
+
+def test_pairs_over_the_budget_are_one_warning_not_one_per_pair_per_epoch(caplog):
+    """Pairs alone over max_tokens: one warning when the batcher is made (it was one line
+    per pair and per epoch: 820 lines for a run with max_tokens=1), counting them."""
+    import logging
+
+    data = _dataset(40, 3, max_len=12)
+    budget = 8
+    over = sum(max(len(s), len(t) + 1) > budget for s, t in data)
+    assert 5 < over < len(data)
+    with caplog.at_level(logging.WARNING):
+        batcher = TokenBatcher(data, budget, seed=0)
+        for epoch in range(3):
+            batcher.batch_indices(epoch)
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert f"{over} of {len(data)} pairs have more padded tokens than max_tokens (8" in message
+    assert "train.max_tokens" in message and message.endswith(", ...)")
