@@ -316,3 +316,27 @@ def test_too_long_validation_pairs_are_not_sent_to_data_max_tokens():
         message = str(err.value)
         assert f"1 of 1 {split} pairs have a longer source" in message and hint in message
         assert ("max_tokens" in message) == (split == "training")
+
+
+def test_a_data_path_that_cannot_be_read_is_named_by_its_key(tmp_path):
+    """A folder (or a missing file) given as data.train, data.valid or data.path: the one
+    line names the key as well as the path (it said only 'd: cannot read: Is a directory')."""
+    from qkv.data.corpus import CorpusError
+    from qkv.data.prepare import load_pairs
+
+    good = [tmp_path / "g.de", tmp_path / "g.en"]
+    for path in good:
+        path.write_text("a b\n")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    d = tiny_dict(tmp_path / "out")
+    pair = [str(p) for p in good]
+    for data, key in (
+        ({"kind": "files", "train": [str(folder), pair[1]], "valid": pair}, "data.train"),
+        ({"kind": "files", "train": pair, "valid": [pair[0], str(tmp_path / "no")]}, "data.valid"),
+        ({"kind": "tsv", "path": str(folder)}, "data.path"),
+    ):
+        recipe = recipe_from_dict({**d, "data": data})
+        with pytest.raises(CorpusError) as err:
+            load_pairs(recipe.data)
+        assert str(err.value).startswith(f"{key}: {tmp_path}") and "cannot read" in str(err.value)

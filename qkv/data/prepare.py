@@ -30,6 +30,16 @@ class Prepared:
     valid_examples: list[tuple[list[int], list[int]]]
 
 
+def _named(key: str, read, *args, **kwargs):
+    """``read(*args, **kwargs)``; a file it cannot read is named with the recipe's key."""
+    try:
+        return read(*args, **kwargs)
+    except CorpusError as err:
+        if str(err).startswith("data."):
+            raise
+        raise CorpusError(f"{key}: {err}") from None
+
+
 def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
     """Read or generate the (source, target) text pairs of train, valid and test.
 
@@ -46,12 +56,18 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
             files = getattr(data, name)
             limit = data.max_tokens if name == "train" else None
             ratio = data.max_ratio if name == "train" else None
-            corpus = read_parallel(*files, max_len=limit, max_ratio=ratio) if files else None
+            corpus = (
+                _named(f"data.{name}", read_parallel, *files, max_len=limit, max_ratio=ratio)
+                if files
+                else None
+            )
             if name == "train" and not len(corpus):
                 raise CorpusError(f"data.train: {_nothing_left(corpus.report, data)}")
             read[name] = corpus.pairs() if corpus is not None else []
         return read["train"], read["valid"], read["test"]
-    corpus = read_tsv(
+    corpus = _named(
+        "data.path",
+        read_tsv,
         data.path,
         src_column=data.src_column,
         tgt_column=data.tgt_column,
