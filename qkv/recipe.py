@@ -68,7 +68,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _choice(self, "kind", ("toy", "files", "tsv"))
         for name in ("n_train", "n_valid", "n_test", "min_len", "max_len", "max_tokens"):
-            _positive(self, name, allow_zero=name in ("n_valid", "n_test"))
+            _positive(self, name, allow_zero=name == "n_test")  # validation picks the best
         if self.kind == "toy" and not 2 <= self.min_len <= self.max_len:
             raise ConfigError(
                 f"data.min_len: the toy corpus needs 2 <= data.min_len <= data.max_len, "

@@ -47,7 +47,13 @@ def check_out_dir(path: Path, name: str = "out") -> None:
 
 
 def check_lengths(model: nn.Module, data: Prepared) -> None:
-    """Every training and validation pair fits the model's positions (``model.max_len``)."""
+    """There are validation pairs, and every training and validation pair fits the
+    model's positions (``model.max_len``)."""
+    if not data.valid_examples:  # e.g. empty validation files
+        raise ConfigError(
+            "data.valid: no validation pair to read, but validation picks the best "
+            "checkpoint and early stopping; give a validation set with at least one pair"
+        )
     config = model.config
     key = "max_src_len" if hasattr(config, "max_src_len") else "max_len"
     sides = (("source", getattr(config, "max_source_len", None), 0, 0),

@@ -340,3 +340,18 @@ def test_a_data_path_that_cannot_be_read_is_named_by_its_key(tmp_path):
         with pytest.raises(CorpusError) as err:
             load_pairs(recipe.data)
         assert str(err.value).startswith(f"{key}: {tmp_path}") and "cannot read" in str(err.value)
+
+
+def test_a_run_without_validation_pairs_is_refused(tmp_path):
+    """Validation picks the best checkpoint and early stopping: with no validation pair it
+    logged a loss of 0.0 and BLEU 0, and 'best' was the first checkpoint evaluated."""
+    for name, text in (("t.de", "a b\nc d\n"), ("t.en", "e f\ng h\n"), ("v.de", ""), ("v.en", "")):
+        (tmp_path / name).write_text(text)
+    d = tiny_dict(tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"^data.n_valid: must be > 0, got 0$"):
+        recipe_from_dict({**d, "data": {**d["data"], "n_valid": 0}})
+    files = [str(tmp_path / n) for n in ("t.de", "t.en", "v.de", "v.en")]
+    d["data"] = {"kind": "files", "train": files[:2], "valid": files[2:]}
+    with pytest.raises(ConfigError, match=r"^data.valid: no validation pair to read"):
+        train(recipe_from_dict(d), progress=False)
+    assert not (tmp_path / "out").exists()
