@@ -17,11 +17,18 @@ import torch
 import torch.distributed as td
 from torch import nn
 
-__all__ = ["DeviceError", "Dist", "native_bf16", "uses_bf16"]
+__all__ = ["DeviceError", "Dist", "LaunchError", "native_bf16", "uses_bf16"]
 
 
 class DeviceError(ValueError):
     """The asked-for device is not on this machine."""
+
+
+class LaunchError(ValueError):
+    """The environment promises a data-parallel run that torchrun did not start."""
+
+
+_TORCHRUN = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass
@@ -34,8 +41,7 @@ class Dist:
 
     @classmethod
     def from_env(cls, device: str = "auto") -> Dist:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
+        world, rank = _place()
         cuda = torch.cuda.is_available() and device in ("auto", "cuda")
         if device == "cuda" and not torch.cuda.is_available():
             raise DeviceError("'cuda' was asked for but no CUDA device is available")
@@ -116,3 +122,26 @@ def native_bf16(device: torch.device) -> bool:
 def uses_bf16(setting: bool | str, device: torch.device) -> bool:
     """Whether ``train.bf16`` (``True``, ``False`` or ``"auto"``) means bf16 on ``device``."""
     return native_bf16(device) if setting == "auto" else bool(setting)
+
+
+def _place() -> tuple[int, int]:
+    """``(WORLD_SIZE, RANK)`` from the environment, checked: torchrun sets them all."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        raise LaunchError(
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}, RANK={os.environ.get('RANK')!r}: "
+            "not whole numbers; start a data-parallel run with 'torchrun --nproc_per_node N'"
+        ) from None
+    missing = [name for name in _TORCHRUN if world > 1 and name not in os.environ]
+    if missing:
+        problem = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set"
+    elif world < 1 or not 0 <= rank < world:
+        problem = "RANK must be in 0..WORLD_SIZE-1"
+    else:
+        return world, rank
+    raise LaunchError(
+        f"WORLD_SIZE={world} and RANK={rank} ask for a data-parallel run, but {problem}: "
+        "start it with 'torchrun --nproc_per_node N' (or unset WORLD_SIZE)"
+    )

@@ -25,7 +25,7 @@ from torch import nn
 
 from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
-from qkv.distributed import DeviceError, Dist, uses_bf16
+from qkv.distributed import DeviceError, Dist, LaunchError, uses_bf16
 from qkv.evaluate import bleu, translate_texts
 from qkv.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import (
@@ -161,6 +161,8 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         dist = Dist.from_env(cfg.device)
     except DeviceError as err:  # the config asks for what this machine lacks
         raise ConfigError(f"train.device: {err}") from None
+    except LaunchError as err:
+        raise ConfigError(f"the environment: {err}") from None
     check_out_dir(recipe.out_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

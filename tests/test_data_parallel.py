@@ -46,3 +46,34 @@ def test_two_processes_match_one_with_double_batch_and_resume_exactly(tmp_path):
     for key, value in weights["two"].items():
         assert torch.equal(weights["resumed"][key], value)
         torch.testing.assert_close(weights["one"][key], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"WORLD_SIZE": "2"}, "RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two', RANK=None: not whole numbers"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost",
+          "MASTER_PORT": "29500"}, "RANK must be in 0..WORLD_SIZE-1"),
+    ],
+    ids=["no-torchrun", "not-a-number", "rank-past-world"],
+)  # fmt: skip
+def test_an_environment_that_torchrun_did_not_make_is_one_line(
+    tmp_path, monkeypatch, capsys, env, says
+):
+    """WORLD_SIZE set by hand (a leftover export, a job script) used to end in a traceback
+    from init_process_group, exit 1; now it is refused before anything is read."""
+    from qkv.cli import main
+    from qkv.distributed import _TORCHRUN
+
+    for name in (*_TORCHRUN, "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict(tmp_path / "out")))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qkv train: error: the environment: ") and err.count("\n") == 1
+    assert says in err and "torchrun --nproc_per_node N" in err
+    assert not (tmp_path / "out").exists()
