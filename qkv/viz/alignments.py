@@ -178,8 +178,9 @@ def _save_page(
     title: str | None,
     quantization: str,
     map_label: str | Sequence[str | None] | None,
+    groups: Sequence[str] | None = None,
 ) -> Path:
-    """The viewer page with one item per sentence."""
+    """The viewer page with one item per sentence (or per view, grouped by sentence)."""
     from qkv.viz.html import AttentionView, render_pages
 
     n = len(maps)
@@ -191,6 +192,7 @@ def _save_page(
         quantization=quantization,
         initial={"view": "matrix"},
         map_label=map_label,
+        groups=groups,
     )
     return AttentionView(page).save(path)
 

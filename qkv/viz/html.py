@@ -108,6 +108,7 @@ def render_pages(
     quantization: str = "uint16",
     initial: Mapping[str, Any] | None = None,
     map_label: str | Sequence[str | None] | None = None,
+    groups: Sequence[str] | None = None,
 ) -> str:
     """One viewer page for several inputs (e.g. sentences), with a selector between them.
 
@@ -121,6 +122,8 @@ def render_pages(
         initial: as in :func:`render_html`; layer and head apply to the first item.
         map_label: as in :func:`render_html`, for every item (each a single map), or one
             per item (``None`` for an item whose maps keep their layer and head numbers).
+        groups: one line per item naming what it belongs to (e.g. its sentence):
+            consecutive items of one group are listed, and numbered, under it.
 
     Returns:
         the complete HTML document; its payload holds ``items``, each a payload as
@@ -139,12 +142,15 @@ def render_pages(
         encode_payload(am, title=str(label), quantization=quantization, map_label=name)
         for am, label, name in zip(items, labels, names)
     ]
+    numbered = _numbered(labels, groups)
+    if groups is not None:
+        for one, group in zip(payloads, groups, strict=True):
+            one["group"] = str(group)
     kinds = {am.kind for am in items}
     payload: dict[str, Any] = {"version": 1, "kind": kinds.pop() if len(kinds) == 1 else "mixed"}
     payload.update(title=title, items=payloads)
     if initial:
         payload["initial"] = _check_initial(initial, *items[0].weights.shape[:2])
-    numbered = [f"{k + 1}. {label}" for k, label in enumerate(labels)]
     if isinstance(map_label, str):
         lines = [f"{n} — {summarize_map(am)}" for n, am in zip(numbered, items)]
         summary = Summary(f"Where the attention looks ({map_label})", lines)
@@ -156,6 +162,19 @@ def render_pages(
         ]
         summary = Summary(PER_LAYER, lines)
     return fill_page(payload, [p["encoding"] for p in payloads], payload["kind"], summary)
+
+
+def _numbered(labels: Sequence[str], groups: Sequence[str] | None) -> list[str]:
+    """Each item's line for the summary, numbered as the page's selector numbers it."""
+    if groups is None:
+        return [f"{k + 1}. {label}" for k, label in enumerate(labels)]
+    if len(groups) != len(labels):
+        raise ValueError(f"render_pages: {len(labels)} items and {len(groups)} groups")
+    out, count, last = [], 0, None
+    for label, group in zip(labels, groups):
+        count, last = count + (group != last), group
+        out.append(f"{count}. {group} · {label}")
+    return out
 
 
 def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[str, Any]:

@@ -5,9 +5,9 @@ layer's cross-attention). The page can show more: one teacher-forced pass over t
 source and the translation found gives every layer and head of the cross-attention, the
 encoder's self-attention and the decoder's causal self-attention, with the same rows
 search saw (row ``i`` is the step that produced output token ``i``, the final ``</s>``
-included). Each sentence then has four entries in the page's selector: the alignment
-(as search kept it), the cross-attention of every layer and head, and the encoder's and
-the decoder's self-attention.
+included). Each sentence then has four entries, listed under it in the page's selector:
+the alignment (as search kept it), the cross-attention of every layer and head, and the
+encoder's and the decoder's self-attention.
 
 A page of every map grows as layers x heads x tokens² per sentence; above
 ``budget_mib`` the page falls back to the alignments, with a warning.
@@ -76,7 +76,7 @@ def _stack(maps: list) -> Any:
 
 
 def _entry_maps(model: Any, entry: TranslationEntry, alignment: str) -> list[tuple]:
-    """The four views of one sentence: ``(maps, selector label, map label or None)``."""
+    """The four views of one sentence: ``(maps, view name, map label or None, sentence)``."""
     text, src_ids, src_tokens, best = entry
     labels = list(best.target_labels)
     attn = translation_attention(model, src_ids, best.ids, best.eos)
@@ -87,10 +87,10 @@ def _entry_maps(model: Any, entry: TranslationEntry, alignment: str) -> list[tup
     encoder = prepare(_stack(attn.encoder), tokens=src_tokens)
     decoder = prepare(_stack(attn.decoder), tokens=inputs)
     return [
-        (mean, f"{line} · alignment", alignment),
-        (cross, f"{line} · cross-attention, every head", None),
-        (encoder, f"{line} · encoder self-attention", None),
-        (decoder, f"{line} · decoder self-attention (causal)", None),
+        (mean, "alignment", alignment, line),
+        (cross, "cross-attention, every layer and head", None, line),
+        (encoder, "encoder self-attention", None, line),
+        (decoder, "decoder self-attention (causal)", None, line),
     ]
 
 
@@ -141,10 +141,10 @@ def save_translations(
         if size <= budget_mib:
             alignment = describe_alignment(model)
             views = [v for entry in entries for v in _entry_maps(model, entry, alignment)]
-            maps, labels, names = (list(column) for column in zip(*views))
+            maps, labels, names, groups = (list(column) for column in zip(*views))
             n = len(entries)
             title = f"Attention: {n} translated sentence{'s' if n != 1 else ''}"
-            return [_save_page(path, maps, labels, title, "uint16", names)]
+            return [_save_page(path, maps, labels, title, "uint16", names, groups)]
         log.warning(
             "%s shows the alignments only: every layer and head of %d sentences would be "
             "%.0f MiB (more than %.0f); give fewer lines to see them",

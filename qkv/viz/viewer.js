@@ -137,11 +137,29 @@ function buildShapeControls() {
   }
 }
 
+// Items with a "group" (e.g. the views of one translated sentence) are numbered by
+// group and listed under it, and the chosen item's group is shown above the selector
+// (a closed selector shows only the option); others are numbered one by one.
+const GROUP_LINES = [];
+
 function buildItemSelector() {
   if (!PAGE.items) return;
   const select = document.getElementById("qkv-item");
-  ITEMS.forEach((item, k) => select.appendChild(
-    el("option", { value: k }, `${k + 1}. ${item.title}`)));
+  let group = null, parent = select, groups = 0;
+  ITEMS.forEach((item, k) => {
+    if (item.group === undefined) {
+      select.appendChild(el("option", { value: k }, `${k + 1}. ${item.title}`));
+      return;
+    }
+    if (item.group !== group) {
+      group = item.group;
+      groups += 1;
+      parent = select.appendChild(el("optgroup", { label: `${groups}. ${group}` }));
+    }
+    GROUP_LINES[k] = `${groups}. ${group}`;
+    parent.appendChild(el("option", { value: k }, item.title));
+  });
+  if (GROUP_LINES.length) document.getElementById("qkv-item-kind").textContent = "View";
   select.addEventListener("change", () => showItem(+select.value));
   document.getElementById("qkv-items").hidden = false;
 }
@@ -163,7 +181,10 @@ function toggleHead(h) {
 
 function syncControls() {
   layerSelect.value = String(state.layer);
-  if (PAGE.items) document.getElementById("qkv-item").value = String(state.item);
+  if (PAGE.items) {
+    document.getElementById("qkv-item").value = String(state.item);
+    document.getElementById("qkv-item-group").textContent = GROUP_LINES[state.item] || "";
+  }
   for (const b of headBar.querySelectorAll(".qkv-head-toggle")) {
     const h = +b.dataset.head;
     const on = state.view === "matrix" ? h === state.matrixHead : state.heads.has(h);

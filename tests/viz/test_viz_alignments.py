@@ -127,6 +127,8 @@ def test_selector_in_browser(open_page, tmp_path, make_maps, hostile_tokens):
         return np.array(cells)
 
     assert p.page.locator("#qkv-matrix-view").is_visible()  # opens on the matrix view
+    assert p.page.text_content("#qkv-item-kind") == "Sentence"  # items without groups
+    assert not p.page.is_visible("#qkv-item-group")
     np.testing.assert_array_equal(matrix().reshape(4, 3), decoded[0][0, 0])
     for k in (2, 1):
         p.page.select_option("#qkv-item", str(k))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from qkv.evaluate import translate_texts
 from qkv.models.config import TransformerSeq2SeqConfig
 from qkv.models.seq2seq_transformer import TransformerSeq2Seq
-from qkv.viz.alignments import describe_alignment
+from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload
 from qkv.viz.translations import save_translations, translation_attention
 
@@ -61,12 +62,17 @@ def test_the_page_holds_every_layer_and_head_of_each_view(translator, tmp_path):
     model = translator[0]
     entries = _entries(translator, 3)
     (path,) = save_translations(model, entries, tmp_path / "t.html")
-    items = extract_payload(path.read_text(encoding="utf-8"))["items"]
+    page = path.read_text(encoding="utf-8")
+    items = extract_payload(page)["items"]
     assert len(items) == 4 * len(entries)
-    for k, (_, src_ids, src_tokens, best) in enumerate(entries):
+    line = alignment_label(entries[1][0], entries[1][3].target_labels)  # numbered by sentence
+    assert f"<li>2. {html.escape(line)} · encoder self-attention — " in page
+    for k, (text, src_ids, src_tokens, best) in enumerate(entries):
         mean, cross, encoder, decoder = items[4 * k : 4 * k + 4]
         labels = best.target_labels
-        assert mean["mapLabel"] == describe_alignment(model) and "alignment" in mean["title"]
+        assert mean["mapLabel"] == describe_alignment(model) and mean["title"] == "alignment"
+        line = alignment_label(text, labels)
+        assert {item["group"] for item in (mean, cross, encoder, decoder)} == {line}
         assert all("mapLabel" not in item for item in (cross, encoder, decoder))
         got = decode_payload(mean)[0, 0]
         assert np.abs(got - best.alignment.double().numpy()).max() <= mean["encoding"][
@@ -107,6 +113,14 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
     items = extract_payload(path.read_text(encoding="utf-8"))["items"]
     p = open_page(path)
     assert p.page.locator("#qkv-item option").count() == 4 * len(entries)
+    groups = p.page.eval_on_selector_all("#qkv-item optgroup", "gs => gs.map(g => g.label)")
+    assert groups == [f"{n + 1}. {alignment_label(e[0], e[3].target_labels)}"
+                      for n, e in enumerate(entries)]  # fmt: skip
+    views = p.page.eval_on_selector_all(
+        "#qkv-item optgroup:first-child option", "os => os.map(o => o.textContent)"
+    )
+    assert views == ["alignment", "cross-attention, every layer and head",
+                     "encoder self-attention", "decoder self-attention (causal)"]  # fmt: skip
     for k in (3, 1, 2, 5):  # a sentence's views, then another sentence's cross-attention
         p.page.select_option("#qkv-item", str(k))
         p.page.select_option("#qkv-layer", "1")
@@ -119,6 +133,8 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
         rows = p.page.eval_on_selector_all(".qkv-row-label", "ls => ls.map(l => l.textContent)")
         assert rows == items[k]["queryTokens"]
     p.page.select_option("#qkv-item", "4")  # the second sentence's alignment: named so
+    assert p.page.text_content("#qkv-item-group") == groups[1]  # above the closed selector
+    assert p.page.text_content("#qkv-item-kind") == "View"
     caption = p.page.text_content("#qkv-matrix-caption")
     assert caption.startswith(describe_alignment(translator[0]))
     assert p.page.text_content("#qkv-map-label") == f"Map: {describe_alignment(translator[0])}"
