@@ -127,7 +127,7 @@ def merge_attention(
         output into ``out_a``: no temporaries of their size.
     """
     _check_merge(out_a, lse_a, out_b, lse_b)
-    compute = torch.promote_types(lse_a.dtype, torch.float32)
+    compute = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)
     lse_a, lse_b = lse_a.to(compute), lse_b.to(compute)
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isinf(lse), 0.0, lse)  # both sides empty: weights 0, not NaN
@@ -146,6 +146,15 @@ def _check_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> 
             "merge_attention needs out_a, out_b of one shape (..., Tq, Dv) and lse_a, lse_b "
             "of shape (..., Tq); got out_a {}, lse_a {}, out_b {}, lse_b {}".format(*shapes)
         )
+    parts = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
+    for name, t in parts.items():
+        if not t.is_floating_point():
+            raise ValueError(f"merge_attention: {name} must be floating point, got {t.dtype}")
+        if t.device != out_a.device:
+            raise ValueError(
+                f"merge_attention: {name} is on {t.device}, out_a on {out_a.device}: "
+                "all four must be on one device"
+            )
 
 
 def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:

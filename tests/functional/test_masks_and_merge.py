@@ -81,6 +81,38 @@ def test_merge_of_mismatched_parts_names_the_shapes(shapes):
     assert str(info.value).endswith(shown)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_merge_computes_in_the_wider_lse_dtype(inplace):
+    """A float64 lse_b beside a float32 lse_a: the merge works in float64 (it rounded both
+    to float32, the first one's dtype, about 1e-7 off)."""
+    out_a, out_b = torch.randn(3, 7, 4), torch.randn(3, 7, 4)
+    lse_a = torch.randn(3, 7) * 30
+    lse_b = torch.randn(3, 7, dtype=torch.float64) * 30 + 1e-3 * torch.rand(3, 7)
+    want = torch.logaddexp(lse_a.double(), lse_b)
+    w_a, w_b = (lse_a.double() - want).exp(), (lse_b - want).exp()
+    exact = w_a[..., None] * out_a.double() + w_b[..., None] * out_b.double()
+    out, lse = qkv.merge_attention(out_a.clone(), lse_a, out_b, lse_b, inplace=inplace)
+    assert lse.dtype == torch.float64 and out.dtype == torch.float32
+    torch.testing.assert_close(lse, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out.double(), exact, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [({"lse_b": "int"}, "lse_b must be floating point, got torch.int64"),
+     ({"out_b": "meta"}, "out_b is on meta, out_a on cpu"),
+     ({"lse_a": "meta"}, "lse_a is on meta, out_a on cpu")],
+    ids=["integer-lse", "out-elsewhere", "lse-elsewhere"],
+)  # fmt: skip
+def test_merge_names_parts_of_another_kind_or_device(change, says):
+    parts = {"out_a": torch.randn(2, 5, 8), "lse_a": torch.randn(2, 5),
+             "out_b": torch.randn(2, 5, 8), "lse_b": torch.randn(2, 5)}  # fmt: skip
+    for name, how in change.items():
+        parts[name] = parts[name].long() if how == "int" else parts[name].to("meta")
+    with pytest.raises(ValueError, match=f"^merge_attention: {says}"):
+        qkv.merge_attention(*parts.values())
+
+
 @pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_lse_is_logsumexp_of_visible_scores(backend):
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64) for _ in range(3))
