@@ -136,6 +136,8 @@ def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> T
     sees every key. With ``Tq == Tk`` this is the usual lower triangle; with a KV cache
     (``Tq`` new queries after ``Tk - Tq`` cached keys) it is what incremental decoding needs.
     """
+    if tq < 0 or tk < 0:
+        raise ValueError(f"causal_mask needs lengths >= 0, got tq={tq}, tk={tk}")
     rows = torch.arange(tq, device=device).unsqueeze(1)
     cols = torch.arange(tk, device=device).unsqueeze(0)
     return cols <= rows + (tk - tq)

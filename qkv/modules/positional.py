@@ -219,6 +219,10 @@ class ALiBi(AttentionPositional):
     def bias(
         self, tq: int, tk: int, q_start: int, device=None, dtype: torch.dtype = torch.float32
     ) -> Tensor:
+        if min(tq, tk, q_start) < 0:
+            raise ValueError(
+                f"ALiBi.bias needs tq, tk, q_start >= 0, got tq={tq}, tk={tk}, q_start={q_start}"
+            )
         qpos = torch.arange(q_start, q_start + tq, device=device).unsqueeze(1)
         kpos = torch.arange(tk, device=device).unsqueeze(0)
         # float64 only for a float64 bias: a (H, T, T) float64 temporary is 1 GiB at

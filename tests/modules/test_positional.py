@@ -205,3 +205,17 @@ def test_causal_alibi_with_left_padding_matches_bloom(heads):
     real = keys[:, None, :, None].expand_as(w)  # padded queries see nothing: zeros, not NaN
     torch.testing.assert_close(w[real], theirs[real], atol=1e-6, rtol=0)  # BLOOM's float32 slopes
     assert torch.all(w[~real] == 0)
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [(lambda: qkv.ALiBi(4).bias(3, 5, -2), "ALiBi.bias needs tq, tk, q_start >= 0"),
+     (lambda: qkv.causal_mask(-1, 3), "causal_mask needs lengths >= 0, got tq=-1, tk=3"),
+     (lambda: qkv.causal_mask(2, -4), "causal_mask needs lengths >= 0, got tq=2, tk=-4")],
+    ids=["alibi-before-position-0", "causal-negative-queries", "causal-negative-keys"],
+)  # fmt: skip
+def test_negative_positions_and_lengths_are_named(call, says):
+    """A negative query start biased keys as if queries sat before position 0, and
+    causal_mask(-1, 3) raised torch's 'upper bound and lower bound inconsistent'."""
+    with pytest.raises(ValueError, match=f"^{says}"):
+        call()
