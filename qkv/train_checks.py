@@ -198,8 +198,9 @@ def trim_log(path: Path, step: int) -> None:
     crash left half written (it is not JSON, and rows after it come from later steps)."""
     if not path.exists():
         return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if step else []
     kept = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if step else []:
+    for line in lines:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

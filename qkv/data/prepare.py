@@ -35,8 +35,6 @@ def _named(key: str, read, *args, **kwargs):
     try:
         return read(*args, **kwargs)
     except CorpusError as err:
-        if str(err).startswith("data."):
-            raise
         raise CorpusError(f"{key}: {err}") from None
 
 

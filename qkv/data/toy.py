@@ -77,6 +77,9 @@ class ToyConfig:
             )
 
 
+# --------------------------------------------------------------------------- generation
+
+
 def _size_np(p: NP | None) -> int:
     return 0 if p is None else sum(_size_nominal(n) for n in p.items)
 

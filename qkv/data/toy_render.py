@@ -163,6 +163,3 @@ def render(sentence: Sentence) -> ToyPair:
     r.ko_sentence(sentence)
     r.en_sentence(sentence)
     return ToyPair(" ".join(r.ko), " ".join(r.en), sorted(r.pairs))
-
-
-# --------------------------------------------------------------------------- generation
