@@ -20,21 +20,37 @@ function headMax(l, h) {
 }
 
 // ---- model view ----------------------------------------------------------------
+const THUMB_PX = 72;  // CSS width of a thumbnail (viewer.css)
+
+// Largest weight of block [i0, i1) x [j0, j1): a thumbnail smaller than the map keeps
+// the peaks (one column every query looks at) that sampling one cell per pixel drops.
+function blockMax(l, h, i0, i1, j0, j1) {
+  let m = 0;
+  for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) m = Math.max(m, weight(l, h, i, j));
+  return m;
+}
+
 function thumbnail(l, h) {
-  const c = el("canvas", { class: "qkv-thumb", width: TK, height: TQ, "data-layer": l,
+  const shownH = Math.round(THUMB_PX * Math.min(2, TQ / TK));
+  const ratio = window.devicePixelRatio || 1;
+  const tw = Math.max(1, Math.min(TK, Math.round(THUMB_PX * ratio)));
+  const th = Math.max(1, Math.min(TQ, Math.round(shownH * ratio)));
+  const c = el("canvas", { class: "qkv-thumb", width: tw, height: th, "data-layer": l,
     "data-head": h, title: mapName(l, h), tabindex: 0, role: "button",
     "aria-label": `${mapName(l, h)}: open in the matrix view` });
   const ctx = c.getContext("2d");
-  const img = ctx.createImageData(TK, TQ);
+  const img = ctx.createImageData(tw, th);
   const m = headMax(l, h);
-  for (let i = 0; i < TQ; i++) {
-    for (let j = 0; j < TK; j++) {
-      const [r, g, b] = ramp(weight(l, h, i, j) / m), o = 4 * (i * TK + j);
-      img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255;
+  for (let a = 0; a < th; a++) {
+    const i0 = Math.floor((a * TQ) / th), i1 = Math.floor(((a + 1) * TQ) / th);
+    for (let b = 0; b < tw; b++) {
+      const j0 = Math.floor((b * TK) / tw), j1 = Math.floor(((b + 1) * TK) / tw);
+      const [r, g, bl] = ramp(blockMax(l, h, i0, i1, j0, j1) / m), o = 4 * (a * tw + b);
+      img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = bl; img.data[o + 3] = 255;
     }
   }
   ctx.putImageData(img, 0, 0);
-  c.style.height = `${Math.round(72 * Math.min(2, TQ / TK))}px`;
+  c.style.height = `${shownH}px`;
   onActivate(c, (e) => {
     Object.assign(state, { layer: l, matrixHead: h, view: "matrix" });
     render();

@@ -273,3 +273,23 @@ def test_matrix_cells_are_read_with_the_arrow_keys(self_page):
     p.page.keyboard.press("Shift+Tab")  # leaving the matrix hides the highlight
     assert not p.page.is_visible("#qkv-tooltip")
     assert p.page.locator("#qkv-matrix td.qkv-hl").count() == 0 and not p.errors
+
+
+def test_thumbnails_of_long_inputs_keep_single_columns(open_page, tmp_path):
+    """A 200-token map shown in 72 px: each key column that every query looks at stays
+    visible (sampling one cell per pixel dropped key 0, the [CLS] column of BERT heads)."""
+    import io
+
+    from PIL import Image
+
+    t, peaks = 200, (0, 101)
+    maps = np.full((1, 1, t, t), 0.2 / (t - 2))
+    maps[..., peaks] = 0.4
+    path = save_html(tmp_path / "long.html", maps, [f"w{i}" for i in range(t)])
+    p = open_page(path)
+    p.page.click("#qkv-tab-model")
+    shot = p.page.locator(".qkv-thumb").first.screenshot()
+    rgb = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"), dtype=int)[1:73, 1:73]
+    bright = (rgb[..., 1] > 150).all(axis=0)  # viridis: green is high only near the top
+    assert np.flatnonzero(bright).tolist() == [peaks[0] * 72 // t, peaks[1] * 72 // t]
+    assert not p.errors
