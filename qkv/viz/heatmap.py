@@ -9,9 +9,11 @@ has their glyphs (see :mod:`qkv.viz.fonts`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,13 +44,35 @@ def _import_matplotlib() -> Any:
     return matplotlib
 
 
+# The font chain of the figure being built, so that a nested _fonts_for keeps it.
+_CHAIN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("qkv_fonts", default=None)
+
+
 @contextlib.contextmanager
 def _fonts_for(texts: Sequence[str]) -> Iterator[list[str]]:
-    """Use a font chain that covers ``texts`` while building and saving a figure."""
+    """Use a font chain that covers ``texts`` while building and saving a figure.
+
+    Glyphs that no font has are logged once, by :func:`qkv.viz.fonts.font_chain`; inside
+    the block matplotlib's own warning per missing glyph (with a source line) is silenced,
+    and a nested call (a caller that adds a title around :func:`plot_alignment`) keeps the
+    outer chain, made for all of the figure's texts, instead of warning a second time.
+    """
+    outer = _CHAIN.get()
+    if outer is not None:
+        yield outer
+        return
     mpl = _import_matplotlib()
     chain = font_chain(texts)
-    with mpl.rc_context({"font.family": chain, "axes.unicode_minus": False}):
-        yield chain
+    token = _CHAIN.set(chain)
+    try:
+        with (
+            mpl.rc_context({"font.family": chain, "axes.unicode_minus": False}),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", r"Glyph \d+ .*missing from font", UserWarning)
+            yield chain
+    finally:
+        _CHAIN.reset(token)
 
 
 def _new_figure(figsize: tuple[float, float]) -> Figure:

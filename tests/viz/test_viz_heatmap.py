@@ -130,3 +130,31 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"qkv\[viz\]"):
         plot_alignment(np.full((2, 2), 0.5), ["a", "b"], ["c", "d"])
+
+
+LINEAR_B = "\U00010000"  # a script that the fonts qkv finds do not cover
+
+
+def _no_font_has(char: str) -> bool:
+    from qkv.viz.fonts import register_fonts
+
+    return all(glyph_coverage(path, [char])[1] for _, path in register_fonts())
+
+
+def test_a_missing_glyph_is_one_log_line_not_matplotlib_warnings(tmp_path, caplog):
+    from qkv.viz.heatmap import _fonts_for
+
+    if not _no_font_has(LINEAR_B):
+        pytest.skip("an installed font covers Linear B")
+    w = np.random.default_rng(4).dirichlet(np.ones(3), size=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _fonts_for(["a", LINEAR_B, "title " + LINEAR_B]):  # as qkv show does for one head
+            plot_alignment(w, [LINEAR_B, "b", "c"], ["x", "y"], title="title " + LINEAR_B,
+                           path=tmp_path / "a.png")  # fmt: skip
+        plot_heads(w[None, None], src_tokens=["a", LINEAR_B, "c"], tgt_tokens=["x", "y"],
+                   path=tmp_path / "g.png")  # fmt: skip
+    assert not [str(c.message) for c in caught if "missing from font" in str(c.message)]
+    lines = [r.getMessage() for r in caplog.records if "no installed font" in r.getMessage()]
+    assert lines == [f"no installed font has glyphs for {LINEAR_B}; install fonts-noto or "
+                     "pip install 'qkv[viz]'"] * 2  # fmt: skip
