@@ -121,6 +121,11 @@ def _resolve_tokens(
                 f"self-attention: {len(toks)} tokens for maps of {tq} queries x {tk} keys"
             )
         return toks, toks, "self"
+    if src_tokens is None and tgt_tokens is None:
+        raise ValueError(
+            f"no tokens for maps of {tq} queries x {tk} keys: give tokens (self-attention) "
+            "or src_tokens and tgt_tokens (cross-attention)"
+        )
     if src_tokens is None or tgt_tokens is None:
         raise ValueError("cross-attention needs both src_tokens (keys) and tgt_tokens (queries)")
     src = tuple(str(t) for t in src_tokens)

@@ -56,6 +56,10 @@ def test_token_checks(make_maps):
     with pytest.raises(ValueError, match="not both"):
         prepare(maps, list("abc"), src_tokens=list("abcd"), tgt_tokens=list("xyz"))
     assert prepare(make_maps(1, 1, 2, 2), [1, None]).key_tokens == ("1", "None")
+    with pytest.raises(ValueError, match=r"^no tokens for maps of 2 queries x 2 keys: give tokens"):
+        prepare(make_maps(1, 1, 2, 2))  # nothing given: not a "cross-attention" mistake
+    with pytest.raises(ValueError, match="cross-attention needs both"):
+        prepare(maps, src_tokens=list("abcd"))
 
 
 def test_entropy_of_known_rows():
