@@ -142,17 +142,20 @@ def _figure(sims: dict[str, dict], out: Path) -> str:
     fig = new_figure(11, 4.2)
     axes = fig.subplots(1, len(sims), sharey=True)
     for ax, (pair, variants) in zip(axes, sims.items()):
-        for i, (word, values) in enumerate(variants["with positions"].items()):
-            color = f"C{i}"
+        words = variants["with positions"]
+        for i, (word, values) in enumerate(words.items()):
             layers = range(len(values))
-            ax.plot(layers, values, "-o", color=color, label=f"{word}")
+            ax.plot(layers, values, "-o", color=f"C{i}", label=f"{word}")
             zeroed = variants["positions zeroed"][word]
-            label = "any word, position embeddings zeroed" if i == 0 else None
+            # one legend entry for the reference lines, after the words (not among them)
+            label = "any word, position embeddings zeroed" if i == len(words) - 1 else None
             ax.plot(layers, zeroed, ":", color="grey", lw=1.5, label=label)
         ax.set_title(pair.replace(" | ", "  vs  "), fontsize=10)
         ax.set_xlabel("layer (0 = embeddings)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower center", ncols=2)
+    lowest = min(min(v) for variants in sims.values() for v in variants["with positions"].values())
+    axes[0].set_ylim(lowest - 0.4 * (1.0 - lowest), 1.0 + 0.05 * (1.0 - lowest))  # room below
     axes[0].set_ylabel("cosine(word in sentence A, same word in B)")
     fig.suptitle("all-MiniLM-L6-v2: the same word gets a different vector in a different order")
     return save_figure(fig, out / "minilm-word-similarity.png")

@@ -36,3 +36,15 @@ def test_the_verdict_states_the_largest_difference(result):
         max(d["attention"], d["encoder"]) for d in result["results"]["max_abs_diff"].values()
     )
     assert f"at most {worst:.1e}" in result["verdict"]
+
+
+def test_the_legend_lists_the_words_then_the_reference(result, monkeypatch, tmp_path):
+    from qkv.lab import word_order
+
+    figures = []
+    monkeypatch.setattr(word_order, "save_figure", lambda fig, path: figures.append(fig))
+    word_order._figure(result["results"]["minilm_cosine"], tmp_path)
+    for ax, pair in zip(figures[0].axes, result["results"]["minilm_cosine"]):
+        words = list(result["results"]["minilm_cosine"][pair]["with positions"])
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == [*words, "any word, position embeddings zeroed"]
