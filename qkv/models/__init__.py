@@ -5,7 +5,7 @@ from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, 
 from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.generation import DecodingRules, sample_next
 from qkv.models.gpt import GPT, GPTConfig, GPTOutput
-from qkv.models.hf import load_tokenizer, minilm_path, sentence_options
+from qkv.models.hf_tokenizer import load_tokenizer, minilm_path, sentence_options
 from qkv.models.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention
 from qkv.models.seq2seq_rnn import RNNSeq2Seq, RNNState
 from qkv.models.seq2seq_transformer import TransformerSeq2Seq, TransformerState

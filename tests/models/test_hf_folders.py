@@ -1,0 +1,167 @@
+"""Broken Hugging Face folders: each is refused in one line that names what and where."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from qkv.models import GPT, BertModel, GPTConfig  # noqa: E402
+from qkv.models.hf import load_state_dict  # noqa: E402
+
+VOCAB = 90
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=24, max_position_embeddings=32,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("bert")
+    transformers.BertModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt_folder(tmp_path_factory):
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=32,
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("gpt2")
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def _copy(folder, to, **config):
+    """A copy of ``folder`` whose config.json has the keys of ``config`` replaced."""
+    shutil.copytree(folder, to)
+    values = json.loads((to / "config.json").read_text())
+    (to / "config.json").write_text(json.dumps({**values, **config}))
+    return to
+
+
+def _refused(load, folder, *pieces: str) -> str:
+    """The one-line message of ``load(folder)``, which must contain every piece."""
+    with pytest.raises(ValueError) as info:
+        load(folder)
+    message = str(info.value)
+    assert "\n" not in message, message
+    for piece in pieces:
+        assert piece in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("num_attention_heads", 0, "an integer >= 1"),  # was a ZeroDivisionError
+        ("num_attention_heads", "2", "an integer >= 1"),  # a TypeError
+        ("hidden_size", 16.0, "an integer >= 1"),  # a TypeError deep in torch
+        ("num_hidden_layers", None, "an integer >= 1"),
+        ("is_decoder", "yes", "true or false"),  # loaded, and attended causally
+        ("layer_norm_eps", "1e-12", "a number > 0"),  # loaded, failed when run
+        ("hidden_act", ["gelu"], "a string"),  # unhashable list
+        ("pad_token_id", VOCAB, "outside the vocabulary"),  # torch's AssertionError
+    ],
+    ids=lambda x: str(x)[:12],
+)
+def test_mistyped_bert_config_values_are_named(bert_folder, tmp_path, key, value, expected):
+    folder = _copy(bert_folder, tmp_path / "m", **{key: value})
+    _refused(BertModel.from_pretrained, folder, str(folder / "config.json"), key, expected)
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("n_head", "2", "an integer >= 1"),  # a TypeError
+        ("n_embd", 16.0, "an integer >= 1"),
+        ("n_inner", "64", "an integer >= 1 or null"),
+        ("layer_norm_epsilon", None, "a number > 0"),  # loaded, failed when run
+        ("scale_attn_weights", "no", "true or false"),  # loaded, and scaled the scores
+        ("tie_word_embeddings", None, "true or false"),
+    ],
+    ids=lambda x: str(x)[:12],
+)
+def test_mistyped_gpt2_config_values_are_named(gpt_folder, tmp_path, key, value, expected):
+    folder = _copy(gpt_folder, tmp_path / "m", **{key: value})
+    _refused(GPT.from_pretrained, folder, str(folder / "config.json"), key, expected)
+
+
+def test_bad_gpt_config_fields_are_named():
+    with pytest.raises(ValueError, match="GPTConfig.num_heads must be an integer >= 1, got '4'"):
+        GPTConfig(num_heads="4")
+    with pytest.raises(ValueError, match="GPTConfig.tie_embeddings must be true or false"):
+        GPTConfig(tie_embeddings=1)
+
+
+def test_pickled_code_in_pytorch_model_bin_is_never_run(bert_folder, tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(tmp_path / "ran"),))
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(bert_folder / "config.json", folder)
+    torch.save({"embeddings.word_embeddings.weight": Payload()}, folder / "pytorch_model.bin")
+    _refused(BertModel.from_pretrained, folder, "pytorch_model.bin", "not a weights-only")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_integer_weights_are_refused(bert_folder, tmp_path):
+    folder = _copy(bert_folder, tmp_path / "m")
+    state = load_state_dict(folder)
+    name = "encoder.layer.1.attention.self.query.weight"
+    state[name] = torch.randint(-3, 4, state[name].shape, dtype=torch.int8)  # quantized
+    safetensors_torch.save_file(state, folder / "model.safetensors")
+    _refused(BertModel.from_pretrained, folder, "layers.1.self_attn.q_proj.weight", "torch.int8")
+
+
+def _sharded(gpt_folder, to):
+    model = transformers.GPT2LMHeadModel.from_pretrained(gpt_folder)
+    model.save_pretrained(to, max_shard_size="4KB")
+    index = to / "model.safetensors.index.json"
+    content = json.loads(index.read_text())
+    assert len(set(content["weight_map"].values())) > 2
+    return index, content
+
+
+def test_sharded_folder_loads_the_same(gpt_folder, tmp_path):
+    _sharded(gpt_folder, tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    whole, sharded = GPT.from_pretrained(gpt_folder), GPT.from_pretrained(tmp_path)
+    assert torch.equal(sharded(ids).logits, whole(ids).logits)
+
+
+def test_broken_shard_indexes_are_named(gpt_folder, tmp_path):
+    index, content = _sharded(gpt_folder, tmp_path)
+    index.write_text("[]")  # was an AttributeError
+    _refused(GPT.from_pretrained, tmp_path, str(index), "no weight_map")
+    weight_map = content["weight_map"]
+    first = sorted(weight_map)[0]
+    index.write_text(json.dumps({"weight_map": {**weight_map, first: 5}}))  # a TypeError
+    _refused(GPT.from_pretrained, tmp_path, str(index), f"the shard of {first} is 5")
+    shards = sorted(set(weight_map.values()))
+    moved = next(n for n, s in weight_map.items() if s == shards[0])
+    index.write_text(json.dumps({"weight_map": {**weight_map, moved: shards[1]}}))  # loaded
+    _refused(GPT.from_pretrained, tmp_path, str(index), moved, "not where the index says")
+
+
+def test_wrong_weight_names_are_one_line_with_the_first_few(bert_folder, tmp_path):
+    folder = _copy(bert_folder, tmp_path / "m")
+    state = load_state_dict(folder)
+    for name in [n for n in state if n.startswith("encoder.layer.1.")]:
+        state[name.replace("layer.1.", "block.1.")] = state.pop(name)
+    safetensors_torch.save_file(state, folder / "model.safetensors")
+    message = _refused(BertModel.from_pretrained, folder, "missing (16): ", "unexpected (16): ")
+    assert "(8 more); unexpected" in message and message.endswith("(8 more)")
