@@ -260,11 +260,34 @@ def download(
         raise KeyError(f"unknown corpus {name!r}; choose one of: {', '.join(sorted(DATASETS))}")
     dataset = DATASETS[name]
     folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / name
+    created = _missing_folders(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for spec in dataset.files:
-        _download_file(base_url or dataset.base_url, spec, folder, progress)
+    try:
+        for spec in dataset.files:
+            _download_file(base_url or dataset.base_url, spec, folder, progress)
+    except BaseException:
+        _remove_if_empty(created)  # a failure offline leaves no empty cache folders behind
+        raise
     log.info("%s: %d files in %s (licence: %s)", name, len(dataset.files), folder, dataset.licence)
     return folder
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders (deepest first) that are still empty; stop at the first that is not."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def run_cli(args: Any) -> int:

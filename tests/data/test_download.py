@@ -131,7 +131,7 @@ def test_checksum_mismatch_leaves_nothing(fake, tmp_path):
     fake.files["text.de.gz"] = gzip.compress(CONTENT.replace(b"Hunde", b"Katzen"))
     with pytest.raises(dl.DownloadError, match="checksum mismatch for text.de"):
         dl.download("fake", cache_dir=tmp_path)
-    assert list((tmp_path / "fake").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # not even the corpus folder
 
 
 def test_cached_file_is_not_fetched_again(fake, tmp_path):
@@ -205,3 +205,16 @@ def test_cli_failure_is_one_line_without_a_blank_line(tmp_path):
     assert proc.stderr.splitlines() == [
         f"qkv data: error: {url}/train.en.gz: No such file or directory"
     ]
+
+
+def test_failure_leaves_no_folder_it_made(fake, tmp_path):
+    """Offline, ``--cache new/dir``: nothing is left, neither files nor empty folders."""
+    del fake.files["text.de.gz"]
+    with pytest.raises(dl.DownloadError, match="HTTP 404"):
+        dl.download("fake", cache_dir=tmp_path / "new" / "cache")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "fake").mkdir()  # a folder that was there before stays
+    (tmp_path / "fake" / "notes.txt").write_text("mine")
+    with pytest.raises(dl.DownloadError, match="HTTP 404"):
+        dl.download("fake", cache_dir=tmp_path)
+    assert [p.name for p in (tmp_path / "fake").iterdir()] == ["notes.txt"]
