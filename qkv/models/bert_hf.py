@@ -47,6 +47,19 @@ _DISTILBERT_CONFIG = {  # DistilBERT config.json key -> BertConfig field
     "attention_dropout": "attention_probs_dropout_prob",
 }
 
+_DEFAULTS = {  # transformers' defaults that differ from BertConfig's, for keys a config omits
+    "roberta": {"vocab_size": 50265, "pad_token_id": 1},
+    "xlm-roberta": {"pad_token_id": 1},
+    "camembert": {"pad_token_id": 1},
+    "mpnet": {"vocab_size": 30527},
+    "electra": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024,
+                "embedding_size": 128},
+    "albert": {"vocab_size": 30000, "hidden_size": 4096, "num_attention_heads": 64,
+               "intermediate_size": 16384, "hidden_act": "gelu_new", "embedding_size": 128,
+               "num_hidden_groups": 1},
+    "distilbert": {"n_layers": 6},
+}  # fmt: skip
+
 _EMBEDDINGS = [  # Hugging Face name (prefix removed) -> qkv name, in every family
     (r"^embeddings\.word_embeddings\.", "embeddings.word."),
     (r"^embeddings\.position_embeddings\.", "embeddings.position."),
@@ -106,6 +119,7 @@ def model_type(config: dict[str, Any]) -> str:
 def config_values(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     """``BertConfig`` keyword arguments from a Hugging Face ``config.json`` dict."""
     kind = model_type(config)
+    config = {**_DEFAULTS.get(kind, {}), **config}
     position = config.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise ValueError(f"position_embedding_type {position!r} is not supported (absolute is)")
@@ -157,7 +171,9 @@ def encoder_weights(state: dict[str, Tensor], config: dict[str, Any]) -> dict[st
         _rename(name, renames): tensor for name, tensor in state.items() if not _BUFFERS.match(name)
     }
     if kind == "albert":  # group g's weights belong to the first layer that uses them
-        groups = layer_groups(config["num_hidden_layers"], config.get("num_hidden_groups", 1))
+        groups = layer_groups(
+            config.get("num_hidden_layers", 12), config.get("num_hidden_groups", 1)
+        )
         first = {g: groups.index(g) for g in set(groups)}
         renamed = {_renumber(name, first): tensor for name, tensor in renamed.items()}
     return renamed

@@ -165,3 +165,54 @@ def test_wrong_weight_names_are_one_line_with_the_first_few(bert_folder, tmp_pat
     safetensors_torch.save_file(state, folder / "model.safetensors")
     message = _refused(BertModel.from_pretrained, folder, "missing (16): ", "unexpected (16): ")
     assert "(8 more); unexpected" in message and message.endswith("(8 more)")
+
+
+TRIMMED = {  # family -> (its config with transformers' defaults for the keys then dropped)
+    "roberta": lambda s: transformers.RobertaConfig(
+        **s, hidden_size=16, num_attention_heads=2, intermediate_size=24, pad_token_id=1
+    ),
+    "electra": lambda s: transformers.ElectraConfig(
+        **s, hidden_size=256, num_attention_heads=4, intermediate_size=1024, embedding_size=128
+    ),
+    "albert": lambda s: transformers.AlbertConfig(
+        **s,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=96,
+        embedding_size=128,
+        hidden_act="gelu_new",
+        num_hidden_groups=1,
+    ),  # fmt: skip
+    "distilbert": lambda s: transformers.DistilBertConfig(
+        vocab_size=VOCAB, dim=16, n_heads=2, hidden_dim=24, n_layers=6
+    ),
+}
+DROPPED = {
+    "roberta": ["pad_token_id"],  # 0, not 1: the positions were numbered wrongly
+    "electra": ["hidden_size", "num_attention_heads", "intermediate_size", "embedding_size"],
+    "albert": ["hidden_act", "embedding_size", "num_hidden_groups"],  # gelu, not gelu_new
+    "distilbert": ["n_layers"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(TRIMMED))
+def test_keys_a_config_omits_take_the_familys_defaults(family, tmp_path):
+    sizes = dict(num_hidden_layers=1, max_position_embeddings=32)
+    model = transformers.AutoModel.from_config(TRIMMED[family]({"vocab_size": VOCAB, **sizes}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in DROPPED[family]:
+        del config[key]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    peer = transformers.AutoModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ids = torch.randint(3, min(VOCAB, model.config.vocab_size), (3, 10))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, 6:] = False
+    ids = ids.masked_fill(~mask, model.config.pad_token_id)
+    with torch.no_grad():
+        want = peer(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
