@@ -42,11 +42,11 @@ from qkv.data.toy import ToyPair
 from qkv.lab.common import (
     LabRun,
     Table,
+    corpus_folder,
     fonts_for,
     new_figure,
     save_figure,
     seed_all,
-    shared_data,
 )
 from qkv.lab.training import MODEL_FAMILIES, train_model, write_toy_corpus
 
@@ -239,7 +239,7 @@ def _shown(test: list[ToyPair]) -> list[str]:
 
 def _tatoeba_data(t: TatoebaSetting) -> dict[str, Any]:
     """The recipe data section: Korean column → English column, held out by source."""
-    path = t.path or str(shared_data() / "ko-en" / "tatoeba" / "kor.txt")
+    path = t.path or str(corpus_folder("tatoeba-ko-en", "kor.txt") / "kor.txt")
     return {"kind": "tsv", "path": path, "src_column": 1, "tgt_column": 0,
             "n_valid": t.n_valid, "n_test": t.n_test, "seed": t.seed, "max_tokens": 60}  # fmt: skip
 
@@ -260,7 +260,8 @@ def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
 
     data = _tatoeba_data(t)
     if not Path(data["path"]).is_file():
-        reason = f"Tatoeba kor-eng not found ({data['path']} missing); that part not run"
+        reason = (f"Tatoeba kor-eng not found ({data['path']} missing; 'qkv data download "
+                  "tatoeba-ko-en' fetches it); that part not run")  # fmt: skip
         log.warning("%s", reason)
         return {"skipped": reason}
     seed_all(t.seed)

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qkv.lab.common import LabRun, Table, new_figure, save_figure, seed_all, shared_data
+from qkv.lab.common import LabRun, Table, corpus_folder, new_figure, save_figure, seed_all
 from qkv.lab.training import (
     MODEL_FAMILIES,
     count_parameters,
@@ -252,12 +252,13 @@ def _figure(results: dict[str, dict], buckets, title: str, path: Path, *, em: bo
 
 def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
     """Train and score the four models on Multi30k de→en; ``{"skipped": why}`` without data."""
-    folder = Path(m.folder) if m.folder else shared_data() / "multi30k"
+    folder = Path(m.folder) if m.folder else corpus_folder("multi30k", "train.de")
     files = {s: [str(folder / f"{s}.{lang}") for lang in ("de", "en")]
              for s in ("train", "val", m.test)}  # fmt: skip
     missing = [f for pair in files.values() for f in pair if not Path(f).is_file()]
     if missing:
-        reason = f"Multi30k not found ({', '.join(missing)} missing); de→en part not run"
+        reason = (f"Multi30k not found ({', '.join(missing)} missing; 'qkv data download "
+                  "multi30k' fetches it); de→en part not run")  # fmt: skip
         log.warning("%s", reason)
         return {"skipped": reason}
     seed_all(m.seed)

@@ -27,6 +27,7 @@ import torch
 __all__ = [
     "LabRun",
     "Table",
+    "corpus_folder",
     "fonts_for",
     "num_threads",
     "new_figure",
@@ -197,3 +198,20 @@ def fonts_for(texts: list[str]) -> Iterator[None]:
 def shared_data() -> Path:
     """The shared corpora folder (``../shared/data`` next to the repository)."""
     return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+# corpus name of ``qkv data download`` -> its folder inside the shared corpora folder
+_SHARED_FOLDERS = {"multi30k": "multi30k", "tatoeba-ko-en": "ko-en/tatoeba"}
+
+
+def corpus_folder(name: str, file: str) -> Path:
+    """The folder that holds ``file`` of corpus ``name`` (a ``qkv data download`` name).
+
+    The shared corpora folder when it has the file (a checkout beside ``../shared/data``),
+    else the download cache, ``~/.cache/qkv/NAME``, where ``qkv data download NAME`` puts
+    it (an installed qkv has no shared folder beside it).
+    """
+    from qkv.data.download import default_cache_dir
+
+    shared = shared_data() / _SHARED_FOLDERS[name]
+    return shared if (shared / file).is_file() else default_cache_dir() / name

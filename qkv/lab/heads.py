@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, shared_data
+from qkv.lab.common import LabRun, Table, corpus_folder, new_figure, num_threads, save_figure
 
 __all__ = ["FEATURES", "Setting", "QUICK", "FULL", "head_features", "ablate_head", "run", "table"]
 
@@ -53,10 +53,11 @@ FULL = Setting(sentences=600, ablation_sentences=100)
 
 def load_sentences(setting: Setting) -> list[str]:
     """The first ``setting.sentences`` non-empty lines of the shared corpus file."""
-    path = shared_data() / setting.file
+    corpus, _, name = setting.file.partition("/")
+    path = corpus_folder(corpus, name) / name
     if not path.is_file():
         raise FileNotFoundError(f"{path} is absent: the heads experiment needs Multi30k English "
-                                "sentences (see ../shared/data/DATA.md); skipped")  # fmt: skip
+                                f"sentences: run 'qkv data download {corpus}'")  # fmt: skip
     lines = [s.strip() for s in path.read_text(encoding="utf-8").splitlines() if s.strip()]
     return lines[: setting.sentences]
 

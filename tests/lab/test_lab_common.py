@@ -55,3 +55,23 @@ def test_result_json_holds_config_seeds_versions_and_clean_numbers(tmp_path):
     assert doc["results"] == {"t": [1.5], "n": 2.0, "inf": "inf"}
     assert doc["versions"]["torch"] == torch.__version__
     assert doc["seconds"] == 1.23 and doc["quick"] is True
+
+
+def test_corpora_come_from_the_download_cache_without_a_shared_folder(monkeypatch, tmp_path):
+    """An installed qkv has no ../shared/data: the lab reads what qkv data download fetched."""
+    from qkv.lab import common, heads
+
+    monkeypatch.setattr(common, "shared_data", lambda: tmp_path / "no-shared")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    setting = heads.Setting(sentences=2, ablation_sentences=1)
+    with pytest.raises(FileNotFoundError, match="run 'qkv data download multi30k'"):
+        heads.load_sentences(setting)
+    downloaded = tmp_path / "cache" / "qkv" / "multi30k"  # where qkv data download puts it
+    downloaded.mkdir(parents=True)
+    (downloaded / "val.en").write_text("A dog runs.\n\nTwo cats sleep.\nA third line.\n")
+    assert heads.load_sentences(setting) == ["A dog runs.", "Two cats sleep."]
+    assert common.corpus_folder("tatoeba-ko-en", "kor.txt") == tmp_path / "cache/qkv/tatoeba-ko-en"
+    shared = tmp_path / "no-shared" / "ko-en" / "tatoeba"
+    shared.mkdir(parents=True)
+    (shared / "kor.txt").write_text("Hi.\t안녕.\n")
+    assert common.corpus_folder("tatoeba-ko-en", "kor.txt") == shared  # the shared copy first
