@@ -181,16 +181,22 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.project = None if config.embedding_size is None else nn.Linear(e, config.hidden_size)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        t = input_ids.shape[1]
-        if t > self.config.max_length:
-            raise ValueError(f"input length {t} exceeds the {self.config.max_length} positions")
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor | None = None
+    ) -> Tensor:
+        if position_ids is None:
+            t = input_ids.shape[1]
+            if t > self.config.max_length:
+                raise ValueError(f"input length {t} exceeds the {self.config.max_length} positions")
+            position_ids = self.position_ids(input_ids)
+        else:
+            check_token_ids(position_ids, self.config.max_position_embeddings, "position id")
         check_token_ids(input_ids, self.config.vocab_size)
         x = self.word(input_ids)
         if self.token_type is not None:
             x = x + self.token_type(token_type_ids)
         # (word + type) + position: Hugging Face's order, so that fp32 results agree bitwise
-        x = self.dropout(self.norm(x + self.position(self.position_ids(input_ids))))
+        x = self.dropout(self.norm(x + self.position(position_ids)))
         return x if self.project is None else self.project(x)  # (B, T, E)
 
     def position_ids(self, input_ids: Tensor) -> Tensor:
@@ -246,6 +252,7 @@ class BertModel(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
+        position_ids: Tensor | None = None,
     ) -> BertOutput:
         """Encode a batch of token ids.
 
@@ -254,21 +261,17 @@ class BertModel(nn.Module):
             attention_mask: ``(B, T)``, 1/True for real tokens, 0/False for padding.
             token_type_ids: segment ids ``(B, T)`` (default all 0).
             need_weights: also return every layer's attention probabilities.
+            position_ids: ``(B, T)`` or ``(1, T)``, the position of each token, as in
+                transformers (default: ``0 .. T-1``, or RoBERTa's count of real tokens).
+                MPNet's relative bias still uses ``0 .. T-1``, as transformers' does.
         """
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
-        for name, given in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-            if given is not None and given.shape != input_ids.shape:
-                raise ValueError(
-                    f"{name} must have input_ids' shape {tuple(input_ids.shape)}, "
-                    f"got {tuple(given.shape)}"
-                )
+        _check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         elif self.config.type_vocab_size:
             check_token_ids(token_type_ids, self.config.type_vocab_size, "token type id")
         key_mask = None if attention_mask is None else attention_mask.bool()  # (B, T)
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
         bias = None
         if self.relative_bias is not None:  # the same (1, H, T, T) bias in every layer
             buckets = relative_buckets(input_ids.shape[1], device=input_ids.device)
@@ -305,6 +308,20 @@ class BertModel(nn.Module):
         model = cls(config)
         load_into(model, renamed, what=str(path), dtype=dtype)
         return model.eval()
+
+
+def _check_inputs(input_ids: Tensor, *others: Tensor | None) -> None:
+    """``input_ids`` is ``(B, T)``; attention mask, token types and positions have its shape."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+    names = ("attention_mask", "token_type_ids", "position_ids")
+    for name, given in zip(names, others, strict=True):
+        shapes = [input_ids.shape] + ([(1, input_ids.shape[1])] if name == "position_ids" else [])
+        if given is not None and given.shape not in shapes:
+            raise ValueError(
+                f"{name} must have input_ids' shape {tuple(input_ids.shape)}, "
+                f"got {tuple(given.shape)}"
+            )
 
 
 def relative_buckets(

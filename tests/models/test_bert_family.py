@@ -129,6 +129,26 @@ def test_input_longer_than_the_positions_is_refused(family):
         ours(torch.full((1, longest + 1), 5))
 
 
+@pytest.mark.parametrize("rows", ["per_row", "shared"])
+def test_given_position_ids_match_transformers(family, rows):
+    _, folder, peer, _ = family
+    ours = BertModel.from_pretrained(folder)
+    ids, mask = _batch(peer.config, 12)
+    positions = torch.randint(0, POSITIONS, (4 if rows == "per_row" else 1, 12))
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        want = peer(input_ids=ids, attention_mask=mask.long(), position_ids=positions)
+        default = ours(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got[mask], want.last_hidden_state[mask], atol=2e-5, rtol=1e-5)
+    assert (got[mask] - default[mask]).abs().max() > 1e-2  # the positions were used
+    beyond = positions.clone()
+    beyond[0, 3] = POSITIONS
+    with pytest.raises(ValueError, match=f"position id {POSITIONS} is outside 0..{POSITIONS - 1}"):
+        ours(ids, position_ids=beyond)
+    with pytest.raises(ValueError, match=r"position_ids must have input_ids' shape \(4, 12\)"):
+        ours(ids, position_ids=positions[..., :5])
+
+
 def test_checkpoint_with_a_task_head_loads_its_encoder(family, tmp_path):
     _, _, _, (head, attribute, make_config) = family
     model = head(make_config())
