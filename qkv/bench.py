@@ -39,6 +39,8 @@ def run_cli(args) -> int:
     """Run one benchmark (or all that exist), then regenerate BENCHMARKS.md."""
     from qkv.cli import UserError
 
+    if args.threads is not None and args.threads < 1:  # torch's own error is a traceback
+        raise UserError(f"--threads {args.threads}: expected a positive number of threads")
     try:
         root = find_root()
     except FileNotFoundError as err:

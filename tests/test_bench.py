@@ -203,3 +203,12 @@ def test_the_help_lists_every_benchmark_and_experiment():
     from qkv.lab import EXPERIMENTS
 
     assert cli._BENCHMARKS == tuple(BENCHMARKS) and cli._LABS == tuple(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("threads", ["0", "-1"])
+def test_threads_below_one_exit_2_with_one_line(threads, capsys):
+    from qkv.cli import main
+
+    assert main(["bench", "masks", "--quick", "--threads", threads]) == 2
+    err = capsys.readouterr().err
+    assert err == f"qkv bench: error: --threads {threads}: expected a positive number of threads\n"
