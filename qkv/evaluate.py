@@ -243,7 +243,8 @@ def run_translate(args) -> int:
     ``LINE<TAB>RANK<TAB>SCORE<TAB>LOGPROB<TAB>TRANSLATION``: the 1-based input line and
     rank, the length-normalised score that ranks them, and the plain sum of
     log-probabilities. A blank line's first row is the empty translation (scores 0), and
-    rows with no translation behind them have scores ``-inf`` and no text.
+    rows with no translation behind them have scores ``-inf`` and no text. The
+    translation is escaped (:func:`_tsv_field`) so that each row has exactly five fields.
     """
     _check_search_args(args)
     model, src_tok, tgt_tok, _ = _load(args.checkpoint)
@@ -264,11 +265,22 @@ def run_translate(args) -> int:
             print(nbest[0].text)
         else:
             for rank, t in enumerate(nbest, start=1):
-                print(f"{number}\t{rank}\t{t.normalized_score:.4f}\t{t.score:.4f}\t{t.text}")
+                scores = f"{t.normalized_score:.4f}\t{t.score:.4f}"
+                print(f"{number}\t{rank}\t{scores}\t{_tsv_field(t.text)}")
     if args.show_attention:
         written = _write_alignments(args.show_attention, lines, out, src_tok, model)
         print("attention: " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
+
+
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _tsv_field(text: str) -> str:
+    """``text`` as one TSV field: backslash, tab, LF and CR become ``\\\\``, ``\\t``,
+    ``\\n``, ``\\r`` (a character or BPE vocabulary holds every character of the
+    training text, tabs included, and a raw tab would add a column)."""
+    return text.translate(_TSV_ESCAPES)
 
 
 def _check_attention_output(path: str, model) -> None:

@@ -255,3 +255,40 @@ def test_a_folder_or_missing_file_as_checkpoint_is_one_line(tmp_path, monkeypatc
         code, out, err = _cli(monkeypatch, capsys, "translate", path, stdin=b"x\n")
         _one_line_error(code, err, f"{path}: {match}")
         assert out == ""
+
+
+def _unescape(field: str) -> str:
+    import re
+
+    return re.sub(r"\\(.)", lambda m: {"t": "\t", "n": "\n", "r": "\r"}.get(m[1], m[1]), field)
+
+
+@settings(max_examples=20, deadline=None)
+@given(texts=st.lists(st.text(st.sampled_from("ab \t\\\r\ntn"), max_size=8), min_size=2,
+                      max_size=3))  # fmt: skip
+def test_n_best_rows_escape_tabs_and_line_breaks_in_the_translation(texts):
+    """A character or BPE vocabulary holds every character of the training text, tabs
+    and backslashes too: the TRANSLATION column escapes them (``\\t``, ``\\\\``), and line
+    breaks (``\\n``, ``\\r``), so each row splits into exactly five fields at its tabs."""
+    from unittest import mock
+
+    from qkv.evaluate import Translation, run_translate
+
+    nbest = [[Translation(t, list(t), -1.5, None) for t in texts]]
+    args = mock.Mock(beam=len(texts), n_best=len(texts), batch_size=1, show_attention=None)
+    out = io.StringIO()
+    with (
+        mock.patch("qkv.evaluate._load", return_value=(None, None, None, {})),
+        mock.patch("qkv.evaluate._read_stdin", return_value=["x"]),
+        mock.patch("qkv.evaluate.translate_texts", return_value=nbest),
+        mock.patch("sys.stdout", out),
+    ):
+        assert run_translate(args) == 0
+    rows = out.getvalue().split("\n")
+    assert rows.pop() == ""  # one line end per row, none inside
+    assert len(rows) == len(texts)
+    for rank, (row, text) in enumerate(zip(rows, texts), start=1):
+        fields = row.split("\t")
+        assert fields[:4] == ["1", str(rank), "-1.5000", "-1.5000"]
+        assert len(fields) == 5 and "\r" not in fields[4]
+        assert _unescape(fields[4]) == text
