@@ -238,6 +238,9 @@ def run_cli(args: argparse.Namespace) -> int:
     _check_index("layer", args.layer, spec.layers)
     _check_index("head", args.head, spec.heads)
     model, tokenizer = _load(folder, spec.kind)
+    for text in (args.text, args.text_b):
+        if text is not None and not tokenizer.encode(text, add_special_tokens=False).ids:
+            raise _user_error(f"the text to encode is empty: {text!r} gives no token")
     try:
         if spec.kind == "decoder":
             maps, tokens = decoder_attention(model, tokenizer, args.text)

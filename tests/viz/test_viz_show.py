@@ -224,3 +224,12 @@ def test_a_gpt2_decoder_shows_causal_attention(small_gpt, tmp_path):
     assert "".join(payload["queryTokens"]) == TEXT  # pieces read as text, not "Ġcat"
     run = qkv(TEXT, TEXT_B, "--model", str(small_gpt), "--out", str(page))
     assert run.returncode == 2 and "reads one text, not a pair" in run.stderr
+
+
+def test_a_text_with_no_token_exits_2(minilm, tmp_path):
+    from qkv.cli import main
+
+    out = tmp_path / "zw.html"
+    assert main(["show", "\u200b\u200b", "--out", str(out)]) == 2  # zero-width spaces only
+    assert main(["show", TEXT, "\u200b", "--out", str(out)]) == 2
+    assert not out.exists()  # no page of [CLS] and [SEP] alone
