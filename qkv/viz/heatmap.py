@@ -206,11 +206,13 @@ def plot_heads(
     *,
     src_tokens: Sequence[Any] | None = None,
     tgt_tokens: Sequence[Any] | None = None,
+    title: str | None = None,
 ) -> Figure:
     """A grid of attention maps, one row per layer and one column per head.
 
     All cells share one colour scale (0 to the largest weight shown). Token labels are
-    drawn on the outer cells when there are at most 24 tokens.
+    drawn on the outer cells when there are at most 24 tokens; the figure says which axis
+    holds the queries and which the keys.
 
     Args:
         maps: ``(L, H, T, T)`` array or tensor, or a list of ``L`` arrays ``(H, T, T)``.
@@ -220,6 +222,7 @@ def plot_heads(
         path: where to save (``.png``, ``.svg`` or ``.pdf``); not saved when None.
         src_tokens: keys, for cross-attention maps ``(L, H, Tq, Tk)`` instead of ``tokens``.
         tgt_tokens: queries, for cross-attention maps.
+        title: text above the grid (e.g. the model and the input).
 
     Returns:
         the matplotlib Figure.
@@ -231,8 +234,8 @@ def plot_heads(
     vmax = max(1e-12, float(sel.max()))
     labelled = max(sel.shape[2:]) <= 24
     cell = 2.2 if labelled else 1.6
-    with _fonts_for([*am.query_tokens, *am.key_tokens]):
-        fig = _new_figure((0.8 + cell * len(hs), 0.6 + cell * len(ls)))
+    with _fonts_for([*am.query_tokens, *am.key_tokens, title or ""]):
+        fig = _new_figure((0.8 + cell * len(hs), (1.0 if title else 0.6) + cell * len(ls)))
         axes = fig.subplots(len(ls), len(hs), squeeze=False)
         for r, layer in enumerate(ls):
             for c, head in enumerate(hs):
@@ -248,6 +251,12 @@ def plot_heads(
                 ax.set_title(f"layer {layer} · head {head}", fontsize=8)
                 _label_cell(ax, am.key_tokens, am.query_tokens, labelled, r == len(ls) - 1, c == 0)
         fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
+        fig.supxlabel("keys" if am.kind == "self" else "source (keys)", fontsize=9)
+        fig.supylabel("queries" if am.kind == "self" else "target (queries)", fontsize=9)
+        if title:
+            from qkv.viz.alignments import _wrap
+
+            fig.suptitle(_wrap(title, 0.9 * 72 * fig.get_figwidth(), 10), fontsize=10)
         _save(fig, path)
     return fig
 

@@ -188,7 +188,7 @@ def _write(
         from qkv.viz.heatmap import plot_heads
 
         pick = (None if layer is None else [layer], None if head is None else [head])
-        plot_heads(maps, tokens, layers=pick[0], heads=pick[1], path=out)
+        plot_heads(maps, tokens, layers=pick[0], heads=pick[1], path=out, title=title)
 
 
 def _plot_one_head(out: Path, weights: Tensor, tokens: list[str], title: str) -> None:

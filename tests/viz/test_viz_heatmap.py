@@ -158,3 +158,16 @@ def test_a_missing_glyph_is_one_log_line_not_matplotlib_warnings(tmp_path, caplo
     lines = [r.getMessage() for r in caplog.records if "no installed font" in r.getMessage()]
     assert lines == [f"no installed font has glyphs for {LINEAR_B}; install fonts-noto or "
                      "pip install 'qkv[viz]'"] * 2  # fmt: skip
+
+
+def test_heads_grid_names_its_axes_and_wraps_its_title(make_maps, tmp_path):
+    title = "all-MiniLM-L6-v2: " + " ".join(f"word{i}" for i in range(30))
+    fig = plot_heads(make_maps(2, 1, 4, 4), list("abcd"), title=title, path=tmp_path / "g.png")
+    assert (fig.get_supxlabel(), fig.get_supylabel()) == ("keys", "queries")
+    lines = fig.get_suptitle().split("\n")
+    assert " ".join(lines) == title and len(lines) > 2  # one head wide: wrapped, not cut off
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width
+    cross = plot_heads(make_maps(1, 1, 2, 3), src_tokens=list("abc"), tgt_tokens=list("xy"))
+    assert (cross.get_supxlabel(), cross.get_supylabel()) == ("source (keys)", "target (queries)")
