@@ -59,6 +59,13 @@ function decode(d) {
 
 function weight(l, h, i, j) { return W[((l * H + h) * TQ + i) * TK + j]; }
 
+// A weight as text, with the decimals its quantisation keeps (8-bit weights are within
+// 0.002 of the model's, so a sixth decimal would be noise: 3 decimals; 16-bit: 6).
+function shown(w) {
+  const digits = Math.ceil(-Math.log10(data.encoding.maxError));
+  return w.toFixed(Math.min(6, Math.max(2, digits)));
+}
+
 function mapName(l, h) { return data.mapLabel || `layer ${l}, head ${h}`; }
 
 // Enter and Space act like a click on elements that are buttons by role only.

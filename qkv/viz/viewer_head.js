@@ -105,7 +105,7 @@ function announceToken(side, i) {
   const who = `${sideName(side)} ${i + 1} "${tokens[side][i]}"`;
   readout.textContent = !best ? `${who}: no head shown` :
     `${who}: strongest ${sideName(other)} ${best.k + 1} "${tokens[other][best.k]}", ` +
-    `${best.w.toFixed(6)}${data.mapLabel ? "" : ` (head ${best.h})`}`;
+    `${shown(best.w)}${data.mapLabel ? "" : ` (head ${best.h})`}`;
 }
 
 function setFocus(side, index) {

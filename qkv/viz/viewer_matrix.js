@@ -149,7 +149,7 @@ function moveCell(di, dj) {
   showCell(td);
   td.scrollIntoView({ block: "nearest", inline: "nearest" });
   readout.textContent = `${sideName("query")} ${c.i + 1} "${data.queryTokens[c.i]}" → ` +
-    `${sideName("key")} ${c.j + 1} "${data.keyTokens[c.j]}": ${(+td.dataset.weight).toFixed(6)}`;
+    `${sideName("key")} ${c.j + 1} "${data.keyTokens[c.j]}": ${shown(+td.dataset.weight)}`;
 }
 
 function matrixCell(l, h, i, j, m) {
@@ -172,7 +172,7 @@ function showCell(td) {
   document.querySelector(`.qkv-row-label[data-query="${i}"]`).classList.add("qkv-hl");
   document.querySelector(`.qkv-col-label[data-key="${j}"]`).classList.add("qkv-hl");
   tooltip.textContent = `${data.queryTokens[i]} → ${data.keyTokens[j]}: ` +
-    `${(+td.dataset.weight).toFixed(6)}`;
+    `${shown(+td.dataset.weight)}`;
   tooltip.dataset.weight = td.dataset.weight;
   tooltip.hidden = false;
   const r = td.getBoundingClientRect();

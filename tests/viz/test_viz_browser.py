@@ -104,6 +104,26 @@ def test_model_and_matrix_views(self_page):
     assert not p.errors
 
 
+@pytest.mark.parametrize("quantization, decimals", [("uint16", 6), ("uint8", 3)])
+def test_weights_shown_with_the_decimals_they_keep(
+    open_page, tmp_path, make_maps, quantization, decimals
+):
+    tokens = ["a", "b", "c", "d"]
+    maps = make_maps(1, 2, 4, 4, seed=21)
+    path = save_html(tmp_path / "q.html", maps, tokens, quantization=quantization)
+    payload = extract_payload(path.read_text("utf-8"))
+    decoded, bound = decode_payload(payload), payload["encoding"]["maxError"]
+    p = open_page(path)
+    p.page.click("#qkv-tab-model")
+    p.page.click(".qkv-thumb[data-layer='0'][data-head='1']")
+    p.page.hover(".qkv-cell[data-query='2'][data-key='3']")
+    tip = p.page.text_content("#qkv-tooltip")
+    assert tip == f"c → d: {decoded[0, 1, 2, 3]:.{decimals}f}"
+    # what is shown is within the stated error (plus half a last decimal) of the weight
+    assert abs(float(tip.split(": ")[1]) - maps[0, 1, 2, 3]) <= bound + 0.5 * 10.0**-decimals
+    assert not p.errors
+
+
 def test_cross_attention_page(open_page, tmp_path, make_maps):
     src, tgt = ["나는", "학교에", "간다", "."], ["I", "go", "to", "school", "."]
     maps = make_maps(1, 2, len(tgt), len(src), seed=8)
