@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -69,6 +70,8 @@ def _flex(q, k, v, mod, t):
     # a cold compile every time: with inductor's on-disk caches warm from an earlier run,
     # the first call took 0-2 s instead of what a new user waits for
     torch._inductor.config.force_disable_caches = True
+    # ... which dynamo's profile-guided cache then reports as a UserWarning, on purpose here
+    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled", category=UserWarning)
     compiled = torch.compile(flex_attention, dynamic=False)
     block = create_block_mask(mod, None, None, t, t, device="cpu")
     start = time.perf_counter()
