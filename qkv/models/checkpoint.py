@@ -170,8 +170,9 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
     """Read a checkpoint written by :func:`save_checkpoint` (no pickle involved).
 
     Raises:
-        CheckpointError: missing file, not safetensors, not a qkv checkpoint, or weights
-            that do not fit the model its config describes (one line naming the file).
+        CheckpointError: missing file, not safetensors, not a qkv checkpoint, a model
+            config that is invalid, or weights that do not fit the model it describes (one
+            line naming the file). Weights come back in the dtype they were saved in.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -195,19 +196,7 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
     except (KeyError, json.JSONDecodeError):
         raise CheckpointError(f"{path}: not a qkv checkpoint (no '{FORMAT}' header)") from None
     _check_header(path, header, tensors)
-    try:
-        model = build_model(header["model_type"], header["model_config"])
-        weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-        fit = model.load_state_dict(weights, strict=False)
-    except (ValueError, RuntimeError, KeyError) as err:
-        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-        why = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
-        raise CheckpointError(f"{path}: weights do not fit the model config ({why})") from None
-    if fit.missing_keys or fit.unexpected_keys:
-        parts = [f"{len(names)} {kind} tensor(s), e.g. model.{names[0]}"
-                 for kind, names in (("missing", fit.missing_keys),
-                                     ("unexpected", fit.unexpected_keys)) if names]  # fmt: skip
-        raise CheckpointError(f"{path}: weights do not fit the model config ({'; '.join(parts)})")
+    model = _build(path, header, tensors)
     return Checkpoint(
         model=model,
         model_type=header["model_type"],
@@ -220,6 +209,56 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
         else None,
         path=path,
     )
+
+
+def _build(path: Path, header: dict, tensors: dict) -> nn.Module:
+    """The model the header describes, holding the saved weights in their saved dtypes.
+
+    The config is first built on the meta device, so that sizes that do not match the
+    weights (a corrupt ``src_vocab_size`` of 10**9) are named without allocating them.
+    """
+    weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    with torch.device("meta"):
+        skeleton = _build_or_fail(path, header)
+    mismatch = _mismatch(skeleton.state_dict(), weights)
+    if mismatch:
+        raise CheckpointError(f"{path}: weights do not fit the model config ({mismatch})")
+    model = _build_or_fail(path, header)
+    for name, current in model.state_dict().items():
+        if weights[name].dtype != current.dtype:  # float64 / bfloat16 models come back so
+            owner, _, leaf = name.rpartition(".")
+            tensor = getattr(model.get_submodule(owner), leaf)
+            tensor.data = tensor.data.to(weights[name].dtype)  # in place: ties stay tied
+    model.load_state_dict(weights)
+    return model
+
+
+def _build_or_fail(path: Path, header: dict) -> nn.Module:
+    try:
+        return build_model(header["model_type"], header["model_config"])
+    except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: bad model config ({why})") from None
+
+
+def _mismatch(expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> str:
+    """What keeps ``weights`` from loading into a model with state ``expected`` ("": fits)."""
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    kinds = (("missing", missing), ("unexpected", unexpected))
+    parts = [
+        f"{len(names)} {kind} tensor(s), e.g. model.{names[0]}" for kind, names in kinds if names
+    ]
+    if parts:
+        return "; ".join(parts)
+    for name, want in expected.items():
+        got = weights[name]
+        if got.shape != want.shape:
+            shapes = f"{tuple(got.shape)} in the file, the model's is {tuple(want.shape)}"
+            return f"model.{name} is {shapes}"
+        if got.is_floating_point() != want.is_floating_point():
+            return f"model.{name} is {got.dtype} in the file, the model's is {want.dtype}"
+    return ""
 
 
 def _check_header(path: Path, header: dict, tensors: dict) -> None:

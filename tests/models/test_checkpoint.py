@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qkv.models import checkpoint
-from qkv.models.checkpoint import build_model, load_checkpoint, save_checkpoint
+from qkv.models.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
 
 
 def _model():
@@ -50,3 +50,81 @@ def test_a_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
     loaded = load_checkpoint(path).model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in old.state_dict().items())
     assert checkpoint.FORMAT in path.read_bytes()[:4096].decode("utf-8", "replace")
+
+
+RNN_OPTIONS = {"src_vocab_size": 17, "tgt_vocab_size": 19, "embed_dim": 6, "hidden_dim": 10,
+               "cell": "lstm", "num_layers": 2, "bidirectional": True, "attention": "luong",
+               "score": "location", "window": "predictive", "window_size": 3,
+               "input_feeding": False, "max_src_len": 14, "dropout": 0.125,
+               "pad_id": 4, "bos_id": 1, "eos_id": 2}  # fmt: skip
+TRANSFORMER_OPTIONS = {"src_vocab_size": 17, "tgt_vocab_size": 17, "d_model": 16,
+                       "num_heads": 4, "num_encoder_layers": 2, "num_decoder_layers": 1,
+                       "ff_dim": 24, "dropout": 0.25, "activation": "gelu",
+                       "positional": "learned", "max_len": 33, "norm_first": False,
+                       "share_vocab": True, "tie_embeddings": True,
+                       "pad_id": 3, "bos_id": 0, "eos_id": 5}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["rnn", "transformer"])
+def test_a_model_comes_back_in_its_dtype_with_the_same_outputs(tmp_path, kind, dtype):
+    """A float64 model came back as float32 (outputs ~1e-8 off), a bfloat16 one widened."""
+    torch.manual_seed(0)
+    options = RNN_OPTIONS if kind == "rnn" else TRANSFORMER_OPTIONS
+    model = build_model(kind, options).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "m.safetensors", model))
+    assert loaded.model_config == options and loaded.model.config == model.config
+    assert {p.dtype for p in loaded.model.state_dict().values()} == {dtype}
+    if kind == "transformer":
+        assert loaded.model.out.weight is loaded.model.tgt_embed.weight  # still tied
+    src, tgt = torch.randint(6, 17, (3, 7)), torch.randint(6, 17, (3, 5))
+    with torch.no_grad():
+        expected, _ = model(src, tgt)
+        got, _ = loaded.model.eval()(src, tgt)
+    assert got.dtype == dtype and torch.equal(got, expected)
+
+
+def _rewrite(tmp_path, change_header=None, change_tensors=None):
+    """A valid RNN checkpoint, its qkv header and tensors changed, saved as bad.safetensors."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    good = save_checkpoint(tmp_path / "good.safetensors", build_model("rnn", RNN_OPTIONS))
+    with safe_open(str(good), "pt") as f:
+        header = json.loads(f.metadata()["qkv"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    (change_header or (lambda h: None))(header)
+    (change_tensors or (lambda t: None))(tensors)
+    path = tmp_path / "bad.safetensors"
+    save_file(tensors, str(path), metadata={"qkv": json.dumps(header)})
+    return path
+
+
+def _config(**changes):
+    return lambda header: header["model_config"].update(changes)
+
+
+@pytest.mark.parametrize(
+    ("change_header", "change_tensors", "message"),
+    [
+        (_config(colour="red"), None, r"bad model config \(RNNSeq2SeqConfig: unknown .*'colour'"),
+        (_config(hidden_dim="10"), None, r"bad model config .*hidden_dim = '10'"),
+        (_config(hidden_dim=10**30), None, r"bad model config \(.*[Oo]verflow"),
+        (lambda h: h.update(model_type="gpt"), None, r"bad model config .*unknown model type"),
+        (_config(src_vocab_size=10**12), None, r"encoder\.embed\.weight is \(17, 6\) in the fi"),
+        (None, lambda t: t.update({"model.bridge.h.bias": torch.arange(10)}), r"int64 in the"),
+    ],
+    ids=["unknown-key", "string-size", "huge-int", "model-type", "huge-vocab", "int-weights"],
+)
+def test_a_bad_config_or_weight_is_one_line_naming_the_file(
+    tmp_path, change_header, change_tensors, message
+):
+    path = _rewrite(tmp_path, change_header, change_tensors)
+    with pytest.raises(CheckpointError, match=f"^{path}: .*{message}") as err:
+        load_checkpoint(path)
+    assert "\n" not in str(err.value)
