@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 __all__ = ["main", "UserError"]
 
@@ -93,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of --src/--ref: that held-out split of the checkpoint's training recipe",
     )
     e.add_argument("--beam", type=int, default=5)
+    e.add_argument(
+        "--tokenize",
+        default=None,
+        metavar="NAME",
+        help="sacreBLEU's BLEU tokenizer (13a, intl, zh, char, none, ja-mecab, ...; default 13a)",
+    )
 
     s = sub.add_parser("show", help="attention of a pretrained encoder or decoder, HTML or PNG")
     s.add_argument("text")
@@ -153,10 +160,21 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as err:  # a path the user gave cannot be read or written
-        where = f": {err.filename}" if err.filename else ""
-        print(f"qkv {args.command}: error: {err.strerror or err}{where}", file=sys.stderr)
+        print(f"qkv {args.command}: error: {_os_error_line(err)}", file=sys.stderr)
         return 2
     return int(code or 0)
+
+
+def _os_error_line(err: OSError) -> str:
+    """What went wrong with a path, in words that say what to change."""
+    name = err.filename
+    if name is None:
+        return str(err.strerror or err)
+    if isinstance(err, FileExistsError) and not Path(name).is_dir():
+        return f"{name}: is a file, where a folder is needed"  # mkdir over a file
+    if isinstance(err, NotADirectoryError):
+        return f"{name}: a part of this path is a file, not a folder"
+    return f"{err.strerror or err}: {name}"
 
 
 if __name__ == "__main__":

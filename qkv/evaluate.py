@@ -39,34 +39,55 @@ class Score:
         return f"{self.name} = {self.score:.2f}  ({self.signature})"
 
 
-def bleu(hypotheses: list[str], references: list[str]) -> Score:
-    """Corpus BLEU (Papineni et al. 2002) with sacreBLEU's defaults (13a, cased).
+def bleu(
+    hypotheses: list[str],
+    references: list[str],
+    *,
+    tokenize: str | None = None,
+    lowercase: bool = False,
+) -> Score:
+    """Corpus BLEU (Papineni et al. 2002) by sacreBLEU, with its defaults (13a, cased).
 
     Args:
         hypotheses: detokenised system outputs, one per sentence.
         references: one reference per sentence.
+        tokenize: a sacreBLEU tokenizer (``13a``, ``intl``, ``zh``, ``char``, ``none``,
+            ``ja-mecab``, ...); None: sacreBLEU's default, ``13a``.
+        lowercase: case-insensitive BLEU.
+
+    Raises:
+        ValueError: no sentences, a text that is not a list of strings, different
+            lengths, or an unknown ``tokenize``.
     """
     import sacrebleu
 
-    _same_length(hypotheses, references)
-    metric = sacrebleu.metrics.BLEU()
+    _check_corpus(hypotheses, references)
+    tokenizers = sacrebleu.metrics.BLEU.TOKENIZERS
+    if tokenize is not None and tokenize not in tokenizers:
+        raise ValueError(f"unknown BLEU tokenize {tokenize!r}; one of {', '.join(tokenizers)}")
+    metric = sacrebleu.metrics.BLEU(tokenize=tokenize, lowercase=lowercase)
     result = metric.corpus_score(hypotheses, [references])
     return Score("BLEU", result.score, str(metric.get_signature()))
 
 
-def chrf(hypotheses: list[str], references: list[str]) -> Score:
-    """Corpus chrF (Popović 2015) with sacreBLEU's defaults."""
+def chrf(hypotheses: list[str], references: list[str], *, word_order: int = 0) -> Score:
+    """Corpus chrF (Popović 2015) by sacreBLEU, with its defaults; ``word_order=2``: chrF++."""
     import sacrebleu
 
-    _same_length(hypotheses, references)
-    metric = sacrebleu.metrics.CHRF()
+    _check_corpus(hypotheses, references)
+    metric = sacrebleu.metrics.CHRF(word_order=word_order)
     result = metric.corpus_score(hypotheses, [references])
     return Score("chrF", result.score, str(metric.get_signature()))
 
 
-def _same_length(hyps: list[str], refs: list[str]) -> None:
+def _check_corpus(hyps: list[str], refs: list[str]) -> None:
+    for name, texts in (("hypotheses", hyps), ("references", refs)):
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"{name}: expected a list of strings, one per sentence")
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if not hyps:
+        raise ValueError("no sentences to score")
 
 
 @dataclass
@@ -333,12 +354,32 @@ def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
 def run_evaluate(args) -> int:
     """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF."""
     _check_search_args(args)
+    tokenize = getattr(args, "tokenize", None)
+    _check_tokenize(tokenize)
     model, src_tok, tgt_tok, extra = _load(args.checkpoint)
     src, ref = _evaluation_texts(args, extra)
     hyps = [n[0].text for n in translate_texts(model, src_tok, tgt_tok, src, beam=args.beam)]
-    print(bleu(hyps, ref))
+    print(bleu(hyps, ref, tokenize=tokenize))
     print(chrf(hyps, ref))
     return 0
+
+
+def _check_tokenize(name: str | None) -> None:
+    """Refuse, before translating, a ``--tokenize`` that sacreBLEU does not have or cannot
+    load (``ja-mecab`` and ``ko-mecab`` need MeCab, ``spm`` and ``flores*`` sentencepiece)."""
+    import sacrebleu
+
+    from qkv.cli import UserError
+
+    if name is None:
+        return
+    if name not in sacrebleu.metrics.BLEU.TOKENIZERS:
+        names = ", ".join(sacrebleu.metrics.BLEU.TOKENIZERS)
+        raise UserError(f"--tokenize: unknown tokenizer {name!r}; one of {names}")
+    try:
+        sacrebleu.metrics.BLEU(tokenize=name)
+    except (ImportError, RuntimeError) as err:  # sacreBLEU's messages span several lines
+        raise UserError(f"--tokenize {name}: {' '.join(str(err).split())}") from None
 
 
 def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:

@@ -292,3 +292,81 @@ def test_n_best_rows_escape_tabs_and_line_breaks_in_the_translation(texts):
         assert fields[:4] == ["1", str(rank), "-1.5000", "-1.5000"]
         assert len(fields) == 5 and "\r" not in fields[4]
         assert _unescape(fields[4]) == text
+
+
+_WORDS = st.sampled_from(
+    ["The", "the", "cat", "Cat.", "sat", "on", "mat,", "猫", "が", "(a)", "1,000"]
+)
+_SENTENCE = st.lists(_WORDS, max_size=9).map(" ".join)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(_SENTENCE, _SENTENCE), min_size=1, max_size=6),
+    tokenize=st.sampled_from([None, "13a", "intl", "zh", "char", "none"]),
+    lowercase=st.booleans(),
+    word_order=st.sampled_from([0, 2]),
+)
+def test_bleu_and_chrf_options_are_sacrebleus(pairs, tokenize, lowercase, word_order):
+    import sacrebleu
+
+    from qkv.evaluate import bleu, chrf
+
+    hyps, refs = [h for h, _ in pairs], [r for _, r in pairs]
+    ours = bleu(hyps, refs, tokenize=tokenize, lowercase=lowercase)
+    peer = sacrebleu.metrics.BLEU(tokenize=tokenize, lowercase=lowercase)
+    assert ours.score == peer.corpus_score(hyps, [refs]).score
+    assert ours.signature == str(peer.get_signature())
+    ours = chrf(hyps, refs, word_order=word_order)
+    peer = sacrebleu.metrics.CHRF(word_order=word_order)
+    assert (ours.score, ours.signature) == (peer.corpus_score(hyps, [refs]).score,
+                                            str(peer.get_signature()))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "hyps, refs, match",
+    [
+        ("the cat", "the cat", "hypotheses: expected a list of strings"),
+        (["the cat"], [["the cat"]], "references: expected a list of strings"),
+        ([], [], "no sentences to score"),
+        (["a", "b"], ["a"], "2 hypotheses but 1 references"),
+    ],
+    ids=["strings", "nested-references", "empty", "lengths"],
+)
+def test_bleu_refuses_what_is_not_a_corpus(hyps, refs, match):
+    """A string is not a list of sentences: it was scored as one sentence per character."""
+    from qkv.evaluate import bleu, chrf
+
+    for metric in (bleu, chrf):
+        with pytest.raises(ValueError, match=match):
+            metric(hyps, refs)
+    with pytest.raises(ValueError, match="unknown BLEU tokenize 'nope'"):
+        bleu(["a"], ["a"], tokenize="nope")
+
+
+def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from qkv.evaluate import bleu
+
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text(SENTENCES)
+    ref.write_text("The cat caught the mouse.\nthe dog slept\n")
+    c = load_checkpoint(ckpt)
+    tok = {side: tokenizer_from_json(c.tokenizers[side]) for side in ("src", "tgt")}
+    nbest = translate_texts(c.model, tok["src"], tok["tgt"], SENTENCES.split("\n")[:2], beam=5)
+    hyps = [n[0].text for n in nbest]
+    code, out, _ = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref,
+                        "--tokenize", "char")  # fmt: skip
+    assert code == 0
+    assert out.splitlines()[0] == str(bleu(hyps, ref.read_text().splitlines(), tokenize="char"))
+    assert "tok:char" in out
+    bad = [("nope", "--tokenize: unknown tokenizer 'nope'; one of none, zh")]
+    if importlib.util.find_spec("MeCab") is None:  # sacreBLEU's ja-mecab needs mecab-python3
+        bad.append(("ja-mecab", "--tokenize ja-mecab: Japanese tokenization requires"))
+    for name, match in bad:
+        monkeypatch.setattr("qkv.evaluate.translate_texts", None)  # must not translate
+        code, out, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref,
+                              "--tokenize", name)  # fmt: skip
+        _one_line_error(code, err, match)
+        assert out == ""
