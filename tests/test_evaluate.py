@@ -272,15 +272,16 @@ def test_n_best_rows_escape_tabs_and_line_breaks_in_the_translation(texts):
     breaks (``\\n``, ``\\r``), so each row splits into exactly five fields at its tabs."""
     from unittest import mock
 
-    from qkv.evaluate import Translation, run_translate
+    from qkv.evaluate import Translation
+    from qkv.evaluate_cli import run_translate
 
     nbest = [[Translation(t, list(t), -1.5, None) for t in texts]]
     args = mock.Mock(beam=len(texts), n_best=len(texts), batch_size=1, show_attention=None)
     out = io.StringIO()
     with (
-        mock.patch("qkv.evaluate._load", return_value=(None, None, None, {})),
-        mock.patch("qkv.evaluate._read_stdin", return_value=["x"]),
-        mock.patch("qkv.evaluate.translate_texts", return_value=nbest),
+        mock.patch("qkv.evaluate_cli._load", return_value=(None, None, None, {})),
+        mock.patch("qkv.evaluate_cli._read_stdin", return_value=["x"]),
+        mock.patch("qkv.evaluate_cli.translate_texts", return_value=nbest),
         mock.patch("sys.stdout", out),
     ):
         assert run_translate(args) == 0
@@ -365,7 +366,7 @@ def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
     if importlib.util.find_spec("MeCab") is None:  # sacreBLEU's ja-mecab needs mecab-python3
         bad.append(("ja-mecab", "--tokenize ja-mecab: Japanese tokenization requires"))
     for name, match in bad:
-        monkeypatch.setattr("qkv.evaluate.translate_texts", None)  # must not translate
+        monkeypatch.setattr("qkv.evaluate_cli.translate_texts", None)  # must not translate
         code, out, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref,
                               "--tokenize", name)  # fmt: skip
         _one_line_error(code, err, match)
