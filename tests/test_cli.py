@@ -25,3 +25,17 @@ def test_bad_arguments_are_one_line_naming_the_command_and_exit_2(argv, command,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
     assert err.startswith(f"{command}: error: ") and f"(see {command} --help)" in err
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [("taken", "taken: is a file, where a folder is needed"),
+     ("taken/inside", "taken/inside: a part of this path is a file, not a folder")],
+)  # fmt: skip
+def test_a_file_where_an_output_folder_goes_is_named_as_such(out, says, tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["lab", "word-order", "--quick", "--out", str(tmp_path / out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"qkv lab: error: {tmp_path}/{says}\n"
+    assert taken.read_text() == "not a folder"

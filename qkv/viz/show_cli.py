@@ -116,6 +116,9 @@ def _model_folder(model: str | None) -> tuple[Path, str]:
                 "or give --model DIR"
             ) from None
     path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise _user_error(f"--model {model}: is a file; give the model's folder (config.json "
+                          "and weights)")  # fmt: skip
     if not path.is_dir():
         raise _user_error(f"--model {model}: no such folder")
     return path, path.resolve().name

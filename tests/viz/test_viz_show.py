@@ -106,16 +106,19 @@ def _not_bert(tmp: Path) -> str:
     "args, message",
     [
         (["--model", "{tmp}/nowhere"], "no such folder"),
+        (["--model", "{file}"], "is a file; give the model's folder (config.json and weights)"),
         (["--model", "{gpt2}"], "not a BERT-family encoder"),
         (["--layer", "6"], "--layer 6 out of range: the model has 6 layers (0..5)"),
         (["--head", "12", "--out", "x.png"], "--head 12 out of range"),
         (["--out", "{tmp}/attention.txt"], "unknown output type '.txt'"),
     ],
-    ids=["missing-folder", "not-bert", "layer", "head", "suffix"],
+    ids=["missing-folder", "file", "not-bert", "layer", "head", "suffix"],
 )
 def test_bad_input_exits_2_with_one_line(minilm, tmp_path, args, message):
     gpt2 = _not_bert(tmp_path) if "{gpt2}" in args else ""
-    args = [a.format(tmp=tmp_path, gpt2=gpt2) for a in args]
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"not a folder")
+    args = [a.format(tmp=tmp_path, gpt2=gpt2, file=file) for a in args]
     run = qkv(TEXT, *args)
     assert run.returncode == 2
     assert run.stdout == ""
