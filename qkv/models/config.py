@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 __all__ = ["RNNSeq2SeqConfig", "TransformerSeq2SeqConfig"]
 
 _C = TypeVar("_C", bound="_Config")
+_MAX_INT = 2**31 - 1  # any size or id beyond it is a typo, not a model
 
 
 class _Config:
@@ -58,6 +59,8 @@ class _Config:
             self._fail(name, "must be an integer")
         if value < minimum:
             self._fail(name, f"must be >= {minimum}")
+        if value > _MAX_INT:  # torch sizes are int64: 10**30 ended in a C++ overflow traceback
+            self._fail(name, f"must be <= {_MAX_INT}")
 
     def _bool(self, name: str) -> None:
         if not isinstance(getattr(self, name), bool):

@@ -169,6 +169,15 @@ def test_config_from_dict_round_trips_and_names_bad_fields():
         RNNSeq2SeqConfig.from_dict({"tgt_vocab_size": 7})
 
 
+@pytest.mark.parametrize("field", ["hidden_dim", "embed_dim", "src_vocab_size", "max_src_len"])
+def test_config_names_a_size_past_int32(field):
+    """hidden_dim 10**30 passed the config and ended in torch's C++ overflow traceback."""
+    d = {"src_vocab_size": 9, "tgt_vocab_size": 7, field: 10 ** int(torch.randint(10, 31, ()))}
+    with pytest.raises(ValueError, match=rf"RNNSeq2SeqConfig\.{field} = .*must be <= 2147483647"):
+        RNNSeq2SeqConfig.from_dict(d)
+    RNNSeq2SeqConfig.from_dict({**d, field: 2**31 - 2})  # large but valid: no error
+
+
 COPY = {
     "none": (dict(attention="none", cell="lstm"), 0.2),
     "bahdanau": (dict(attention="bahdanau"), 0.05),

@@ -152,6 +152,9 @@ def test_config_from_dict_names_bad_fields():
             TransformerSeq2SeqConfig.from_dict({**base, field: value})
     with pytest.raises(ValueError, match="num_heads"):  # rotary needs an even head size
         TransformerSeq2SeqConfig(**base, d_model=12, num_heads=4, positional="rotary")
+    for field in ("d_model", "ff_dim", "max_len", "tgt_vocab_size"):  # 10**30: C++ overflow
+        with pytest.raises(ValueError, match=rf"{field} = {10**30}: must be <= 2147483647"):
+            TransformerSeq2SeqConfig.from_dict({**base, field: 10**30})
 
 
 @pytest.mark.slow
