@@ -182,9 +182,9 @@ def _figure(results: dict[str, dict], out: Path) -> str:
     ax.set_yscale("log")
     ax.set_ylim(*_norm_range(results))
     ax.set_xlabel("distance k = T − t (steps back)")
-    ax.set_ylabel("‖∂h_T / ∂h_{T−k}‖ (spectral norm)")
+    ax.set_ylabel(r"$\Vert\partial h_T / \partial h_{T-k}\Vert$ (spectral norm)")
     ax.set_title("Gradient through a recurrence vs through self-attention\n"
-                 "(median, quartile band over seeds; dotted: ρ^k)")  # fmt: skip
+                 r"(median, quartile band over seeds; dotted: $\rho^k$)")  # fmt: skip
     ax.legend(fontsize=8, ncol=2, loc="best")
     ax.grid(True, which="major", alpha=0.3)
     return save_figure(fig, out / "gradient-norms.png")
