@@ -80,6 +80,10 @@ def _setup(model, src, src_mask, ratio, offset, max_len, min_len, bos_id, eos_id
     mask = source_mask(src, src_mask, model.pad_id)
     bos = model.bos_id if bos_id is None else bos_id
     eos = model.eos_id if eos_id is None else eos_id
+    vocab = getattr(getattr(model, "config", None), "tgt_vocab_size", None)
+    for name, index in (("bos_id", bos), ("eos_id", eos)):
+        if vocab is not None and not 0 <= index < vocab:
+            raise ValueError(f"{name} {index} is outside the target vocabulary 0..{vocab - 1}")
     limits = (ratio * mask.sum(-1).double() + offset).long().clamp(min=1)  # (B,)
     if max_len is not None:
         if max_len < 1:
@@ -133,11 +137,13 @@ def greedy(
         bos_id, eos_id: defaults ``model.bos_id`` and ``model.eos_id``.
 
     Returns:
-        One :class:`Hypothesis` per source sentence.
+        One :class:`Hypothesis` per source sentence (an empty list for an empty batch).
     """
     setup = _setup(model, src, src_mask, max_len_ratio, max_len_offset, max_len, min_len,
                    bos_id, eos_id)  # fmt: skip
     b = src.shape[0]
+    if b == 0:
+        return []
     state = model.encode(src, setup.mask)
     prev = torch.full((b,), setup.bos, dtype=torch.long, device=src.device)
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
@@ -218,11 +224,16 @@ def beam(
     Returns:
         For each source sentence, its ``n_best`` hypotheses, best first.
     """
+    for name, value in (("beam_size", beam_size), ("n_best", n_best)):
+        if not isinstance(value, int):
+            raise ValueError(f"{name} must be an int, got {value!r}")
     if beam_size < 1 or not 1 <= n_best <= beam_size:
         raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, "
                          f"got beam_size={beam_size}, n_best={n_best}")  # fmt: skip
     setup = _setup(model, src, src_mask, max_len_ratio, max_len_offset, max_len, min_len,
                    bos_id, eos_id)  # fmt: skip
+    if src.shape[0] == 0:
+        return []
     search = _Beam(model, src, setup, beam_size, length_penalty, n_best)
     return search.run()
 

@@ -268,3 +268,25 @@ def test_bad_arguments_are_rejected():
         beam(model, src, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):
         greedy(model, src, max_len=0)
+
+
+def test_an_empty_batch_gives_no_hypotheses(make):
+    model = make(9)
+    src = torch.randint(3, SRC_V, (0, 4))
+    assert greedy(model, src) == []
+    assert beam(model, src, beam_size=3, n_best=2) == []
+
+
+def test_ids_and_sizes_that_cannot_work_are_named():
+    """An EOS outside the vocabulary was never generated: every search ran to its limit."""
+    model = _rnn(9)
+    src = _source([3, 2])
+    for search in (greedy, lambda *a, **kw: beam(*a, beam_size=2, **kw)):
+        with pytest.raises(ValueError, match="eos_id 9 is outside the target vocabulary 0..8"):
+            search(model, src, eos_id=9)
+        with pytest.raises(ValueError, match="bos_id -1 is outside the target vocabulary"):
+            search(model, src, bos_id=-1)
+    with pytest.raises(ValueError, match="beam_size must be an int, got 2.0"):
+        beam(model, src, beam_size=2.0)
+    with pytest.raises(ValueError, match="n_best must be an int, got 1.5"):
+        beam(model, src, beam_size=2, n_best=1.5)
