@@ -120,7 +120,7 @@ def greedy(
     max_len_offset: int = 10,
     max_len: int | None = None,
     min_len: int = 0,
-    length_penalty_alpha: float = 0.0,
+    length_penalty: float = 0.0,
     bos_id: int | None = None,
     eos_id: int | None = None,
 ) -> list[Hypothesis]:
@@ -133,7 +133,8 @@ def greedy(
         max_len_ratio, max_len_offset: maximum target length ``int(ratio * S + offset)``.
         max_len: an absolute cap on the target length.
         min_len: EOS is forbidden before this many tokens.
-        length_penalty_alpha: only for the reported ``normalized_score``.
+        length_penalty: alpha of the length penalty, as in :func:`beam`; only for the
+            reported ``normalized_score`` (greedy picks tokens the same way whatever it is).
         bos_id, eos_id: defaults ``model.bos_id`` and ``model.eos_id``.
 
     Returns:
@@ -160,7 +161,7 @@ def greedy(
         prev = tok
         if bool(done.all()):
             break
-    return _greedy_hypotheses(torch.stack(tokens, 1), scores, aligns, setup, length_penalty_alpha)
+    return _greedy_hypotheses(torch.stack(tokens, 1), scores, aligns, setup, length_penalty)
 
 
 def _greedy_hypotheses(

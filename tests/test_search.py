@@ -105,11 +105,13 @@ def test_beam_of_one_is_greedy(make):
     model = make(10)
     src = _source([5, 3, 1, 4])
     for alpha in (0.0, 0.8):
-        greedy_hyps = greedy(model, src, max_len_offset=6)
+        greedy_hyps = greedy(model, src, max_len_offset=6, length_penalty=alpha)
         beam_hyps = beam(model, src, beam_size=1, length_penalty=alpha, max_len_offset=6)
         for g, (b,) in zip(greedy_hyps, beam_hyps):
             assert (g.tokens, g.eos) == (b.tokens, b.eos)
             assert g.score == pytest.approx(b.score)
+            assert g.normalized_score == pytest.approx(b.normalized_score)
+            assert g.normalized_score == pytest.approx(g.score / length_penalty(g.length, alpha))
 
 
 def _enumerate(model, src_row, max_len: int, alpha: float, words: list[int]):
