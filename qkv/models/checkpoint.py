@@ -304,4 +304,10 @@ def _optimizer_state(header: dict, tensors: dict) -> dict | None:
         if name.startswith("optim."):
             _, pid, key = name.split(".", 2)
             state.setdefault(int(pid), {})[key] = value
-    return {"state": state, "param_groups": header["optimizer"]["param_groups"]}
+    groups = [_tuples(g) if isinstance(g, dict) else g for g in header["optimizer"]["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _tuples(group: dict) -> dict:
+    """JSON turned a group's tuples (Adam's ``betas``) into lists: turn them back."""
+    return {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}

@@ -128,3 +128,26 @@ def test_a_bad_config_or_weight_is_one_line_naming_the_file(
     with pytest.raises(CheckpointError, match=f"^{path}: .*{message}") as err:
         load_checkpoint(path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["Adam", "SGD", "Rprop"])
+def test_the_optimizer_state_comes_back_as_it_was_saved(tmp_path, name):
+    """Adam's betas and Rprop's etas came back as lists (JSON), not the tuples saved."""
+    torch.manual_seed(1)
+    model = build_model("rnn", RNN_OPTIONS)
+    kwargs = {"SGD": {"lr": 0.1, "momentum": 0.9}, "Adam": {"amsgrad": True}}.get(name, {})
+    optimizer = getattr(torch.optim, name)(model.parameters(), **kwargs)
+    logits, _ = model(torch.randint(6, 17, (2, 5)), torch.randint(6, 17, (2, 3)))
+    (logits * torch.randn_like(logits)).sum().backward()
+    optimizer.step()
+    path = save_checkpoint(tmp_path / "o.safetensors", model, optimizer=optimizer)
+    fresh = getattr(torch.optim, name)(model.parameters())
+    fresh.load_state_dict(load_checkpoint(path).optimizer_state)
+    saved, loaded = optimizer.state_dict(), fresh.state_dict()
+    assert loaded["param_groups"] == saved["param_groups"]
+    assert saved["state"].keys() == loaded["state"].keys()
+    for pid, state in saved["state"].items():
+        assert state.keys() == loaded["state"][pid].keys()
+        assert all(
+            torch.equal(torch.as_tensor(v), loaded["state"][pid][k]) for k, v in state.items()
+        )
