@@ -57,6 +57,17 @@ def _check_keys(query: Tensor, keys: Tensor, key_mask: Tensor | None) -> None:
         )
 
 
+def _check_prefix(key_mask: Tensor) -> None:
+    """Local windows count source positions from 0: real tokens must come first."""
+    lengths = key_mask.sum(-1, keepdim=True)  # (B, 1)
+    prefix = torch.arange(key_mask.shape[-1], device=key_mask.device) < lengths
+    if not torch.equal(key_mask, prefix):
+        raise ValueError(
+            "local attention needs key_mask to mark a prefix of each row (real tokens "
+            "first, then padding): its windows count source positions from 0"
+        )
+
+
 class BahdanauAttention(nn.Module):
     """Additive attention (Bahdanau, Cho & Bengio 2015, "align and translate").
 
@@ -102,6 +113,10 @@ class BahdanauAttention(nn.Module):
         score = self.score
         check_widths(q, keys, score.query_proj.in_features, score.key_proj.in_features)
         projected = self.project_keys(keys) if projected_keys is None else projected_keys
+        want = (*keys.shape[:2], score.key_proj.out_features)
+        if projected.shape != want:  # a (1, Tk, A) broadcast silently over the batch
+            raise ValueError(f"projected_keys must be (B, Tk, A) = {want} (project_keys(keys)), "
+                             f"got {tuple(projected.shape)}")  # fmt: skip
         scores = self.score.score_projected(q, projected)  # (B, Tq, Tk)
         mask = None if key_mask is None else key_mask[:, None, :]  # (B, 1, Tk)
         weights = masked_softmax(scores, mask)  # (B, Tq, Tk)
@@ -176,7 +191,8 @@ class LuongAttention(nn.Module):
 
     Shape:
         query ``(B, Dq)`` (one step) or ``(B, Tq, Dq)``; keys ``(B, Tk, Dk)``;
-        key_mask ``(B, Tk)``; ``step`` is the target position of the first query (local-m).
+        key_mask ``(B, Tk)``, real tokens first (local windows refuse other masks);
+        ``step`` is the target position of the first query (local-m).
 
     Returns:
         ``(context, weights)``: ``(B, Dk)`` and ``(B, Tk)`` for one step, or
@@ -224,6 +240,7 @@ class LuongAttention(nn.Module):
         mask = real[:, None, :]  # (B, 1, Tk)
         gauss = None
         if self.window is not None:
+            _check_prefix(real)
             centre = self.centre(q, real, step)  # (B, Tq)
             pos = torch.arange(tk, device=q.device, dtype=q.dtype)
             dist = pos.view(1, 1, tk) - centre.unsqueeze(-1)  # (B, Tq, Tk)

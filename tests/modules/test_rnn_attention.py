@@ -204,3 +204,28 @@ def test_invalid_arguments_are_rejected():
         BahdanauAttention(D).double()(query, keys, mask.long())
     with pytest.raises(ValueError, match="query"):
         BahdanauAttention(D).double()(query[0, 0], keys, mask)
+
+
+def test_bahdanau_refuses_projected_keys_of_another_shape():
+    """Keys projected for one sentence, (1, Tk, A), broadcast silently over a batch of 3."""
+    attn = BahdanauAttention(D, D).double()
+    query, keys, mask = _inputs()
+    projected = attn.project_keys(keys)
+    for bad in (projected[:1], projected[:, :-1], projected[..., :-1]):
+        with pytest.raises(ValueError, match=r"projected_keys must be \(B, Tk, A\)"):
+            attn(query[:, 0], keys, mask, projected_keys=bad)
+    context, _ = attn(query[:, 0], keys, mask, projected_keys=projected)
+    torch.testing.assert_close(context, attn(query[:, 0], keys, mask)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("window", ["monotonic", "predictive"])
+def test_local_windows_refuse_a_mask_that_is_not_a_prefix(window):
+    """A left-padded mask put p_t (counted from position 0) among the padding, silently."""
+    torch.manual_seed(10)
+    attn = LuongAttention(D, D, score="dot", window=window, window_size=2).double()
+    query, keys, mask = _inputs()
+    with pytest.raises(ValueError, match="prefix"):
+        attn(query, keys, mask.flip(-1))  # real tokens last
+    global_attn = LuongAttention(D, D, score="dot").double()
+    _, weights = global_attn(query, keys, mask.flip(-1))  # global attention has no positions
+    assert torch.all(weights.masked_select(~mask.flip(-1)[:, None].expand_as(weights)) == 0)
