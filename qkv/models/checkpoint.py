@@ -11,10 +11,13 @@ of one.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
+import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,18 +123,39 @@ def save_checkpoint(
 
 
 def _write_atomic(path: Path, tensors, metadata, save_file) -> None:
+    """Write into a private folder beside ``path``, then rename the file over ``path``.
+
+    safetensors writes through a temporary file of its own in the target's folder; inside
+    ``.NAME.XXXX.tmp/`` it cannot be mistaken for anything else, so the folders that a
+    killed process left behind (older than ``STALE_TMP_S``) are removed on the next save.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    _remove_stale_tmp(path)
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = folder / path.name
     try:
-        save_file(_dedupe_shared(tensors), tmp, metadata=metadata)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's (and safetensors') 0600: only we could read it
+        save_file(_dedupe_shared(tensors), str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors' 0600: only we could read it
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+STALE_TMP_S = 600.0  # a save in progress (another process) is never this old
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    """Remove the private folders of saves of ``path`` that were killed (``kill -9``)."""
+    now = time.time()
+    for old in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:  # a file still being written inside has a fresh mtime
+            newest = max([old.stat().st_mtime] + [f.stat().st_mtime for f in old.iterdir()])
+        except OSError:  # gone meanwhile, or not a folder of ours
+            continue
+        if now - newest > STALE_TMP_S:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _umask() -> int:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +155,29 @@ def test_the_optimizer_state_comes_back_as_it_was_saved(tmp_path, name):
         assert all(
             torch.equal(torch.as_tensor(v), loaded["state"][pid][k]) for k, v in state.items()
         )
+
+
+def test_what_a_killed_save_left_is_removed_by_the_next_save(tmp_path):
+    path = tmp_path / "last.safetensors"
+    code = (
+        "import os, sys, safetensors.torch as st\n"
+        "from qkv.models.checkpoint import save_checkpoint\n"
+        "from tests.models.test_checkpoint import _model\n"
+        "def die(tensors, filename, metadata=None):\n"
+        "    with open(filename + '.part', 'wb') as f: f.write(b'x' * 1000)\n"
+        "    os._exit(9)\n"  # like kill -9: no finally, no cleanup
+        "st.save_file = die\n"
+        f"save_checkpoint({str(path)!r}, _model())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2])
+    assert run.returncode == 9
+    (left,) = [p for p in tmp_path.iterdir()]
+    assert left.name.startswith(".last.safetensors.") and left.is_dir()
+    save_checkpoint(path, _model())  # fresh: another save may still be writing there
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([left.name, path.name])
+    old = time.time() - checkpoint.STALE_TMP_S - 1
+    for p in [left, *left.iterdir()]:
+        os.utime(p, (old, old))
+    save_checkpoint(path, _model())
+    assert os.listdir(tmp_path) == [path.name]
+    load_checkpoint(path)
