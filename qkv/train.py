@@ -37,6 +37,7 @@ from qkv.recipe import ConfigError, Recipe, load_yaml
 from qkv.schedule import make_schedule
 from qkv.train_checks import (
     check_lengths,
+    check_memory,
     check_out_dir,
     finished,
     remove_partial_checkpoints,
@@ -168,6 +169,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         torch.set_num_threads(cfg.threads)
     out = recipe.out_dir
     data = prepare(recipe)
+    check_memory(lambda: build_model_for(recipe, data), dist.device)  # before the seed
     torch.manual_seed(cfg.seed)
     model = build_model_for(recipe, data).to(dist.device)
     check_lengths(model, data)

@@ -1,7 +1,8 @@
 """The checks :func:`qkv.train.train` makes before it trains, and resuming a run.
 
-Before any work: the output folder is a folder (or can be made), and every training and
-validation pair fits the model's positions. On ``--resume``: the checkpoint was trained
+Before any work: the output folder is a folder (or can be made), the model's training
+state fits the device's free memory, and every training and validation pair fits the
+model's positions. On ``--resume``: the checkpoint was trained
 on the same data (the recipe's data and tokenizer sections, then the tokenizers
 themselves) and the same model, so that a resumed run continues the one it resumes.
 """
@@ -11,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from qkv.data.prepare import Prepared
@@ -22,6 +26,7 @@ from qkv.recipe import ConfigError, Recipe
 
 __all__ = [
     "check_lengths",
+    "check_memory",
     "check_out_dir",
     "finished",
     "remove_partial_checkpoints",
@@ -44,6 +49,41 @@ def check_out_dir(path: Path, name: str = "out") -> None:
         folder = folder.parent
     if not folder.is_dir():
         raise ConfigError(f"{name} {path}: {folder} is a file, not a folder")
+
+
+def check_memory(build: Callable[[], nn.Module], device: torch.device) -> None:
+    """Refuse a model whose training state cannot fit in the device's free memory.
+
+    The model is built on the meta device first (no memory), so that a size typed with a
+    few zeros too many is one line instead of the allocator's traceback. Training with
+    AdamW holds four copies of the parameters: weights, gradients and the two moments.
+    """
+    with torch.device("meta"):
+        model = build()
+    count = sum(p.numel() for p in model.parameters())
+    need = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+    free = free_memory(device)
+    if free is not None and need > free:
+        raise ConfigError(
+            f"model: {count:,} parameters need {need / 2**30:,.1f} GiB to train (weights, "
+            f"gradients and AdamW's two moments), more than the {free / 2**30:,.1f} GiB "
+            f"free on {device.type}"
+        )
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` (CPU: the kernel's MemAvailable), or None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_lengths(model: nn.Module, data: Prepared) -> None:
@@ -186,11 +226,16 @@ def finished(state, cfg) -> str | None:
 
 
 def remove_partial_checkpoints(out: Path) -> None:
-    """Delete the temporary files of checkpoint writes that a kill cut short: each is as
-    big as a checkpoint, and nothing else removes them (the write renames its own)."""
+    """Delete what checkpoint writes that a kill cut short left: each write's private
+    folder (with safetensors' own temporary file inside, as big as a checkpoint), or the
+    file that earlier versions wrote. A resumed run is the only writer of its folder, so
+    these go at once (a later save would remove them only after 10 minutes)."""
     for name in ("last", "best"):
         for partial in out.glob(f".{name}.safetensors.*.tmp"):
-            partial.unlink(missing_ok=True)
+            if partial.is_dir():
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)
 
 
 def trim_log(path: Path, step: int) -> None:
