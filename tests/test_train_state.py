@@ -83,18 +83,24 @@ def test_resuming_a_run_that_stopped_early_trains_nothing(tmp_path):
 
 
 def test_the_time_budget_and_the_logged_seconds_run_on_across_a_resume(tmp_path):
-    budget = random.uniform(0.2, 0.4)
+    first = tiny_recipe(tmp_path, steps=10_000, eval_every=10_000, save_every=2)
+    train_until_interrupted(first, step=5)  # resumed from step 4, whatever the machine's speed
+    spent = next(r["seconds"] for r in _rows_with_times(tmp_path) if r.get("step") == 4)
+    budget = spent + random.uniform(0.2, 0.4)
     recipe = tiny_recipe(tmp_path, steps=10_000, eval_every=10_000, save_every=2,
                          max_seconds=budget)  # fmt: skip
-    train_until_interrupted(recipe, step=5)  # resumed from step 4
     assert train(recipe, resume=True, progress=False).steps < 10_000  # the time ran out
     seconds = [r["seconds"] for r in _rows_with_times(tmp_path) if "seconds" in r]
     assert seconds == sorted(seconds)  # one clock over both processes
     assert seconds[-2] <= budget  # the step before the last was still within the budget
     stopped = train(recipe, resume=True, progress=False)  # its budget is spent
     assert stopped.already_done and "train.max_seconds" in stopped.done_because
+    from qkv.models.checkpoint import load_checkpoint
+
+    spent = load_checkpoint(tmp_path / "last.safetensors").extra["train"]["seconds"]
+    assert spent >= seconds[-1]  # the final validation counts too
     more = tiny_recipe(tmp_path, steps=10_000, eval_every=10_000, save_every=2,
-                       max_seconds=budget + 0.1)  # fmt: skip
+                       max_seconds=spent + 0.1)  # fmt: skip
     assert train(more, resume=True, progress=False).steps > stopped.steps
 
 
