@@ -11,7 +11,12 @@ Views (all for self-attention and for cross-attention, source <-> target):
   pin), choose layer and heads;
 - **model view**: a thumbnail for every layer x head; click one (or Enter on it) to open it;
 - **matrix view**: the heatmap of one head with the exact weight on hover; focused, the
-  arrow keys move a highlighted cell whose weight is read out (``aria-live``).
+  arrow keys move a highlighted cell whose weight is read out (``aria-live``). Up to 64 x
+  64 cells it is a table, a cell per weight; larger, one canvas (a pixel per weight).
+
+Long inputs stay quick to use: the page decodes a layer's weights when it first shows
+it, the head view's overview draws at most its 3000 strongest lines (and says so), and
+a focused token with over 1000 lines draws only those of weight 0.01 and more.
 
 Everything works from the keyboard: the view tabs follow the ARIA tabs pattern (arrow
 keys move between them), tokens and thumbnails are focusable buttons.
@@ -25,7 +30,9 @@ selector between them; ``initial`` chooses the view, layer and head a page opens
 
 The weights travel quantised (:mod:`qkv.viz.payload`). Elements the script draws carry
 ``data-layer``, ``data-head``, ``data-query``, ``data-key`` and ``data-weight`` (the
-de-quantised weight, as JavaScript prints a double) so that tests can read them.
+de-quantised weight, as JavaScript prints a double) so that tests can read them; the
+matrix view's tooltip carries ``data-query``, ``data-key`` and ``data-weight`` of its
+cell (the only place a canvas matrix shows them).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 :func:`fill_page` puts a payload (:mod:`qkv.viz.payload`), its error bound and a summary
 into the one self-contained HTML file that :mod:`qkv.viz.html` returns. The script is
-``viewer_head.js``, ``viewer_matrix.js`` and ``viewer.js``, shipped next to this module
-and inlined in that order inside one strict-mode closure.
+``viewer_head.js``, ``viewer_matrix.js``, ``viewer_matrix_canvas.js`` and ``viewer.js``,
+shipped next to this module and inlined in that order inside one strict-mode closure.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _asset(name: str) -> str:
     return resources.files("qkv.viz").joinpath(name).read_text(encoding="utf-8")
 
 
-_SCRIPTS = ("viewer_head.js", "viewer_matrix.js", "viewer.js")  # views, then the wiring
+# the views (the matrix canvas after the matrix view it draws for), then the wiring
+_SCRIPTS = ("viewer_head.js", "viewer_matrix.js", "viewer_matrix_canvas.js", "viewer.js")
 
 
 def _script() -> str:

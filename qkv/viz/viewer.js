@@ -19,14 +19,16 @@ const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
 
 const PAGE = JSON.parse(document.getElementById("qkv-data").textContent);
 const ITEMS = PAGE.items || [PAGE];
-let data, L, H, TQ, TK, W, cross; // the item on show, set by load()
+let data, L, H, TQ, TK, LO, STEP, cross; // the item on show, set by load()
+let Q; // per layer: its quantised weights once decoded (layerQ), else null
 const state = { view: "head", layer: 0, heads: new Set(), matrixHead: 0,
   focus: null, pinned: false, item: 0, cell: null };
 
 function load(k) {
   data = ITEMS[k];
   [L, H, TQ, TK] = data.shape;
-  W = decode(data);
+  ({ lo: LO, step: STEP } = data.encoding);
+  Q = new Array(L).fill(null);
   cross = data.kind === "cross";
   state.item = k;
 }
@@ -42,22 +44,37 @@ function resetState(init) {
 
 function range(n) { return Array.from({ length: n }, (_, i) => i); }
 
-function decode(d) {
-  const bin = atob(d.weights);
-  const bytes = new Uint8Array(bin.length);
-  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-  const wide = d.encoding.dtype === "uint16";
-  const n = wide ? bytes.length / 2 : bytes.length;
-  const out = new Float64Array(n);
-  const lo = d.encoding.lo, step = d.encoding.step;
-  for (let k = 0; k < n; k++) {
-    const q = wide ? bytes[2 * k] | (bytes[2 * k + 1] << 8) : bytes[k];
-    out[k] = lo + q * step; // same arithmetic as qkv.viz.html.decode_payload
-  }
+// The quantised weights of layer l, (H, TQ, TK) in C order. Each layer is decoded the
+// first time it is shown: a 512-token page holds 19 million weights, and decoding them
+// all (into doubles, 150 MB) held up the page's start for the one layer it opens on.
+function layerQ(l) {
+  if (!Q[l]) Q[l] = decodeLayer(data, l);
+  return Q[l];
+}
+
+function decodeLayer(d, l) {
+  const n = H * TQ * TK, width = d.encoding.dtype === "uint16" ? 2 : 1;
+  const start = l * n * width, skip = start % 3; // base64 holds 3 bytes in 4 characters
+  const from = (start - skip) / 3 * 4, chars = Math.ceil((skip + n * width) / 3) * 4;
+  const bytes = base64Bytes(d.weights.slice(from, from + chars));
+  if (width === 1) return bytes.subarray(skip, skip + n);
+  const out = new Uint16Array(n);
+  for (let k = 0, o = skip; k < n; k++, o += 2) out[k] = bytes[o] | (bytes[o + 1] << 8);
   return out;
 }
 
-function weight(l, h, i, j) { return W[((l * H + h) * TQ + i) * TK + j]; }
+function base64Bytes(text) {
+  if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text); // native, much faster
+  const bin = atob(text);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  return bytes;
+}
+
+// A quantised level as a weight: the same arithmetic as qkv.viz.payload.decode_payload.
+function dequant(q) { return LO + q * STEP; }
+
+function weight(l, h, i, j) { return dequant(layerQ(l)[(h * TQ + i) * TK + j]); }
 
 // A weight as text, with the decimals its quantisation keeps (8-bit weights are within
 // 0.002 of the model's, so a sixth decimal would be noise: 3 decimals; 16-bit: 6).

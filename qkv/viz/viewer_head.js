@@ -46,6 +46,7 @@ function tokenKey(e, col, i) {
 }
 
 function renderHeadView(root) {
+  root.appendChild(el("p", { class: "qkv-caption", id: "qkv-lines-note", hidden: "" }));
   const wrap = el("div", { class: "qkv-head-layout" });
   const names = cross ? ["target (queries)", "source (keys)"] : ["queries", "keys"];
   wrap.appendChild(el("div", { class: "qkv-column-title" }, names[0]));
@@ -65,7 +66,12 @@ function renderHeadView(root) {
   drawLines();
 }
 
-// All lines of the selected heads at once: thousands of them, so on a canvas.
+// The overview: the lines of the selected heads at once, on a canvas. On long inputs
+// only the strongest LINE_BUDGET are drawn, as hairlines: a 512-token map of 12 heads
+// has over 100,000 lines above LINE_MIN, and at 1.5 px software rasterising them took
+// 30 s (a line costs its length; hairlines take Skia's fast path, about 4 times faster).
+const LINE_BUDGET = 3000;
+
 function drawOverview() {
   const canvas = document.getElementById("qkv-overview");
   const box = canvas.parentNode, ratio = window.devicePixelRatio || 1;
@@ -74,21 +80,52 @@ function drawOverview() {
   canvas.height = Math.round(height * ratio);
   const ctx = canvas.getContext("2d");
   ctx.scale(ratio, ratio);
-  ctx.lineWidth = 1.5;
-  for (const h of [...state.heads].sort((a, b) => a - b)) {
+  const q = layerQ(state.layer), heads = [...state.heads].sort((a, b) => a - b);
+  let [cut, room] = overviewCut(q, heads); // lines at level cut: only room of them
+  const capped = room < Infinity;
+  ctx.lineWidth = capped ? 1 / ratio : 1.5;
+  let drawn = 0;
+  for (const h of heads) {
     ctx.strokeStyle = headColor(h);
-    for (let i = 0; i < TQ; i++) {
-      for (let j = 0; j < TK; j++) {
-        const w = weight(state.layer, h, i, j);
-        if (w < LINE_MIN) continue;
+    for (let i = 0, k = h * TQ * TK; i < TQ; i++) {
+      for (let j = 0; j < TK; j++, k++) {
+        const w = dequant(q[k]);
+        if (w < LINE_MIN || q[k] < cut || (q[k] === cut && room-- <= 0)) continue;
         ctx.globalAlpha = Math.min(1, 0.9 * w);
         ctx.beginPath();
         ctx.moveTo(0, i * ROW + ROW / 2);
         ctx.lineTo(width, j * ROW + ROW / 2);
         ctx.stroke();
+        drawn++;
       }
     }
   }
+  canvas.dataset.lines = String(drawn);
+  linesNote(capped ? drawn : null);
+}
+
+// Which lines the overview draws: [level, room], every line above quantised level
+// `level` and the first `room` at it. That is every line above LINE_MIN (room Infinity)
+// unless there are more than LINE_BUDGET, then the strongest LINE_BUDGET. Weights are
+// quantised, so counting the lines at each level finds the cut in one pass, unsorted.
+function overviewCut(q, heads) {
+  const first = Math.max(0, Math.ceil((LINE_MIN - LO) / STEP)); // lowest level drawn
+  const count = new Uint32Array(data.encoding.dtype === "uint16" ? 65536 : 256);
+  for (const h of heads) for (let k = h * TQ * TK, e = k + TQ * TK; k < e; k++) count[q[k]]++;
+  let kept = 0;
+  for (let level = count.length - 1; level >= first; level--) {
+    if (kept + count[level] > LINE_BUDGET) return [level, LINE_BUDGET - kept];
+    kept += count[level];
+  }
+  return [0, Infinity]; // as many as there are: all, the faintest too
+}
+
+// Says above the lines when the overview leaves some out (n drawn), or nothing (null).
+function linesNote(n) {
+  const note = document.getElementById("qkv-lines-note");
+  note.hidden = n === null;
+  note.textContent = n === null ? "" : `Showing the ${n} strongest lines of the heads ` +
+    "selected; hover or focus a token for its lines.";
 }
 
 // For the readout: the token and its strongest line among the heads shown.
@@ -129,7 +166,11 @@ function lineEl(h, i, j, w) {
   return line;
 }
 
-// The lines of the focused token, one SVG element each, carrying the exact weight.
+// The lines of the focused token, one SVG element each, carrying the exact weight. On
+// long inputs only those of LINE_MIN and more (the rest are under 1% opaque): 12 heads x
+// 512 tokens were 6,144 elements, seconds of layout and rasterising per hover.
+const FOCUS_ALL_MAX = 1000; // up to this many lines, a focus draws all, however faint
+
 function drawLines() {
   const svg = document.getElementById("qkv-lines");
   if (!svg) return;
@@ -139,14 +180,17 @@ function drawLines() {
   const glow = { query: new Array(TQ).fill(null), key: new Array(TK).fill(null) };
   if (f) {
     const [other, n] = f.side === "query" ? ["key", TK] : ["query", TQ];
+    const least = state.heads.size * n > FOCUS_ALL_MAX ? LINE_MIN : -Infinity;
+    const lines = document.createDocumentFragment(); // one insertion, one layout
     for (const h of [...state.heads].sort((a, b) => a - b)) {
       for (let k = 0; k < n; k++) {
         const [i, j] = f.side === "query" ? [f.index, k] : [k, f.index];
         const w = weight(l, h, i, j);
-        svg.appendChild(lineEl(h, i, j, w));
+        if (w >= least) lines.appendChild(lineEl(h, i, j, w));
         if (!glow[other][k] || glow[other][k].w < w) glow[other][k] = { w, h };
       }
     }
+    svg.appendChild(lines);
   }
   for (const side of ["query", "key"]) {
     document.querySelectorAll(`.qkv-${side}`).forEach((node, k) => {

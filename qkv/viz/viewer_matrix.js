@@ -14,8 +14,10 @@ function ramp(x) {
 }
 
 function headMax(l, h) {
+  const q = layerQ(l);
   let m = 0;
-  for (let k = (l * H + h) * TQ * TK, e = k + TQ * TK; k < e; k++) m = Math.max(m, W[k]);
+  for (let k = h * TQ * TK, e = k + TQ * TK; k < e; k++) m = Math.max(m, q[k]);
+  m = dequant(m); // levels grow with the weight, so the largest level is the largest weight
   return m > 0 ? m : 1;
 }
 
@@ -24,10 +26,14 @@ const THUMB_PX = 72;  // CSS width of a thumbnail (viewer.css)
 
 // Largest weight of block [i0, i1) x [j0, j1): a thumbnail smaller than the map keeps
 // the peaks (one column every query looks at) that sampling one cell per pixel drops.
+// Read as levels (the largest level is the largest weight): 19 million cells on 512 tokens.
 function blockMax(l, h, i0, i1, j0, j1) {
+  const q = layerQ(l);
   let m = 0;
-  for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) m = Math.max(m, weight(l, h, i, j));
-  return m;
+  for (let i = i0; i < i1; i++) {
+    for (let k = (h * TQ + i) * TK + j0, e = k + j1 - j0; k < e; k++) m = Math.max(m, q[k]);
+  }
+  return Math.max(0, dequant(m));
 }
 
 function thumbnail(l, h) {
@@ -84,17 +90,52 @@ function renderModelView(root) {
 }
 
 // ---- matrix view ---------------------------------------------------------------
+// The map is drawn by a "surface": a <table> of cells for small maps (each cell a node
+// that tests and screen readers can reach), or one canvas pixel per weight for large ones
+// (viewer_matrix_canvas.js). Both give the view the same calls: node (the focusable
+// #qkv-matrix), at(event) -> {i, j} | null, rect(cell), labels(cell) -> [row, column]
+// and mark(cell | null) -> the node shown on the keyboard's cell. Weights are read from the
+// decoded data, so what the tooltip and the readout say does not depend on the surface.
 const tooltip = document.getElementById("qkv-tooltip");
+// Maps up to 64 x 64 are tables; a <td> per weight took 8 s to build at 512 x 512 (on a
+// busy 2-core machine), and every highlight then searched those 262,144 cells.
+const TABLE_CELLS_MAX = 64 * 64;
+let surface = null; // of the matrix on show, set by renderMatrixView
+
+function cellPx() { return TK <= 16 ? 34 : TK <= 40 ? 18 : 13; }
 
 function renderMatrixView(root) {
   const l = state.layer, h = state.matrixHead, m = headMax(l, h);
   const caption = `${mapName(l, h)}: rows ${sideName("query")} tokens, ` +
     `columns ${sideName("key")} tokens; colour 0 → ${m.toFixed(3)}`;
   root.appendChild(el("p", { class: "qkv-caption", id: "qkv-matrix-caption" }, caption));
-  const table = el("table", { id: "qkv-matrix", "data-layer": l, "data-head": h,
+  surface = TQ * TK > TABLE_CELLS_MAX ? canvasSurface(l, h, m) : tableSurface(l, h, m);
+  const node = surface.node;
+  for (const [k, v] of Object.entries({ id: "qkv-matrix", "data-layer": l, "data-head": h,
     tabindex: 0, "aria-describedby": "qkv-matrix-caption",
-    "aria-label": `Attention weights, ${mapName(l, h)}; arrow keys move between cells` });
-  table.style.setProperty("--cell", `${TK <= 16 ? 34 : TK <= 40 ? 18 : 13}px`);
+    "aria-label": `Attention weights, ${mapName(l, h)}; arrow keys move between cells` })) {
+    node.setAttribute(k, v);
+  }
+  const hover = (e) => { const c = surface.at(e); if (c) showCell(c); };
+  node.addEventListener("mouseover", hover);
+  node.addEventListener("mousemove", hover); // a canvas has one node for every cell
+  node.addEventListener("mouseleave", () => showCell(activeCell()));
+  node.addEventListener("focus", () => {
+    state.cell = state.cell || { i: 0, j: 0 };
+    moveCell(0, 0);
+  });
+  node.addEventListener("mousedown", (e) => { // a click picks the cell the keys move from
+    const c = surface.at(e);
+    if (c) state.cell = c;
+  });
+  node.addEventListener("blur", () => showCell(null));
+  node.addEventListener("keydown", matrixKey);
+  root.appendChild(node);
+}
+
+function tableSurface(l, h, m) {
+  const table = el("table");
+  table.style.setProperty("--cell", `${cellPx()}px`);
   const top = el("tr");
   top.appendChild(el("th", { class: "qkv-corner" }));
   data.keyTokens.forEach((t, j) => top.appendChild(
@@ -107,26 +148,38 @@ function renderMatrixView(root) {
     for (let j = 0; j < TK; j++) tr.appendChild(matrixCell(l, h, i, j, m));
     table.appendChild(tr);
   }
-  table.addEventListener("mouseover", (e) => showCell(e.target.closest(".qkv-cell"), e));
-  table.addEventListener("mouseleave", () => showCell(activeCell()));
-  table.addEventListener("focus", () => {
-    state.cell = state.cell || { i: 0, j: 0 };
-    moveCell(0, 0);
-  });
-  table.addEventListener("mousedown", (e) => { // a click picks the cell the keys move from
-    const td = e.target.closest(".qkv-cell");
-    if (td) state.cell = { i: +td.dataset.query, j: +td.dataset.key };
-  });
-  table.addEventListener("blur", () => showCell(null));
-  table.addEventListener("keydown", matrixKey);
-  root.appendChild(table);
+  const td = (c) => table.rows[c.i + 1].cells[c.j + 1];
+  return { node: table,
+    at: (e) => {
+      const cell = e.target.closest(".qkv-cell");
+      return cell && { i: +cell.dataset.query, j: +cell.dataset.key };
+    },
+    rect: (c) => td(c).getBoundingClientRect(),
+    labels: (c) => [table.rows[c.i + 1].cells[0], table.rows[0].cells[c.j + 1]],
+    mark: (c) => {
+      table.querySelectorAll("td.qkv-hl").forEach((n) => n.classList.remove("qkv-hl"));
+      if (!c) return null;
+      td(c).classList.add("qkv-hl");
+      return td(c);
+    } };
+}
+
+function matrixCell(l, h, i, j, m) {
+  const w = weight(l, h, i, j), x = w / m;
+  const td = el("td", { class: "qkv-cell", "data-layer": l, "data-head": h,
+    "data-query": i, "data-key": j, "data-weight": String(w) });
+  td.style.background = `rgb(${ramp(x).join(",")})`;
+  if (TK <= 16) {
+    td.textContent = w.toFixed(2);
+    td.style.color = x > 0.6 ? "#000" : "#fff";
+  }
+  return td;
 }
 
 // The cell the keyboard highlights, while the matrix has the focus.
 function activeCell() {
-  const c = state.cell, table = document.getElementById("qkv-matrix");
-  if (!c || document.activeElement !== table) return null;
-  return table.querySelector(`.qkv-cell[data-query="${c.i}"][data-key="${c.j}"]`);
+  const table = document.getElementById("qkv-matrix");
+  return state.cell && document.activeElement === table ? state.cell : null;
 }
 
 // Arrows move by one cell, Home/End to the row's ends, PageUp/PageDown to the column's.
@@ -145,37 +198,44 @@ function moveCell(di, dj) {
   const c = state.cell;
   c.i = Math.min(TQ - 1, Math.max(0, c.i + di));
   c.j = Math.min(TK - 1, Math.max(0, c.j + dj));
-  const td = activeCell();
-  showCell(td);
-  td.scrollIntoView({ block: "nearest", inline: "nearest" });
+  showCell(c)?.scrollIntoView({ block: "nearest", inline: "nearest" });
+  const w = weight(state.layer, state.matrixHead, c.i, c.j);
   readout.textContent = `${sideName("query")} ${c.i + 1} "${data.queryTokens[c.i]}" → ` +
-    `${sideName("key")} ${c.j + 1} "${data.keyTokens[c.j]}": ${shown(+td.dataset.weight)}`;
+    `${sideName("key")} ${c.j + 1} "${data.keyTokens[c.j]}": ${shown(w)}`;
 }
 
-function matrixCell(l, h, i, j, m) {
-  const w = weight(l, h, i, j), x = w / m;
-  const td = el("td", { class: "qkv-cell", "data-layer": l, "data-head": h,
-    "data-query": i, "data-key": j, "data-weight": String(w) });
-  td.style.background = `rgb(${ramp(x).join(",")})`;
-  if (TK <= 16) {
-    td.textContent = w.toFixed(2);
-    td.style.color = x > 0.6 ? "#000" : "#fff";
+// Highlighted labels get the background of viewer.css's "th.qkv-hl", set here because
+// the canvas surface's labels are not <th>s; not its bold, which widens a label and so
+// moved the whole canvas under the pointer.
+const LABEL_HL = { background: "#ffe8cc" };
+const LABEL_PLAIN = { background: "" };
+let litLabels = []; // the row and column labels highlighted now
+
+function lightLabels(nodes) {
+  for (const n of litLabels) {
+    n.classList.remove("qkv-hl");
+    Object.assign(n.style, LABEL_PLAIN);
   }
-  return td;
+  for (const n of nodes) {
+    n.classList.add("qkv-hl");
+    Object.assign(n.style, LABEL_HL);
+  }
+  litLabels = nodes;
 }
 
-function showCell(td) {
-  document.querySelectorAll(".qkv-hl").forEach((n) => n.classList.remove("qkv-hl"));
-  if (!td) { tooltip.hidden = true; return; }
-  if (td === activeCell()) td.classList.add("qkv-hl");
-  const i = +td.dataset.query, j = +td.dataset.key;
-  document.querySelector(`.qkv-row-label[data-query="${i}"]`).classList.add("qkv-hl");
-  document.querySelector(`.qkv-col-label[data-key="${j}"]`).classList.add("qkv-hl");
-  tooltip.textContent = `${data.queryTokens[i]} → ${data.keyTokens[j]}: ` +
-    `${shown(+td.dataset.weight)}`;
-  tooltip.dataset.weight = td.dataset.weight;
+// Tooltip, labels and (for the keyboard's cell) the mark of cell c, or none for null.
+// Returns the node marked, for moveCell to scroll to.
+function showCell(c) {
+  const key = activeCell();
+  const marked = surface.mark(c && key && c.i === key.i && c.j === key.j ? c : null);
+  lightLabels(c ? surface.labels(c) : []);
+  if (!c) { tooltip.hidden = true; return null; }
+  const w = weight(state.layer, state.matrixHead, c.i, c.j);
+  tooltip.textContent = `${data.queryTokens[c.i]} → ${data.keyTokens[c.j]}: ${shown(w)}`;
+  Object.assign(tooltip.dataset, { query: c.i, key: c.j, weight: String(w) });
   tooltip.hidden = false;
-  const r = td.getBoundingClientRect();
+  const r = surface.rect(c);
   tooltip.style.left = `${r.right + window.scrollX + 6}px`;
   tooltip.style.top = `${r.top + window.scrollY - 4}px`;
+  return marked;
 }

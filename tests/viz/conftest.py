@@ -84,13 +84,18 @@ class Page:
         self.url = path.resolve().as_uri()
         self.requests: list[str] = []
         self.dialogs: list[str] = []
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # uncaught exceptions and console errors
         self.page = browser.new_page(viewport={"width": 1200, "height": 900})
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("dialog", self._dialog)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", self._console)
         self.page.goto(self.url)
         self.page.wait_for_selector("#qkv-app[data-ready='true']")
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(f"console: {message.text}")
 
     def _dialog(self, dialog: Any) -> None:
         self.dialogs.append(dialog.message)
