@@ -35,6 +35,12 @@ _FORMATS = (".png", ".svg", ".pdf")
 _CMAP = "viridis"
 
 
+def _floor(w: np.ndarray) -> float:
+    """The bottom of the colour scale: 0, or the smallest value when some are negative
+    (scores plotted instead of weights), which clipping at 0 would all draw alike."""
+    return min(0.0, float(w.min()))
+
+
 def _import_matplotlib() -> Any:
     """Import matplotlib, or say which extra installs it."""
     try:
@@ -161,7 +167,7 @@ def plot_alignment(
         image = ax.imshow(
             w,
             cmap=_CMAP,
-            vmin=0.0,
+            vmin=_floor(w),
             vmax=max(1e-12, float(w.max())),
             aspect="auto",
             interpolation="nearest",
@@ -243,7 +249,7 @@ def plot_heads(
                 image = ax.imshow(
                     sel[r, c],
                     cmap=_CMAP,
-                    vmin=0.0,
+                    vmin=_floor(sel),
                     vmax=vmax,
                     aspect="auto",
                     interpolation="nearest",

@@ -13,13 +13,19 @@ function ramp(x) {
   return RAMP[k].map((c, i) => Math.round(c + f * (RAMP[k + 1][i] - c)));
 }
 
+// The top of a head's colour scale: its largest weight. The bottom is LO, 0 unless some
+// weight is negative (scores given instead of weights): then the page's smallest weight,
+// so that negative cells are told apart instead of all drawn as 0.
 function headMax(l, h) {
   const q = layerQ(l);
   let m = 0;
   for (let k = h * TQ * TK, e = k + TQ * TK; k < e; k++) m = Math.max(m, q[k]);
   m = dequant(m); // levels grow with the weight, so the largest level is the largest weight
-  return m > 0 ? m : 1;
+  return m > LO ? m : LO + 1;
 }
+
+// The colour of weight w on a scale from LO to m (headMax).
+function colour(w, m) { return ramp((w - LO) / (m - LO)); }
 
 // ---- model view ----------------------------------------------------------------
 const THUMB_PX = 72;  // CSS width of a thumbnail (viewer.css)
@@ -33,7 +39,7 @@ function blockMax(l, h, i0, i1, j0, j1) {
   for (let i = i0; i < i1; i++) {
     for (let k = (h * TQ + i) * TK + j0, e = k + j1 - j0; k < e; k++) m = Math.max(m, q[k]);
   }
-  return Math.max(0, dequant(m));
+  return dequant(m);
 }
 
 function thumbnail(l, h) {
@@ -51,7 +57,7 @@ function thumbnail(l, h) {
     const i0 = Math.floor((a * TQ) / th), i1 = Math.floor(((a + 1) * TQ) / th);
     for (let b = 0; b < tw; b++) {
       const j0 = Math.floor((b * TK) / tw), j1 = Math.floor(((b + 1) * TK) / tw);
-      const [r, g, bl] = ramp(blockMax(l, h, i0, i1, j0, j1) / m), o = 4 * (a * tw + b);
+      const [r, g, bl] = colour(blockMax(l, h, i0, i1, j0, j1), m), o = 4 * (a * tw + b);
       img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = bl; img.data[o + 3] = 255;
     }
   }
@@ -107,7 +113,7 @@ function cellPx() { return TK <= 16 ? 34 : TK <= 40 ? 18 : 13; }
 function renderMatrixView(root) {
   const l = state.layer, h = state.matrixHead, m = headMax(l, h);
   const caption = `${mapName(l, h)}: rows ${sideName("query")} tokens, ` +
-    `columns ${sideName("key")} tokens; colour 0 → ${m.toFixed(3)}`;
+    `columns ${sideName("key")} tokens; colour ${LO ? LO.toFixed(3) : 0} → ${m.toFixed(3)}`;
   root.appendChild(el("p", { class: "qkv-caption", id: "qkv-matrix-caption" }, caption));
   surface = TQ * TK > TABLE_CELLS_MAX ? canvasSurface(l, h, m) : tableSurface(l, h, m);
   const node = surface.node;
@@ -165,7 +171,7 @@ function tableSurface(l, h, m) {
 }
 
 function matrixCell(l, h, i, j, m) {
-  const w = weight(l, h, i, j), x = w / m;
+  const w = weight(l, h, i, j), x = (w - LO) / (m - LO);
   const td = el("td", { class: "qkv-cell", "data-layer": l, "data-head": h,
     "data-query": i, "data-key": j, "data-weight": String(w) });
   td.style.background = `rgb(${ramp(x).join(",")})`;

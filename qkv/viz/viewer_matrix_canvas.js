@@ -64,11 +64,11 @@ function heatmapCanvas(l, h, m, px) {
   const ctx = canvas.getContext("2d");
   const img = ctx.createImageData(TK, TQ);
   const q = layerQ(l), base = h * TQ * TK;
-  const colour = new Map(); // a colour per quantised level: 256 or fewer levels in practice
+  const colours = new Map(); // a colour per quantised level: 256 or fewer levels in practice
   for (let k = 0; k < TQ * TK; k++) {
     const level = q[base + k];
-    if (!colour.has(level)) colour.set(level, ramp(dequant(level) / m));
-    const [r, g, b] = colour.get(level);
+    if (!colours.has(level)) colours.set(level, colour(dequant(level), m));
+    const [r, g, b] = colours.get(level);
     img.data[4 * k] = r; img.data[4 * k + 1] = g; img.data[4 * k + 2] = b;
     img.data[4 * k + 3] = 255;
   }

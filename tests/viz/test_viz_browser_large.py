@@ -229,3 +229,42 @@ def test_focus_readout_on_many_heads(many_heads_page):
     lines, _ = _lines(p)
     assert lines and all(w == decoded[1, h, i, j] for (h, i, j), w in lines.items())
     assert not p.errors
+
+
+RAMP = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]])
+
+
+def _ramp(x: np.ndarray) -> np.ndarray:
+    """viewer_matrix.js's ramp: viridis at five stops, linear between, rounded."""
+    t = np.clip(x, 0, 1) * (len(RAMP) - 1)
+    k = np.minimum(len(RAMP) - 2, np.floor(t)).astype(int)
+    f = (t - k)[..., None]
+    return np.floor(RAMP[k] + f * (RAMP[k + 1] - RAMP[k]) + 0.5).astype(int)  # Math.round
+
+
+@pytest.mark.parametrize("tq, tk", [(5, 7), (70, 90)], ids=["table", "canvas"])
+def test_negative_scores_are_coloured_from_the_smallest(open_page, tmp_path, tq, tk):
+    """Scores given instead of weights: the colour scale runs from the page's smallest
+    value to the head's largest, so negative cells differ instead of all being 0's."""
+    scores = np.random.default_rng().normal(size=(1, 1, tq, tk)) * 2
+    path, decoded = _save(tmp_path, scores, src_tokens=[f"s{j}" for j in range(tk)],
+                          tgt_tokens=[f"t{i}" for i in range(tq)])  # fmt: skip
+    p = open_page(path)
+    p.page.click("#qkv-tab-matrix")
+    lo, hi = decoded.min(), decoded.max()
+    assert f"colour {lo:.3f} → {hi:.3f}" in p.page.text_content("#qkv-matrix-caption")
+    if tq * tk <= 64 * 64:
+        got = p.page.eval_on_selector_all(
+            "#qkv-matrix .qkv-cell", "cs => cs.map(c => getComputedStyle(c).backgroundColor)"
+        )
+        got = np.array([list(map(int, c[4:-1].split(","))) for c in got]).reshape(tq, tk, 3)
+    else:
+        got = p.page.evaluate(
+            "() => { const c = document.querySelector('#qkv-matrix canvas');"
+            " return [...c.getContext('2d').getImageData(0, 0, c.width, c.height).data]; }"
+        )
+        got = np.array(got).reshape(tq, tk, 4)[..., :3]
+    want = _ramp((decoded[0, 0] - lo) / (hi - lo))
+    assert np.abs(got - want).max() <= 1  # rounding of the ramp's last bit
+    assert (got[np.unravel_index(decoded[0, 0].argmin(), (tq, tk))] == RAMP[0]).all()
+    assert not p.errors

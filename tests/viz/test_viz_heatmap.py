@@ -171,3 +171,19 @@ def test_heads_grid_names_its_axes_and_wraps_its_title(make_maps, tmp_path):
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width
     cross = plot_heads(make_maps(1, 1, 2, 3), src_tokens=list("abc"), tgt_tokens=list("xy"))
     assert (cross.get_supxlabel(), cross.get_supylabel()) == ("source (keys)", "target (queries)")
+
+
+def test_negative_values_get_their_own_colours():
+    """Scores (not weights) may be negative: the scale starts at the smallest value, so
+    -3 and -1 are two colours, not both the colour of 0."""
+    rng = np.random.default_rng()
+    w = rng.normal(size=(3, 4)) * 2
+    w[0, 0], w[0, 1] = -3.0 - rng.random(), -1.0
+    image = plot_alignment(w, list("abcd"), list("xyz")).axes[0].images[0]
+    assert image.get_clim() == (w.min(), w.max())
+    colours = image.to_rgba(w)
+    assert not np.allclose(colours[0, 0], colours[0, 1])
+    grid = plot_heads(w[None, None], src_tokens=list("abcd"), tgt_tokens=list("xyz"))
+    assert [a.images[0].get_clim() for a in grid.axes if a.images][0] == (w.min(), w.max())
+    weights = np.abs(w) / np.abs(w).sum(-1, keepdims=True)  # weights: the scale starts at 0
+    assert plot_alignment(weights, list("abcd"), list("xyz")).axes[0].images[0].get_clim()[0] == 0
