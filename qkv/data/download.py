@@ -25,6 +25,7 @@ import hashlib
 import http.client
 import logging
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -154,6 +155,15 @@ def _fetch_once(url: str, part: Path, progress: Progress | None) -> None:
             raise ConnectionError(f"connection closed after {have} of {total} bytes")
 
 
+def _lasting(url: str, err: Exception) -> bool:
+    """Whether waiting cannot mend ``err``: a missing local file, or a host name that no
+    name server knows (offline, or mistyped; a server that is only slow to answer, the
+    resolver's EAI_AGAIN, is retried)."""
+    reason = getattr(err, "reason", None)
+    unknown = isinstance(reason, socket.gaierror) and reason.errno == socket.EAI_NONAME
+    return url.startswith("file:") or unknown
+
+
 def _fetch(url: str, part: Path, progress: Progress | None) -> None:
     """Download ``url`` into ``part``, resuming after dropped connections."""
     last: Exception | None = None
@@ -164,7 +174,7 @@ def _fetch(url: str, part: Path, progress: Progress | None) -> None:
         except urllib.error.HTTPError as err:
             raise DownloadError(f"{url}: HTTP {err.code} {err.reason}") from None
         except (OSError, http.client.HTTPException) as err:  # refused, reset, IncompleteRead
-            if url.startswith("file:"):  # a local file does not come back by waiting
+            if _lasting(url, err):
                 reason = getattr(err, "reason", None) or err
                 raise DownloadError(
                     f"{url}: {getattr(reason, 'strerror', None) or reason}"

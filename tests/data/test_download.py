@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import socket
 import threading
+import urllib.error
 import zipfile
 from argparse import Namespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -218,3 +220,19 @@ def test_failure_leaves_no_folder_it_made(fake, tmp_path):
     with pytest.raises(dl.DownloadError, match="HTTP 404"):
         dl.download("fake", cache_dir=tmp_path)
     assert [p.name for p in (tmp_path / "fake").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("code, tries", [(socket.EAI_NONAME, 1), (socket.EAI_AGAIN, dl.RETRIES)])
+def test_an_unknown_host_fails_at_once(monkeypatch, tmp_path, code, tries):
+    """Offline, the name lookup fails: no name server knows the host, and waiting (10 s
+    of backoff) does not change that; a lookup that only timed out is retried."""
+    calls = []
+
+    def offline(*args, **kwargs):
+        calls.append(args)
+        raise urllib.error.URLError(socket.gaierror(code, "lookup failed"))
+
+    monkeypatch.setattr(dl.urllib.request, "urlopen", offline)
+    with pytest.raises(dl.DownloadError, match="lookup failed"):
+        dl.download("multi30k", cache_dir=tmp_path, base_url="https://no.such.host/")
+    assert len(calls) == tries
