@@ -5,7 +5,7 @@ skips the blocks a structured mask hides; its compile time is reported in its ow
 SDPA takes any mask, computes every score and masks afterwards. qkv runs ``auto`` (which
 takes the ``chunked`` backend when a mask hides most blocks, SDPA otherwise) with no
 compile step. B=1, H=8, D=64, float32, forward only (inference); at T=4096 every case
-again in bfloat16 (the CPU's AMX/AVX-512 BF16 units, where it has them).
+again in bfloat16 (the CPU's AMX/AVX-512 BF16 units, where it has them; not with --quick).
 
 Each row also gives the fraction of this machine's measured float32 matmul throughput
 that a call reaches, counting only the scores a mask leaves visible (4·B·H·D FLOPs per
@@ -170,9 +170,11 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     ts = [1024] if quick else [2048, 4096]
     rows = [r for t in ts for r in structured_rows(t, peak) + arbitrary_rows(t, peak)]
     bf16 = torch.bfloat16
-    rows += structured_rows(ts[-1], peak_bf16, bf16) + arbitrary_rows(ts[-1], peak_bf16, bf16)
+    if not quick:  # three more cold FlexAttention compiles: minutes on two cores
+        rows += structured_rows(ts[-1], peak_bf16, bf16) + arbitrary_rows(ts[-1], peak_bf16, bf16)
+    dtypes = "fp32" if quick else f"fp32 (and bf16 at T={ts[-1]})"
     notes = (
-        f"CPU, forward (no grad), B={B}, H={H}, D={D}, fp32 (and bf16 at T={ts[-1]}); qkv and "
+        f"CPU, forward (no grad), B={B}, H={H}, D={D}, {dtypes}; qkv and "
         "peer called in turns. Measured matmul throughput (2048×2048×2048): "
         f"{peak:.1f} GFLOP/s in fp32, {peak_bf16:.1f} in bf16. "
         "Share of its dtype's throughput reached (qkv / peer), counting only visible scores: "
