@@ -115,6 +115,8 @@ class _VocabTokenizer(Tokenizer):
             The tokenizer.
         """
         counts = cls._count(texts)
+        for special in SPECIAL_TOKENS:  # "<unk>" written in a corpus is an unknown word
+            counts.pop(special, None)
         kept = (t for t, c in counts.items() if c >= min_freq)
         ordered = sorted(kept, key=lambda t: (-counts[t], t))
         if max_size is not None:

@@ -159,3 +159,13 @@ def test_special_token_strings_in_text_are_unknown_words(data):
             assert i == word.unk_id
         else:
             assert i >= len(SPECIAL_TOKENS) and word.id_to_token(i) == w
+
+
+@pytest.mark.parametrize("special", SPECIAL_TOKENS)
+def test_special_token_strings_in_training_text_are_not_vocabulary(special):
+    """Corpora such as Penn Treebank write "<unk>" as a word: training the word vocabulary
+    on them raised "vocabulary has duplicate tokens" (a traceback from ``qkv train``)."""
+    word = WordTokenizer.train([f"the {special} cat", f"{special} {special} sat"])
+    assert word.vocab_size == len(SPECIAL_TOKENS) + 3
+    assert word.encode(f"the {special}") == [word.encode("the")[0], word.unk_id]
+    assert WordTokenizer.train([special], max_size=5).vocab_size == len(SPECIAL_TOKENS)
