@@ -31,7 +31,23 @@ def _load(path: str):
             tokenizers[side] = tokenizer_from_json(ckpt.tokenizers[side])
         except ValueError as err:
             raise UserError(f"{path}: its {side} tokenizer cannot be read: {err}") from None
+    _check_vocab_sizes(path, ckpt.model, tokenizers)
     return ckpt.model, tokenizers["src"], tokenizers["tgt"], ckpt.extra
+
+
+def _check_vocab_sizes(path: str, model, tokenizers: dict) -> None:
+    """The source tokenizer gives no id the model lacks; the model outputs no id that the
+    target tokenizer lacks (tokenizers of another run would fail mid-translation)."""
+    from qkv.cli import UserError
+
+    config = model.config
+    src, tgt = tokenizers["src"].vocab_size, tokenizers["tgt"].vocab_size
+    if src > config.src_vocab_size:
+        raise UserError(f"{path}: its src tokenizer has {src} tokens, more than the model's "
+                        f"src_vocab_size {config.src_vocab_size}")  # fmt: skip
+    if tgt < config.tgt_vocab_size:
+        raise UserError(f"{path}: its tgt tokenizer has {tgt} tokens, fewer than the model's "
+                        f"tgt_vocab_size {config.tgt_vocab_size}")  # fmt: skip
 
 
 def _check_search_args(args) -> None:

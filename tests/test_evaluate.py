@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.cli import main
-from qkv.data.tokenizers import tokenizer_from_json
+from qkv.data.tokenizers import WordTokenizer, tokenizer_from_json
 from qkv.evaluate import translate_texts
 from qkv.lab.common import num_threads
 from qkv.models.checkpoint import load_checkpoint
@@ -203,9 +203,14 @@ def _tokenizer(side: str, text: str):
         (_tokenizer("src", "{not json"), "its src tokenizer cannot be read: not a qkv tokenizer"),
         (_tokenizer("tgt", '{"type": "word", "version": 1, "vocab": 5}'), "its tgt tokenizer"),
         (_tokenizer("src", '{"type": "bpe", "version": 1, "tokenizer": {"x": 1}}'), "bpe"),
+        # another run's tokenizers: ids the model has no embedding for, or cannot decode
+        (_tokenizer("src", WordTokenizer([f"w{i}" for i in range(999)]).to_json()),
+         "its src tokenizer has 1003 tokens, more than the model's src_vocab_size"),
+        (_tokenizer("tgt", WordTokenizer(["a"]).to_json()),
+         "its tgt tokenizer has 5 tokens, fewer than the model's tgt_vocab_size"),
     ],
     ids=["header-list", "tokenizers-list", "extra-number", "tokenizer-json", "vocab-number",
-         "bpe-garbage"],
+         "bpe-garbage", "src-vocab-larger", "tgt-vocab-smaller"],
 )  # fmt: skip
 def test_broken_checkpoint_headers(ckpt, tmp_path, monkeypatch, capsys, change, match):
     broken = _rewrite_header(ckpt, tmp_path / "broken.safetensors", change)
