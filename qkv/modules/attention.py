@@ -227,8 +227,9 @@ class MultiHeadAttention(nn.Module):
         """A qkv module with the weights of ``torch.nn.MultiheadAttention`` ``m``.
 
         Packed (``in_proj_weight``) and separate (``q/k/v_proj_weight``, when kdim/vdim
-        differ) layouts are both copied, and so are ``add_bias_kv``'s key and value. Feed
-        batch-first inputs, and translate masks with :func:`qkv.functional.from_torch_masks`.
+        differ) layouts are both copied, and so are ``add_bias_kv``'s key and value and
+        the train/eval mode. Feed batch-first inputs, and translate masks with
+        :func:`qkv.functional.from_torch_masks`.
         """
         w = m.out_proj.weight
         new = cls(
@@ -241,6 +242,7 @@ class MultiHeadAttention(nn.Module):
             add_bias_kv=m.bias_k is not None,
             add_zero_attn=m.add_zero_attn,
         ).to(device=w.device, dtype=w.dtype)
+        new.train(m.training)  # an eval-mode module must not come back dropping weights
         if m._qkv_same_embed_dim:
             wq, wk, wv = m.in_proj_weight.detach().chunk(3)
         else:

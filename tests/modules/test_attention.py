@@ -121,6 +121,17 @@ def test_from_torch_float32_fast_path_and_no_bias():
     torch.testing.assert_close(out[1, :6], out_ref[1, :6], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_from_torch_keeps_train_or_eval_mode(training):
+    ref = nn.MultiheadAttention(E, H, dropout=0.5, batch_first=True).train(training)
+    ours = qkv.MultiHeadAttention.from_torch(ref)
+    assert ours.training == training
+    if not training:  # an eval-mode copy must not drop weights at random
+        x = torch.randn(2, 5, E)
+        out_ref, _ = ref(x, x, x, need_weights=False)
+        torch.testing.assert_close(ours(x)[0], out_ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
 def test_extra_keys_with_causal_and_cache(backend):
     """Causal attention over the real keys, and cached decoding, beside the extra keys."""
