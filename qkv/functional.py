@@ -162,6 +162,10 @@ def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
     lengths = torch.as_tensor(lengths)
     if lengths.ndim != 1:
         raise ValueError(f"lengths must be 1-d (B,), got shape {tuple(lengths.shape)}")
+    if not lengths.numel():  # an empty batch (torch.as_tensor([]) is float32)
+        return torch.zeros(0, max_len or 0, dtype=torch.bool, device=lengths.device)
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be integers, got {lengths.dtype}")  # 1.5 read as 2
     t = int(lengths.max()) if max_len is None else max_len
     return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
 
@@ -193,6 +197,11 @@ def from_torch_masks(
         if attn_mask.ndim == 3:
             if num_heads is None:
                 raise ValueError("a 3-d attn_mask (B*H, Tq, Tk) needs num_heads")
+            if num_heads < 1 or attn_mask.shape[0] % num_heads:
+                raise ValueError(
+                    f"a 3-d attn_mask is (B*H, Tq, Tk): its {attn_mask.shape[0]} rows are "
+                    f"not a multiple of num_heads={num_heads}"
+                )
             attn_mask = attn_mask.reshape(-1, num_heads, *attn_mask.shape[-2:])
         parts.append(attn_mask)
     if key_padding_mask is not None:
@@ -264,7 +273,8 @@ def _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse) ->
         raise ValueError(f"causal must be True or False, got {causal!r}")
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     mask = _check_mask(mask, target, q.device)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _scale(scale)
+    # D = 0: every score is an empty sum, 0, whatever the scale; torch's SDPA then averages
+    scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if scale is None else _scale(scale)
     heads = _heads(need_weights, q.shape[1])
     wanted = need_weights if isinstance(need_weights, bool) else need_weights is not None
     return AttentionRequest(q, k, v, mask, causal, scale, dropout_p, wanted, need_lse, heads)

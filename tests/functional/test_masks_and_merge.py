@@ -22,6 +22,20 @@ def test_padding_mask():
     assert m.tolist() == [[True, True, True, False], [True, False, False, False]]
 
 
+@pytest.mark.parametrize("max_len", [None, 3])
+def test_padding_mask_of_an_empty_batch(max_len):
+    """No sentences: a (0, T) mask (was torch's 'max(): Expected reduction dim' error)."""
+    for lengths in (torch.tensor([], dtype=torch.long), []):
+        m = qkv.padding_mask(lengths, max_len)
+        assert m.shape == (0, max_len or 0) and m.dtype == torch.bool
+
+
+def test_padding_mask_refuses_lengths_that_are_not_integers():
+    """A length of 1.5 was silently taken as 2 (arange(T) < 1.5)."""
+    with pytest.raises(ValueError, match="^lengths must be integers, got torch.float32$"):
+        qkv.padding_mask(torch.tensor([1.5, 2.0]))
+
+
 def test_from_torch_masks_flips_polarity_and_adds_floats():
     attn = torch.tensor([[False, True], [False, False]])  # torch: True = ignore
     kpm = torch.tensor([[False, False], [False, True]])
@@ -32,6 +46,13 @@ def test_from_torch_masks_flips_polarity_and_adds_floats():
     f = qkv.from_torch_masks(torch.tensor([[0.5, -1.0], [0.0, 2.0]]), kpm)
     assert f.dtype == torch.float32
     assert f[1, 0, 0].tolist() == [0.5, float("-inf")]
+
+
+@pytest.mark.parametrize("num_heads", [4, 0])
+def test_from_torch_masks_names_a_3d_mask_that_num_heads_does_not_divide(num_heads):
+    """(B*H, Tq, Tk) = (6, 2, 2) with 4 heads was torch's reshape error, naming no mask."""
+    with pytest.raises(ValueError, match=r"3-d attn_mask .* 6 rows .* num_heads=" + str(num_heads)):
+        qkv.from_torch_masks(torch.zeros(6, 2, 2, dtype=torch.bool), num_heads=num_heads)
 
 
 def test_combine_masks_mixed():

@@ -248,3 +248,14 @@ def test_zero_length_inputs_give_empty_or_zero_results(backend, sizes, request_k
         assert w.shape == (b, 4 if heads is True else 2, tq, tk)
     assert out.shape == (b, 4, tq, 6)
     assert tk > 0 or (out == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_head_size_zero_matches_torch(backend):
+    """D = 0: every score is an empty sum, 0, so each row averages the values, as torch's
+    SDPA gives (the default scale 1/sqrt(0) was a ZeroDivisionError)."""
+    q, k, v = torch.randn(2, 4, 3, 0), torch.randn(2, 2, 5, 0), torch.randn(2, 2, 5, 6)
+    out, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend=backend)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(w, torch.full((2, 4, 3, 5), 0.2))
