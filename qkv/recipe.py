@@ -95,6 +95,15 @@ class DataConfig:
             raise ConfigError(f"data.path: read only with kind 'tsv', not {self.kind!r}")
         if self.kind == "tsv" and not self.path:
             raise ConfigError("data.path: a TSV file is needed for kind 'tsv'")
+        if self.kind == "tsv":
+            self._check_columns()
+
+    def _check_columns(self) -> None:
+        for name in ("src_column", "tgt_column"):
+            _positive(self, name, allow_zero=True)
+        if self.src_column == self.tgt_column:
+            raise ConfigError(f"data.tgt_column: must differ from data.src_column, both are "
+                              f"{self.src_column}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def test_config_is_valid(path):
 
 TOY = "data: {kind: toy, n_train: 50, n_valid: 5, n_test: 5}\ntrain: {steps: 1}\n"
 FILES = "data: {kind: files, train: [a.de, a.en], valid: [b.de, b.en]}\n"
+TSV = "data: {kind: tsv, path: kor.txt}\n"
 
 
 def _train_error(capsys, tmp_path, content, *sets):
@@ -82,12 +83,14 @@ def _train_error(capsys, tmp_path, content, *sets):
         (TOY, ["data.max_ratio=0.5"], "data.max_ratio: must be >= 1 (a pair's ratio is), got 0.5"),
         (TOY, ["train=5"], "c.yaml: train: expected a mapping, got int"),
         ("data: [toy]\n", [], "c.yaml: data: expected a mapping, got list"),
+        (TSV, ["data.src_column=-1"], "c.yaml: data.src_column: must be >= 0, got -1"),
+        (TSV, ["data.src_column=0"], "c.yaml: data.tgt_column: must differ from data.src_column"),
     ],
     ids=["list", "scalar", "set-yaml", "betas-type", "betas-short", "betas-long", "min-max",
          "toy-files", "one-test-file", "file-types", "yaml-location", "beta-over-1",
          "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
          "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
-         "section-scalar", "section-list"],
+         "section-scalar", "section-list", "tsv-column-negative", "tsv-same-columns"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
