@@ -284,6 +284,8 @@ def _as_4d(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | N
     """Module masks may be (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk); each size 1 or full."""
     if mask is None:
         return None
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"mask must be a tensor or None, got {type(mask).__name__}")
     full = mask.unsqueeze(1) if mask.ndim == 3 else mask  # (B, 1, Tq, Tk): every head
     if mask.ndim not in (2, 3, 4) or any(
         m not in (1, t) for m, t in zip(full.shape[::-1], target[::-1], strict=False)
@@ -307,6 +309,8 @@ def _visible(mask: Tensor | None, tk: int, extra: int) -> Tensor | None:
 def _key_mask(key_mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:
     if key_mask is None:
         return None
+    if not isinstance(key_mask, Tensor):
+        raise ValueError(f"key_mask must be a tensor or None, got {type(key_mask).__name__}")
     b, _, _, tk = target
     if (
         key_mask.ndim != 2

@@ -302,13 +302,17 @@ def test_explicit_sdpa_returns_weights_under_autograd(heads, rows):
         (dict(add_bias_kv=True), lambda m: m(X, mask=torch.ones(5, 6, dtype=torch.bool)), MASK),
         ({}, lambda m: m(X.double()), "weights are torch.float32 .* query is torch.float64"),
         ({}, lambda m: m(X, X.double()), "its key is torch.float64"),
+        ({}, lambda m: m(X, mask=[[True] * 5] * 5), "^mask must be a tensor or None, got list$"),
+        ({}, lambda m: m(X, key_mask=KEYS.tolist()), "^key_mask must be a tensor .* got list$"),
     ],
     ids=["rank", "width", "key-mask", "batch", "key-mask-batch", "mask-and-key-mask",
-         "mask-batch", "mask-and-alibi", "mask-and-bias-kv", "dtype-query", "dtype-key"],
+         "mask-batch", "mask-and-alibi", "mask-and-bias-kv", "dtype-query", "dtype-key",
+         "mask-a-list", "key-mask-a-list"],
 )  # fmt: skip
 def test_bad_inputs_raise_value_errors_with_shapes(kwargs, call, match):
     """One ValueError naming the shapes, not a broadcasting or matmul RuntimeError
-    from inside torch (as masks combined with key padding, ALiBi or extra keys gave)."""
+    from inside torch (as masks combined with key padding, ALiBi or extra keys gave), nor
+    an AttributeError for a mask given as a list."""
     with pytest.raises(ValueError, match=match):
         call(qkv.MultiHeadAttention(E, H, **kwargs))
 
