@@ -10,6 +10,7 @@ shared by ``H / Hkv`` query heads; ``Hkv = 1`` is multi-query attention (Shazeer
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -70,6 +71,7 @@ class MultiHeadAttention(nn.Module):
         backend: str = "auto",
     ):
         super().__init__()
+        _check_sizes(embed_dim=embed_dim, num_heads=num_heads, kdim=kdim, vdim=vdim)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -259,6 +261,14 @@ class MultiHeadAttention(nn.Module):
                 new.bias_k.copy_(m.bias_k.flatten())
                 new.bias_v.copy_(m.bias_v.flatten())
         return new
+
+
+def _check_sizes(**sizes: int | None) -> None:
+    """``ValueError`` naming the first size that is not a positive int (None: default)."""
+    for name, size in sizes.items():
+        whole = isinstance(size, numbers.Integral) and not isinstance(size, bool)
+        if size is not None and (not whole or size < 1):
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
 
 
 def _layer(cache: KVCache | LayerKV | None, self_attn: bool) -> LayerKV | None:

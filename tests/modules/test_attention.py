@@ -343,3 +343,20 @@ def test_bad_head_configuration():
         qkv.MultiHeadAttention(10, 3)
     with pytest.raises(ValueError, match="must divide"):
         qkv.MultiHeadAttention(E, 4, num_kv_heads=3)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((E, 0), {}, "^num_heads must be a positive int, got 0$"),  # was ZeroDivisionError
+        ((E, -2), {}, "^num_heads must be a positive int, got -2$"),
+        ((0, H), {}, "^embed_dim must be a positive int, got 0$"),
+        ((24.0, H), {}, r"^embed_dim must be a positive int, got 24\.0$"),
+        ((E, H), dict(kdim=-3), "^kdim must be a positive int, got -3$"),
+        ((E, H), dict(vdim=0), "^vdim must be a positive int, got 0$"),
+    ],
+    ids=["no-heads", "negative-heads", "no-width", "float-width", "negative-kdim", "zero-vdim"],
+)
+def test_bad_sizes_are_named(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        qkv.MultiHeadAttention(*args, **kwargs)
