@@ -122,4 +122,4 @@ def _layer_from_torch(cls: type, layer: nn.Module, norms: list[str], **extra):
     ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
     new.self_attn = MultiHeadAttention.from_torch(attn)
     _copy_ff_norms(new, layer, norms)
-    return new
+    return new.train(layer.training)  # an eval-mode layer must not come back dropping

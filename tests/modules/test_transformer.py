@@ -95,6 +95,30 @@ def test_decoder_layer_matches_torch(norm_first, dtype):
     assert torch.all(cross_w[0, :, :, 11:] == 0) and torch.all(cross_w[1, :, :, 3:] == 0)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_from_torch_keeps_train_or_eval_mode(kind, training):
+    """An eval-mode torch layer (dropout 0.1 by default) came back in training mode and
+    dropped activations at random: its outputs differed from torch's on every call."""
+    torch_cls, cls = {
+        "encoder": (nn.TransformerEncoderLayer, EncoderLayer),
+        "decoder": (nn.TransformerDecoderLayer, DecoderLayer),
+    }[kind]
+    torch_layer = torch_cls(E, H, FF, batch_first=True).train(training)
+    ours = cls.from_torch(torch_layer)
+    assert all(m.training == training for m in ours.modules())
+    if training:
+        return
+    x, memory = torch.randn(2, 5, E), torch.randn(2, 6, E)
+    if kind == "encoder":
+        expected, out = torch_layer(x), ours(x)[0]
+    else:
+        future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch: True = hidden
+        expected = torch_layer(x, memory, tgt_mask=future, tgt_is_causal=True)
+        out = ours(x, memory)[0]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
 def _decoder(cross: bool, positional=None, norm_first=True) -> Decoder:
 
     def layer() -> DecoderLayer:
