@@ -129,8 +129,8 @@ class RotaryPositionalEncoding(AttentionPositional):
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head size, got {head_dim}")
+        if head_dim % 2 or head_dim < 1:
+            raise ValueError(f"RoPE needs a positive even head size, got {head_dim}")
         self.head_dim, self.base = head_dim, base
 
     def check_fits(self, num_heads: int, head_dim: int) -> None:
@@ -205,6 +205,8 @@ class ALiBi(AttentionPositional):
 
     def __init__(self, num_heads: int):
         super().__init__()
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"ALiBi needs a positive int of heads, got {num_heads!r}")
         self.num_heads = num_heads
         # a plain attribute, not a buffer: module.to(dtype) must not round the slopes
         self.slopes = alibi_slopes(num_heads)

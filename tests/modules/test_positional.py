@@ -211,11 +211,19 @@ def test_causal_alibi_with_left_padding_matches_bloom(heads):
     ("call", "says"),
     [(lambda: qkv.ALiBi(4).bias(3, 5, -2), "ALiBi.bias needs tq, tk, q_start >= 0"),
      (lambda: qkv.causal_mask(-1, 3), "causal_mask needs lengths >= 0, got tq=-1, tk=3"),
-     (lambda: qkv.causal_mask(2, -4), "causal_mask needs lengths >= 0, got tq=2, tk=-4")],
-    ids=["alibi-before-position-0", "causal-negative-queries", "causal-negative-keys"],
+     (lambda: qkv.causal_mask(2, -4), "causal_mask needs lengths >= 0, got tq=2, tk=-4"),
+     (lambda: qkv.ALiBi(0), "ALiBi needs a positive int of heads, got 0"),
+     (lambda: qkv.ALiBi(-3), "ALiBi needs a positive int of heads, got -3"),
+     (lambda: qkv.ALiBi(2.5), "ALiBi needs a positive int of heads, got 2.5"),
+     (lambda: qkv.RotaryPositionalEncoding(-2), "RoPE needs a positive even head size, got -2"),
+     (lambda: qkv.RotaryPositionalEncoding(0), "RoPE needs a positive even head size, got 0")],
+    ids=["alibi-before-position-0", "causal-negative-queries", "causal-negative-keys",
+         "alibi-no-heads", "alibi-negative-heads", "alibi-float-heads", "rope-negative",
+         "rope-zero"],
 )  # fmt: skip
 def test_negative_positions_and_lengths_are_named(call, says):
     """A negative query start biased keys as if queries sat before position 0, and
-    causal_mask(-1, 3) raised torch's 'upper bound and lower bound inconsistent'."""
+    causal_mask(-1, 3) raised torch's 'upper bound and lower bound inconsistent'; ALiBi(0)
+    was a ZeroDivisionError, ALiBi(-3) 'math domain error', RoPE(-2) was accepted."""
     with pytest.raises(ValueError, match=f"^{says}"):
         call()
