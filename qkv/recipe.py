@@ -333,13 +333,29 @@ def _yaml_loader():
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node, deep=False):
+            _refuse_duplicate_keys(node)  # PyYAML keeps the last one, silently
+            return super().construct_mapping(node, deep=deep)
 
     exponent_form = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float", re.compile(exponent_form), list("-+.0123456789")
     )
     return Loader
+
+
+def _refuse_duplicate_keys(node) -> None:
+    """A key given twice in one mapping (a second ``train:`` section) is a YAML error."""
+    import yaml
+
+    first = {}
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            mark = first.setdefault((key.tag, key.value), key.start_mark)
+            if mark is not key.start_mark:
+                where = f"first at line {mark.line + 1}, column {mark.column + 1}"
+                problem = f"duplicate key {key.value!r}, {where}"
+                raise yaml.constructor.ConstructorError(None, None, problem, key.start_mark)
 
 
 def _yaml_error(err: Exception) -> str:

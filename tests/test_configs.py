@@ -83,6 +83,10 @@ def _train_error(capsys, tmp_path, content, *sets):
         (TOY, ["data.max_ratio=0.5"], "data.max_ratio: must be >= 1 (a pair's ratio is), got 0.5"),
         (TOY, ["train=5"], "c.yaml: train: expected a mapping, got int"),
         ("data: [toy]\n", [], "c.yaml: data: expected a mapping, got list"),
+        # a second section replaced the first, silently: the lr of 0.1 was lost
+        ("train: {lr: 0.1}\n" + TOY, [], "c.yaml: not valid YAML: line 3, column 1: "
+         "duplicate key 'train', first at line 1, column 1"),
+        ("data: {kind: toy, kind: files}\n", [], "line 1, column 19: duplicate key 'kind'"),
         (TSV, ["data.src_column=-1"], "c.yaml: data.src_column: must be >= 0, got -1"),
         (TSV, ["data.src_column=0"], "c.yaml: data.tgt_column: must differ from data.src_column"),
     ],
@@ -90,7 +94,8 @@ def _train_error(capsys, tmp_path, content, *sets):
          "toy-files", "one-test-file", "file-types", "yaml-location", "beta-over-1",
          "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
          "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
-         "section-scalar", "section-list", "tsv-column-negative", "tsv-same-columns"],
+         "section-scalar", "section-list", "duplicate-section", "duplicate-key",
+         "tsv-column-negative", "tsv-same-columns"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
