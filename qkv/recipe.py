@@ -116,7 +116,11 @@ class TokenizerConfig:
 
     def __post_init__(self) -> None:
         _choice(self, "kind", ("word", "char", "bpe"))
-        _positive(self, "vocab_size")
+        if not self.vocab_size > 4:  # word and char would map every token to <unk>
+            raise ConfigError(
+                f"tokenizer.vocab_size: must be > 4 (the special tokens <pad>, <unk>, <s> "
+                f"and </s> take 4 ids), got {self.vocab_size}"
+            )
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ def _train_error(capsys, tmp_path, content, *sets):
         ("train: {lr: 0.1}\n" + TOY, [], "c.yaml: not valid YAML: line 3, column 1: "
          "duplicate key 'train', first at line 1, column 1"),
         ("data: {kind: toy, kind: files}\n", [], "line 1, column 19: duplicate key 'kind'"),
+        # a vocabulary of the special tokens alone: every word <unk>, a model that learns nothing
+        (TOY, ["tokenizer.vocab_size=4"], "c.yaml: tokenizer.vocab_size: must be > 4 (the special"),
         (TSV, ["data.src_column=-1"], "c.yaml: data.src_column: must be >= 0, got -1"),
         (TSV, ["data.src_column=0"], "c.yaml: data.tgt_column: must differ from data.src_column"),
     ],
@@ -95,7 +97,7 @@ def _train_error(capsys, tmp_path, content, *sets):
          "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
          "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
          "section-scalar", "section-list", "duplicate-section", "duplicate-key",
-         "tsv-column-negative", "tsv-same-columns"],
+         "vocab-specials-only", "tsv-column-negative", "tsv-same-columns"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
