@@ -68,6 +68,8 @@ def _read_stdin() -> list[str]:
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError, decode_lines
 
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise UserError("stdin: is closed; give the sentences on stdin, one per line")
     stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
     data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
     try:

@@ -147,6 +147,16 @@ def test_stdin_that_is_not_utf8_is_refused_before_translating(ckpt, monkeypatch,
     assert out == ""
 
 
+def test_a_closed_stdin_is_one_line(ckpt, monkeypatch, capsys):
+    """``qkv translate CKPT <&-`` (or a service started without stdin): Python sets
+    ``sys.stdin`` to None, and reading it was an AttributeError traceback."""
+    monkeypatch.setattr(sys, "stdin", None)
+    code = main(["translate", str(ckpt)])
+    out, err = capsys.readouterr()
+    _one_line_error(code, err, "stdin: is closed; give the sentences on stdin")
+    assert out == ""
+
+
 def test_attention_output_is_checked_before_translating(ckpt, tmp_path, monkeypatch, capsys):
     folder, file = tmp_path / "dir.html", tmp_path / "file.txt"
     folder.mkdir()
