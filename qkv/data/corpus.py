@@ -96,7 +96,8 @@ def decode_lines(data: bytes, name: str) -> list[str]:
     """Decode UTF-8 bytes into lines as :func:`read_lines` does (``name`` for messages).
 
     Raises:
-        CorpusError: ``"NAME: line N, byte M: not valid UTF-8 (byte 0x..)"``.
+        CorpusError: ``"NAME: line N, byte M: not valid UTF-8 (byte 0x..)"``, or lines
+            that end in CR alone.
     """
     try:
         text = data.decode("utf-8")
@@ -108,6 +109,8 @@ def decode_lines(data: bytes, name: str) -> list[str]:
         ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
+    if "\n" not in text and "\r" in text.rstrip("\r"):  # else it reads as one line
+        raise CorpusError(f"{name}: lines end in CR only (classic Mac OS); convert them to LF")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -55,6 +55,19 @@ def test_line_separators_inside_sentences_do_not_split(tmp_path):
     assert corpus.src == ["a\u2028b", "c\x85d"]
 
 
+def test_cr_only_line_ends_are_refused(tmp_path):
+    """A file with classic Mac OS line ends (CR, no LF) was read as one line: two such
+    files passed the line-count check as one giant pair, and evaluated as one sentence."""
+    mac = tmp_path / "mac.de"
+    mac.write_bytes(b"eins\rzwei\rdrei\r")
+    with pytest.raises(CorpusError, match=r"mac\.de: lines end in CR only .*convert them to LF"):
+        read_parallel(mac, mac)
+    mac.write_bytes(b"eins\r")  # one line with a CR end is still one line
+    assert read_lines(mac) == ["eins"]
+    mac.write_bytes(b"ei\rns\nzwei\n")  # a CR inside a line of an LF file is text
+    assert read_lines(mac) == ["ei\rns", "zwei"]
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     return tmp_path_factory.mktemp("lines") / "f.txt"
