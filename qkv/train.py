@@ -13,6 +13,7 @@ with ``accumulate`` times the processes would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -380,8 +381,9 @@ def run_cli(args) -> int:
     try:
         if args.out:
             check_out_dir(Path(args.out), "--out")
-        overrides = list(args.set) + ([f"out={args.out}"] if args.out else [])
-        recipe = load_yaml(args.config, overrides)
+        recipe = load_yaml(args.config, list(args.set))
+        if args.out:  # a folder name as typed, not a YAML value ("2024", "run #2")
+            recipe = dataclasses.replace(recipe, out=args.out)
         result = train(recipe, resume=args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None

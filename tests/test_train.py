@@ -355,3 +355,22 @@ def test_a_run_without_validation_pairs_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^data.valid: no validation pair to read"):
         train(recipe_from_dict(d), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("out", ["2024", "run #2", "'quoted'", "a: b", "~", "yes"])
+def test_out_is_a_folder_name_as_typed(tmp_path, monkeypatch, out):
+    """--out went through the YAML of --set: "2024" was refused as not a string, and
+    "run #2" trained into "run" (the rest read as a comment), over another run."""
+    from qkv.cli import main
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    seen = []
+
+    def record(recipe, **_):
+        seen.append(recipe.out_dir)
+        raise KeyboardInterrupt  # stop before training: the folder is all this test checks
+
+    monkeypatch.setattr(qkv.train, "train", record)
+    assert main(["train", str(config), "--out", out]) == 130
+    assert seen == [Path(out)]
