@@ -62,12 +62,15 @@ def check_memory(build: Callable[[], nn.Module], device: torch.device) -> None:
         model = build()
     count = sum(p.numel() for p in model.parameters())
     need = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+    tables = sum(b.numel() * b.element_size() for b in model.buffers())  # sinusoidal positions
     free = free_memory(device)
-    if free is not None and need > free:
+    if free is not None and need + tables > free:
+        also = f" and {tables / 2**30:,.1f} GiB of tables (positional encodings, model.max_len)"
+        also *= tables > 0
         raise ConfigError(
             f"model: {count:,} parameters need {need / 2**30:,.1f} GiB to train (weights, "
-            f"gradients and AdamW's two moments), more than the {free / 2**30:,.1f} GiB "
-            f"free on {device.type}"
+            f"gradients and AdamW's two moments){also}, more than the {free / 2**30:,.1f} "
+            f"GiB free on {device.type}"
         )
 
 

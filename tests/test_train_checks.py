@@ -32,6 +32,22 @@ def test_a_model_too_large_to_train_is_refused_before_it_is_allocated(monkeypatc
     assert made_on == ["meta"] * 3
 
 
+def test_a_positional_table_too_large_for_memory_is_refused(monkeypatch):
+    """model.max_len: 100000000 with sinusoidal positions: the table is a buffer, not a
+    parameter, so the check passed and building it asked for 12.8 GB (MemoryError or
+    the OOM killer instead of a line naming the setting)."""
+    from qkv.models.checkpoint import build_model
+
+    config = {"src_vocab_size": 8, "tgt_vocab_size": 8, "d_model": 16, "num_heads": 2,
+              "num_encoder_layers": 1, "num_decoder_layers": 1, "ff_dim": 16,
+              "max_len": 10**8}  # fmt: skip
+    monkeypatch.setattr(train_checks, "free_memory", lambda device: 2**30)
+    with pytest.raises(ConfigError, match=r"and 11\.9 GiB of tables \(positional"):
+        check_memory(lambda: build_model("transformer", config), torch.device("cpu"))
+    config["max_len"] = 512
+    check_memory(lambda: build_model("transformer", config), torch.device("cpu"))
+
+
 @pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs Linux's /proc/meminfo")
 def test_free_memory_of_the_cpu_is_what_the_kernel_reports():
     total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024  # MemTotal, kB
