@@ -96,9 +96,11 @@ def decode_lines(data: bytes, name: str) -> list[str]:
     """Decode UTF-8 bytes into lines as :func:`read_lines` does (``name`` for messages).
 
     Raises:
-        CorpusError: ``"NAME: line N, byte M: not valid UTF-8 (byte 0x..)"``, or lines
-            that end in CR alone.
+        CorpusError: ``"NAME: line N, byte M: not valid UTF-8 (byte 0x..)"``, gzip data,
+            or lines that end in CR alone.
     """
+    if data.startswith(b"\x1f\x8b"):  # the gzip magic: not UTF-8 at byte 2
+        raise CorpusError(f"{name}: is gzip-compressed; decompress it (gunzip) first")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

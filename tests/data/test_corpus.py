@@ -68,6 +68,17 @@ def test_cr_only_line_ends_are_refused(tmp_path):
     assert read_lines(mac) == ["ei\rns", "zwei"]
 
 
+def test_a_compressed_corpus_is_named_as_such(tmp_path):
+    """Multi30k's official files are gzip-compressed; given as they are, the message was
+    "line 1, byte 2: not valid UTF-8 (byte 0x8b)", which hides what is wrong."""
+    import gzip
+
+    packed = tmp_path / "train.de.gz"
+    packed.write_bytes(gzip.compress(b"ein Hund\n"))
+    with pytest.raises(CorpusError, match=r"train\.de\.gz: is gzip-compressed; decompress it"):
+        read_lines(packed)
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     return tmp_path_factory.mktemp("lines") / "f.txt"
