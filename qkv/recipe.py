@@ -16,13 +16,14 @@ name the key, e.g. ``train.lr: must be > 0``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from qkv._yaml import yaml_error, yaml_loader
 
 __all__ = [
     "ConfigError",
@@ -121,6 +122,9 @@ class TokenizerConfig:
                 f"tokenizer.vocab_size: must be > 4 (the special tokens <pad>, <unk>, <s> "
                 f"and </s> take 4 ids), got {self.vocab_size}"
             )
+        if self.kind == "bpe" and self.vocab_size > 2**20:  # 2**31 made the trainer abort
+            raise ConfigError(f"tokenizer.vocab_size: must be <= {2**20} for bpe (its trainer "
+                              f"reserves memory for every id), got {self.vocab_size}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,10 @@ class OptimConfig:
             raise ConfigError(
                 f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}"
             )
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            raise ConfigError(f"train.seed: must be in [-2**63, 2**64), got {self.seed}")
+        if self.threads > 2**31 - 1:  # torch.set_num_threads takes a C int
+            raise ConfigError(f"train.threads: must be <= {2**31 - 1}, got {self.threads}")
         _choice(self, "schedule", ("inverse_sqrt", "cosine", "constant"), section="train")
         _choice(self, "device", ("auto", "cpu", "cuda"), section="train")
         if not isinstance(self.bf16, bool) and self.bf16 != "auto":
@@ -317,64 +325,12 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
         try:
-            node[parts[-1]] = yaml.load(raw, Loader=_yaml_loader())
+            node[parts[-1]] = yaml.load(raw, Loader=yaml_loader())
         except yaml.YAMLError as err:
             raise ConfigError(
-                f"--set {key}: the value is not valid YAML ({_yaml_error(err)})"
+                f"--set {key}: the value is not valid YAML ({yaml_error(err)})"
             ) from None
     return d
-
-
-@functools.cache
-def _yaml_loader():
-    """PyYAML's safe loader, reading ``5e-4`` and ``1E3`` as floats (YAML 1.2) as well.
-
-    YAML 1.1, which PyYAML follows, needs a dot and a signed exponent (``5.0e-4``), so the
-    way learning rates are usually written came through as the string '5e-4'.
-    """
-    import re
-
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            _refuse_duplicate_keys(node)  # PyYAML keeps the last one, silently
-            return super().construct_mapping(node, deep=deep)
-
-    exponent_form = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float", re.compile(exponent_form), list("-+.0123456789")
-    )
-    return Loader
-
-
-def _refuse_duplicate_keys(node) -> None:
-    """A key given twice in one mapping (a second ``train:`` section) is a YAML error."""
-    import yaml
-
-    first = {}
-    for key, _ in node.value:
-        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-            mark = first.setdefault((key.tag, key.value), key.start_mark)
-            if mark is not key.start_mark:
-                where = f"first at line {mark.line + 1}, column {mark.column + 1}"
-                problem = f"duplicate key {key.value!r}, {where}"
-                raise yaml.constructor.ConstructorError(None, None, problem, key.start_mark)
-
-
-def _yaml_error(err: Exception) -> str:
-    """PyYAML's message on one line: the problem, where it is, and the context."""
-    problem = getattr(err, "problem", None)
-    if problem is None:
-        return " ".join(str(err).split())
-    mark = getattr(err, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    text = f"{where}{problem}"
-    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
-    if context:
-        started = f" started at line {cmark.line + 1}, column {cmark.column + 1}" if cmark else ""
-        text += f" ({context}{started})"
-    return text
 
 
 def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -393,9 +349,9 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
     try:
-        d = yaml.load(text, Loader=_yaml_loader())
+        d = yaml.load(text, Loader=yaml_loader())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {_yaml_error(err)}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_error(err)}") from None
     if d is None:
         d = {}
     if not isinstance(d, dict):

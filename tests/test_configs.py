@@ -89,6 +89,11 @@ def _train_error(capsys, tmp_path, content, *sets):
         ("data: {kind: toy, kind: files}\n", [], "line 1, column 19: duplicate key 'kind'"),
         # a vocabulary of the special tokens alone: every word <unk>, a model that learns nothing
         (TOY, ["tokenizer.vocab_size=4"], "c.yaml: tokenizer.vocab_size: must be > 4 (the special"),
+        # out of what torch and the BPE trainer take: tracebacks, or a Rust abort (2**31)
+        (TOY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=1000000000000000000000"],
+         "c.yaml: tokenizer.vocab_size: must be <= 1048576 for bpe"),
+        (TOY, ["train.seed=18446744073709551616"], "train.seed: must be in [-2**63, 2**64)"),
+        (TOY, ["train.threads=100000000000"], "c.yaml: train.threads: must be <= 2147483647"),
         (TSV, ["data.src_column=-1"], "c.yaml: data.src_column: must be >= 0, got -1"),
         (TSV, ["data.src_column=0"], "c.yaml: data.tgt_column: must differ from data.src_column"),
     ],
@@ -97,7 +102,8 @@ def _train_error(capsys, tmp_path, content, *sets):
          "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
          "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
          "section-scalar", "section-list", "duplicate-section", "duplicate-key",
-         "vocab-specials-only", "tsv-column-negative", "tsv-same-columns"],
+         "vocab-specials-only", "bpe-vocab-huge", "seed-huge", "threads-huge",
+         "tsv-column-negative", "tsv-same-columns"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
