@@ -102,6 +102,8 @@ def run_translate(args) -> int:
         n_best=args.n_best,
         batch_size=args.batch_size,
     )
+    if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as in, whatever the locale says
+        sys.stdout.reconfigure(encoding="utf-8")
     for number, nbest in enumerate(out, start=1):
         if args.n_best == 1:
             print(nbest[0].text)

@@ -157,6 +157,27 @@ def test_a_closed_stdin_is_one_line(ckpt, monkeypatch, capsys):
     assert out == ""
 
 
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_translations_are_written_as_utf8_whatever_the_locale(ckpt, monkeypatch, n_best):
+    """Input is read as UTF-8 whatever the locale; output was written in the locale's
+    encoding: Korean output under LANG=en_US.ISO-8859-1, PYTHONIOENCODING=ascii or a
+    Windows code page was a UnicodeEncodeError traceback after all the work was done."""
+    import qkv.evaluate_cli
+    from qkv.evaluate import Translation
+
+    def korean(model, src_tok, tgt_tok, lines, **options):
+        return [[Translation("고양이", [], -1.0, None)] * n_best for _ in lines]
+
+    monkeypatch.setattr(qkv.evaluate_cli, "translate_texts", korean)
+    buffer = io.BytesIO()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n"), encoding="utf-8"))
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buffer, encoding="ascii"))
+    beam = ["--beam", "2", "--n-best", "2"] if n_best == 2 else []
+    assert main(["translate", str(ckpt), *beam]) == 0
+    sys.stdout.flush()
+    assert buffer.getvalue().decode("utf-8").split("\t")[-1] == "고양이\n"
+
+
 def test_attention_output_is_checked_before_translating(ckpt, tmp_path, monkeypatch, capsys):
     folder, file = tmp_path / "dir.html", tmp_path / "file.txt"
     folder.mkdir()
