@@ -98,6 +98,16 @@ class DataConfig:
             raise ConfigError("data.path: a TSV file is needed for kind 'tsv'")
         if self.kind == "tsv":
             self._check_columns()
+        if self.kind != "toy":
+            self._refuse_toy_keys()
+
+    def _refuse_toy_keys(self) -> None:
+        """Keys that only shape the toy corpus would do nothing for files, silently."""
+        for f in dataclasses.fields(self):
+            if f.name in ("n_train", "min_len", "max_len") and getattr(self, f.name) != f.default:
+                hint = " (data.max_tokens drops long pairs of files)" * (f.name == "max_len")
+                raise ConfigError(f"data.{f.name}: read only with kind 'toy', not "
+                                  f"{self.kind!r}{hint}")  # fmt: skip
 
     def _check_columns(self) -> None:
         for name in ("src_column", "tgt_column"):

@@ -94,6 +94,10 @@ def _train_error(capsys, tmp_path, content, *sets):
          "c.yaml: tokenizer.vocab_size: must be <= 1048576 for bpe"),
         (TOY, ["train.seed=18446744073709551616"], "train.seed: must be in [-2**63, 2**64)"),
         (TOY, ["train.threads=100000000000"], "c.yaml: train.threads: must be <= 2147483647"),
+        # toy-only keys did nothing for files: no pair was dropped for being long
+        (FILES, ["data.max_len=50"], "c.yaml: data.max_len: read only with kind 'toy', "
+         "not 'files' (data.max_tokens drops long pairs of files)"),
+        (TSV, ["data.n_train=500"], "c.yaml: data.n_train: read only with kind 'toy', not 'tsv'"),
         (TSV, ["data.src_column=-1"], "c.yaml: data.src_column: must be >= 0, got -1"),
         (TSV, ["data.src_column=0"], "c.yaml: data.tgt_column: must differ from data.src_column"),
     ],
@@ -103,7 +107,7 @@ def _train_error(capsys, tmp_path, content, *sets):
          "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
          "section-scalar", "section-list", "duplicate-section", "duplicate-key",
          "vocab-specials-only", "bpe-vocab-huge", "seed-huge", "threads-huge",
-         "tsv-column-negative", "tsv-same-columns"],
+         "toy-key-for-files", "toy-key-for-tsv", "tsv-column-negative", "tsv-same-columns"],
 )  # fmt: skip
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
