@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a translator from a YAML config")
     t.add_argument("config")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    again.add_argument(
+        "--overwrite", action="store_true", help="start again where a run is (files replaced)"
+    )
     t.add_argument("--out", default=None, help="output folder (default: from the config)")
 
     tr = sub.add_parser("translate", help="translate stdin to stdout")

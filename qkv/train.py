@@ -39,11 +39,11 @@ from qkv.schedule import make_schedule
 from qkv.train_checks import (
     check_lengths,
     check_memory,
+    check_not_a_run,
     check_out_dir,
     finished,
-    remove_partial_checkpoints,
+    prepare_out_dir,
     restore,
-    trim_log,
 )
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
@@ -202,9 +202,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
             f"{dist.world_size} processes; use more data or fewer processes"
         )
     if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        trim_log(out / "log.jsonl", state.step)
-        remove_partial_checkpoints(out)
+        prepare_out_dir(out, state.step)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
 
@@ -374,7 +372,7 @@ class _Loop:
 
 
 def run_cli(args) -> int:
-    """``qkv train CONFIG.yaml [--set key=value ...] [--resume]``."""
+    """``qkv train CONFIG.yaml [--set key=value ...] [--resume | --overwrite]``."""
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError
 
@@ -384,6 +382,8 @@ def run_cli(args) -> int:
         recipe = load_yaml(args.config, list(args.set))
         if args.out:  # a folder name as typed, not a YAML value ("2024", "run #2")
             recipe = dataclasses.replace(recipe, out=args.out)
+        if not (args.resume or args.overwrite):
+            check_not_a_run(recipe.out_dir)
         result = train(recipe, resume=args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None

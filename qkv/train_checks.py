@@ -228,6 +228,27 @@ def finished(state, cfg) -> str | None:
     return None
 
 
+def check_not_a_run(out: Path) -> None:
+    """Refuse to start a new run in a folder that holds one: its checkpoints and log would
+    be replaced without a word (``qkv train`` asks for ``--resume`` or ``--overwrite``)."""
+    if (out / "last.safetensors").exists():
+        raise ConfigError(
+            f"out {out}: holds a run already (last.safetensors); --resume continues it, "
+            "--overwrite starts again and replaces its checkpoints and log"
+        )
+
+
+def prepare_out_dir(out: Path, step: int) -> None:
+    """Make ``out`` ready for a run that starts at ``step`` (0: a new run): the log cut
+    back to that step, what killed checkpoint writes left removed, and for a new run the
+    best checkpoint of an earlier one too (it is not this run's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    trim_log(out / "log.jsonl", step)
+    remove_partial_checkpoints(out)
+    if step == 0:
+        (out / "best.safetensors").unlink(missing_ok=True)
+
+
 def remove_partial_checkpoints(out: Path) -> None:
     """Delete what checkpoint writes that a kill cut short left: each write's private
     folder (with safetensors' own temporary file inside, as big as a checkpoint), or the

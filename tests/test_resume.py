@@ -193,3 +193,28 @@ def test_resume_drops_a_log_row_that_a_crash_cut_short(tmp_path):
         f.write(last.replace('"step": 6', '"step": 7')[: random.randint(1, len(last) - 2)])
     train(tiny_recipe(cut), resume=True, progress=False)
     assert logged_rows(cut) == logged_rows(full)
+
+
+def test_a_new_run_does_not_replace_one_without_being_asked(tmp_path):
+    """Without --resume or --overwrite, qkv train into a folder that holds a run is one
+    line, exit 2, and the run's files stay byte for byte; --overwrite starts again, and a
+    new run leaves no best.safetensors of the old one behind."""
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path, steps=4, eval_every=2)))
+    train(tiny_recipe(tmp_path, steps=4, eval_every=2), progress=False)
+    (tmp_path / "best.safetensors").write_bytes(b"an older run's best")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    proc = run_cli("train", str(config))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"qkv train: error: out {tmp_path}: holds a run already (last.safetensors); --resume "
+        "continues it, --overwrite starts again and replaces its checkpoints and log"
+    ]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    proc = run_cli("train", str(config), "--resume", "--overwrite")
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
+    proc = run_cli("train", str(config), "--set", "train.lr=1e-9", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    best = tmp_path / "best.safetensors"  # gone, or this run's
+    assert not best.exists() or best.read_bytes() != b"an older run's best"
+    assert [r["step"] for r in logged_rows(tmp_path) if "loss" in r] == [1, 2, 3, 4]
