@@ -402,3 +402,15 @@ def test_float_masks_for_half_kernels_saturate_instead_of_becoming_infinite(seed
     assert kernel_bias(mask.to("meta"), q).dtype == dtype
     on_cpu = torch.empty(q.shape, dtype=dtype)
     assert kernel_bias(mask, on_cpu).dtype == torch.float32  # the CPU kernels take float32
+
+
+def test_padding_mask_refuses_lengths_it_would_cut_or_that_are_negative():
+    """A length past max_len lost its last tokens, a negative one gave an empty row."""
+    n = int(torch.randint(2, 9, ()))
+    lengths = torch.randint(0, n, (4,))
+    assert qkv.padding_mask(lengths, n).sum(-1).tolist() == lengths.tolist()
+    lengths[int(torch.randint(0, 4, ()))] = n + 1
+    with pytest.raises(ValueError, match=f"lengths: {n + 1} is longer than max_len {n}"):
+        qkv.padding_mask(lengths, n)
+    with pytest.raises(ValueError, match="lengths must be >= 0, got -1"):
+        qkv.padding_mask(torch.tensor([2, -1]))
