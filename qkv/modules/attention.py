@@ -10,7 +10,6 @@ shared by ``H / Hkv`` query heads; ``Hkv = 1`` is multi-query attention (Shazeer
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.functional import causal_mask, combine_masks, scaled_dot_product_attention
+from qkv.modules._sizes import is_size
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.positional import AttentionPositional
 
@@ -266,8 +266,7 @@ class MultiHeadAttention(nn.Module):
 def _check_sizes(**sizes: int | None) -> None:
     """``ValueError`` naming the first size that is not a positive int (None: default)."""
     for name, size in sizes.items():
-        whole = isinstance(size, numbers.Integral) and not isinstance(size, bool)
-        if size is not None and (not whole or size < 1):
+        if size is not None and not is_size(size):
             raise ValueError(f"{name} must be a positive int, got {size!r}")
 
 

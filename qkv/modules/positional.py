@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from qkv.modules._sizes import is_size
+
 __all__ = [
     "ALiBi",
     "AttentionPositional",
@@ -205,7 +207,7 @@ class ALiBi(AttentionPositional):
 
     def __init__(self, num_heads: int):
         super().__init__()
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        if not is_size(num_heads):
             raise ValueError(f"ALiBi needs a positive int of heads, got {num_heads!r}")
         self.num_heads = num_heads
         # a plain attribute, not a buffer: module.to(dtype) must not round the slopes

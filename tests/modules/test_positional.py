@@ -227,3 +227,12 @@ def test_negative_positions_and_lengths_are_named(call, says):
     was a ZeroDivisionError, ALiBi(-3) 'math domain error', RoPE(-2) was accepted."""
     with pytest.raises(ValueError, match=f"^{says}"):
         call()
+
+
+def test_alibi_takes_numpy_ints_as_torch_modules_do():
+    """Head counts read from arrays or configs may be numpy ints; refusing bools and
+    floats must not refuse them too."""
+    import numpy as np
+
+    heads = int(torch.randint(1, 17, ()))
+    assert torch.equal(qkv.ALiBi(np.int64(heads)).slopes, qkv.ALiBi(heads).slopes)
