@@ -103,10 +103,10 @@ class DataConfig:
 
     def _refuse_toy_keys(self) -> None:
         """Keys that only shape the toy corpus would do nothing for files, silently."""
-        for f in dataclasses.fields(self):
-            if f.name in ("n_train", "min_len", "max_len") and getattr(self, f.name) != f.default:
-                hint = " (data.max_tokens drops long pairs of files)" * (f.name == "max_len")
-                raise ConfigError(f"data.{f.name}: read only with kind 'toy', not "
+        for name in ("n_train", "min_len", "max_len"):
+            if getattr(self, name) != getattr(DataConfig, name):  # the toy defaults
+                hint = " (data.max_tokens drops long pairs of files)" * (name == "max_len")
+                raise ConfigError(f"data.{name}: read only with kind 'toy', not "
                                   f"{self.kind!r}{hint}")  # fmt: skip
 
     def _check_columns(self) -> None:
