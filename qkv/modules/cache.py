@@ -19,43 +19,88 @@ __all__ = ["DecoderCache", "KVCache", "LayerCache", "LayerKV"]
 class LayerKV:
     """The cached keys and values of one attention layer.
 
+    Self-attention appends into buffers with room to spare (half their length again, at
+    least :data:`GROW_MIN` positions), so that a decoding step writes its new position in
+    place instead of copying the whole cache (``torch.cat``) every step; ``k`` and ``v``
+    are views of the filled part. Under autograd the appends are plain concatenations,
+    since writing into a buffer that earlier steps' graphs refer to would invalidate them.
+
     Shape:
         ``k`` ``(B, Hkv, T, D)`` and ``v`` ``(B, Hkv, T, Dv)``, ``None`` while empty.
     """
 
     def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
+        self._k: Tensor | None = None  # (B, Hkv, capacity, D), filled up to _length
+        self._v: Tensor | None = None
+        self._length = 0
         self.static = False  # True for cross-attention: set once, never appended to
+
+    @property
+    def k(self) -> Tensor | None:
+        """The cached keys ``(B, Hkv, T, D)``, or ``None`` while empty."""
+        return None if self._k is None else self._k[:, :, : self._length]
+
+    @property
+    def v(self) -> Tensor | None:
+        """The cached values ``(B, Hkv, T, Dv)``, or ``None`` while empty."""
+        return None if self._v is None else self._v[:, :, : self._length]
 
     @property
     def length(self) -> int:
         """Number of cached positions."""
-        return 0 if self.k is None else self.k.shape[-2]
+        return self._length
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new positions and return all keys and values so far."""
         if self.static:
             raise ValueError("cannot append to a static (cross-attention) cache")
-        if self.k is None:  # contiguous, so attention can fold (B, H) without a copy per step
-            self.k, self.v = k.contiguous(), v.contiguous()
+        if self._k is None:  # contiguous, so attention can fold (B, H) without a copy per step
+            self._k, self._v, self._length = k.contiguous(), v.contiguous(), k.shape[-2]
+            return self.k, self.v
+        _check_fits(self.k, k, "keys")
+        _check_fits(self.v, v, "values")
+        n, t = self._length, k.shape[-2]
+        if not self._writable(k, v):
+            self._k, self._v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
         else:
-            _check_fits(self.k, k, "keys")
-            _check_fits(self.v, v, "values")
-            self.k = torch.cat([self.k, k], dim=-2)
-            self.v = torch.cat([self.v, v], dim=-2)
+            if n + t > self._k.shape[-2]:
+                self._k, self._v = _grown(self.k, n + t), _grown(self.v, n + t)
+            self._k[:, :, n : n + t] = k
+            self._v[:, :, n : n + t] = v
+        self._length = n + t
         return self.k, self.v
+
+    def _writable(self, k: Tensor, v: Tensor) -> bool:
+        """Whether new positions may be written into the buffers in place: not under
+        autograd, and not into inference tensors outside ``torch.inference_mode``."""
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (k, v, self._k, self._v)):
+            return False
+        return torch.is_inference_mode_enabled() or not self._k.is_inference()
 
     def set_static(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store keys/values that are computed once (cross-attention over a source)."""
-        self.k, self.v, self.static = k.contiguous(), v.contiguous(), True
+        self._k, self._v, self.static = k.contiguous(), v.contiguous(), True
+        self._length = k.shape[-2]
         return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search reorders hypotheses every step)."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is not None:
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
+
+
+GROW_MIN = 64  # positions a cache buffer grows by at least
+
+
+def _grown(filled: Tensor, needed: int) -> Tensor:
+    """A new buffer for at least ``needed`` positions, with room for half as many again,
+    holding ``filled`` ``(B, H, T, D)`` at its start."""
+    b, h, t, d = filled.shape
+    capacity = max(needed + needed // 2, t + GROW_MIN)
+    buffer = filled.new_empty(b, h, capacity, d)
+    buffer[:, :, :t] = filled
+    return buffer
 
 
 def _check_fits(cached: Tensor, new: Tensor, what: str) -> None:

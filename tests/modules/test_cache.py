@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import qkv
@@ -45,3 +47,69 @@ def test_a_module_with_other_heads_cannot_reuse_a_cache():
     qkv.MultiHeadAttention(24, 4)(torch.randn(2, 5, 24), cache=cache)
     with pytest.raises(ValueError, match=r"\(2, 2, 1, 6\) .* cached torch.float32 \(2, 4, 5, 6\)"):
         qkv.MultiHeadAttention(24, 4, num_kv_heads=2)(torch.randn(2, 1, 24), cache=cache)
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(st.integers(1, 70), min_size=1, max_size=12))
+def test_appends_write_in_place_and_equal_concatenation(steps):
+    """Decoding steps fill a buffer with room to spare: the keys and values equal those
+    concatenated, a view returned earlier keeps its positions, and a step that fits the
+    room left copies nothing (the buffer's address stays)."""
+    layer, ks, vs, earlier = LayerKV(), [], [], []
+    for t in steps:
+        k, v = _kv(t=t)
+        ks.append(k), vs.append(v)
+        before = None if layer.length == 0 else (layer._k.data_ptr(), layer._k.shape[2])
+        got_k, got_v = layer.append(k, v)
+        earlier.append((got_k, torch.cat(ks, 2)))
+        torch.testing.assert_close(got_k, torch.cat(ks, 2), rtol=0, atol=0)
+        torch.testing.assert_close(got_v, torch.cat(vs, 2), rtol=0, atol=0)
+        if before is not None and layer.length <= before[1]:
+            assert layer._k.data_ptr() == before[0]
+        assert layer._k.shape[2] >= layer.length
+    for view, want in earlier:
+        torch.testing.assert_close(view, want, rtol=0, atol=0)
+    assert layer.length == sum(steps)
+
+
+def test_reorder_after_growth_keeps_the_chosen_rows():
+    layer, ks = LayerKV(), []
+    for t in (3, 1, 1, 80, 1):
+        k, v = _kv(b=3, t=t)
+        ks.append(k)
+        layer.append(k, v)
+    index = torch.tensor([2, 2, 0])
+    layer.reorder(index)
+    torch.testing.assert_close(layer.k, torch.cat(ks, 2)[index], rtol=0, atol=0)
+    k, v = _kv(b=3, t=1)
+    assert torch.equal(layer.append(k, v)[0][:, :, -1:], k)
+
+
+def test_gradients_flow_through_cached_keys_and_values():
+    """Under autograd the appends concatenate (writing into a buffer that an earlier
+    step's graph saved would break its backward); the gradients equal a plain pass's."""
+    torch.manual_seed(0)
+    mha = qkv.MultiHeadAttention(16, 4).double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
+    cache = qkv.KVCache(1)
+    steps = [mha(x[:, :3], cache=cache, causal=True)[0]]
+    steps += [mha(x[:, i : i + 1], cache=cache, causal=True)[0] for i in range(3, 6)]
+    upstream = torch.randn(2, 6, 16, dtype=torch.float64)
+    (torch.cat(steps, 1) * upstream).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    (mha(x, causal=True)[0] * upstream).sum().backward()
+    torch.testing.assert_close(got, x.grad)
+
+
+def test_a_cache_filled_in_inference_mode_continues_outside_it():
+    """Its buffers are inference tensors, which may not be written outside the mode."""
+    layer, ks = LayerKV(), []
+    with torch.inference_mode():
+        for t in (2, 1):
+            k, v = _kv(t=t)
+            ks.append(k.clone())
+            layer.append(k, v)
+    k, v = _kv(t=1)
+    ks.append(k)
+    torch.testing.assert_close(layer.append(k, v)[0], torch.cat(ks, 2), rtol=0, atol=0)
