@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
 import qkv
 from qkv.modules.cache import LayerKV
