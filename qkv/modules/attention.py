@@ -203,17 +203,21 @@ class MultiHeadAttention(nn.Module):
         return self.positional.bias(tq, tk, past, q.device, dtype=dtype)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        def shapes() -> str:  # only when there is an error to report (a decoding step's cost)
+            return f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+
         if query.ndim != 3 or key.ndim != 3 or value.ndim != 3:
-            raise ValueError(f"MultiHeadAttention takes batch-first (B, T, E) inputs; got {shapes}")
+            raise ValueError(
+                f"MultiHeadAttention takes batch-first (B, T, E) inputs; got {shapes()}"
+            )
         if query.shape[-1] != self.embed_dim:
-            raise ValueError(f"query width must be embed_dim={self.embed_dim}; got {shapes}")
+            raise ValueError(f"query width must be embed_dim={self.embed_dim}; got {shapes()}")
         if key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
             raise ValueError(
-                f"key/value widths must be kdim={self.kdim}, vdim={self.vdim}: {shapes}"
+                f"key/value widths must be kdim={self.kdim}, vdim={self.vdim}: {shapes()}"
             )
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
-            raise ValueError(f"batch and key/value lengths must agree: {shapes}")
+            raise ValueError(f"batch and key/value lengths must agree: {shapes()}")
         weight = self.q_proj.weight
         if torch.is_autocast_enabled(query.device.type):
             return  # autocast casts inputs and weights to one dtype itself
