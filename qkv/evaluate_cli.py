@@ -233,16 +233,15 @@ def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], 
     """The held-out pairs the checkpoint's training recipe defines (same seed, same filter)."""
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError
-    from qkv.data.prepare import load_pairs
+    from qkv.data.prepare import held_out_pairs
     from qkv.recipe import ConfigError, recipe_from_dict
 
     if "recipe" not in extra:
         raise UserError(f"{checkpoint}: holds no training recipe; give --src and --ref")
     try:
-        _, valid, test = load_pairs(recipe_from_dict(extra["recipe"]).data)
+        pairs = held_out_pairs(recipe_from_dict(extra["recipe"]).data, split)
     except (ConfigError, CorpusError, OSError) as err:
         raise UserError(f"{checkpoint}: its recipe's data cannot be read: {err}") from None
-    pairs = {"valid": valid, "test": test}[split]
     if not pairs:
         raise UserError(f"{checkpoint}: its recipe has no {split} split")
     print(f"{split} split of the training recipe: {len(pairs)} sentences", file=sys.stderr)

@@ -10,7 +10,7 @@ from qkv.data.corpus import CorpusError, read_parallel, read_tsv
 from qkv.data.tokenizers import Tokenizer, train_tokenizers
 from qkv.data.toy import make_splits
 
-__all__ = ["Prepared", "prepare", "load_pairs"]
+__all__ = ["Prepared", "held_out_pairs", "load_pairs", "prepare"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,22 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
             f"(data.n_valid {data.n_valid}, data.n_test {data.n_test}); none is left to train on"
         )
     return train, valid, test
+
+
+def held_out_pairs(data, split: str) -> Pairs:
+    """The ``valid`` or ``test`` pairs of ``data``, as :func:`load_pairs` gives them.
+
+    A ``files`` corpus reads that split's two files alone: its training files (the largest,
+    and not needed to evaluate) may be elsewhere or gone. Toy and TSV corpora draw their
+    held-out pairs from the whole corpus, so they are read whole.
+    """
+    if split not in ("valid", "test"):
+        raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
+    if data.kind != "files":
+        _, valid, test = load_pairs(data)
+        return valid if split == "valid" else test
+    files = getattr(data, split)
+    return _named(f"data.{split}", read_parallel, *files).pairs() if files else []
 
 
 def _nothing_left(report, data) -> str:
