@@ -157,8 +157,9 @@ def test_evaluate_split_of_a_files_corpus_reads_only_that_split(tmp_path):
     once they were moved away after training); it now reads the test files alone."""
     from qkv.data.prepare import load_pairs
 
-    pairs = load_pairs(tiny_recipe(tmp_path).data)
-    files = {}
+    train_pairs, valid, test = load_pairs(tiny_recipe(tmp_path).data)
+    test = [*test, ("개", "the dog that we saw in the park slept all day")]  # ratio 11: kept
+    pairs, files = (train_pairs, valid, test), {}
     for name, split in zip(("train", "valid", "test"), pairs):
         files[name] = [str(tmp_path / f"{name}.{lang}") for lang in ("ko", "en")]
         for side, path in enumerate(files[name]):
@@ -173,7 +174,7 @@ def test_evaluate_split_of_a_files_corpus_reads_only_that_split(tmp_path):
     by_split = run_cli("evaluate", ckpt, "--split", "test")
     assert by_split.returncode == 0, by_split.stderr
     assert by_split.stdout == by_files.stdout and "BLEU = " in by_split.stdout
-    assert f"{len(pairs[2])} sentences" in by_split.stderr
+    assert f"{len(test)} sentences" in by_split.stderr
     Path(files["test"][0]).unlink()
     gone = run_cli("evaluate", ckpt, "--split", "test")
     assert gone.returncode == 2 and "data.test" in gone.stderr and "Traceback" not in gone.stderr

@@ -49,20 +49,13 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
     if data.kind == "toy":
         return _toy_pairs(data)
     if data.kind == "files":
-        read = {}
-        for name in ("train", "valid", "test"):
-            files = getattr(data, name)
-            limit = data.max_tokens if name == "train" else None
-            ratio = data.max_ratio if name == "train" else None
-            corpus = (
-                _named(f"data.{name}", read_parallel, *files, max_len=limit, max_ratio=ratio)
-                if files
-                else None
-            )
-            if name == "train" and not len(corpus):
-                raise CorpusError(f"data.train: {_nothing_left(corpus.report, data)}")
-            read[name] = corpus.pairs() if corpus is not None else []
-        return read["train"], read["valid"], read["test"]
+        train = _named(
+            "data.train", read_parallel, *data.train,
+            max_len=data.max_tokens, max_ratio=data.max_ratio,
+        )  # fmt: skip
+        if not len(train):
+            raise CorpusError(f"data.train: {_nothing_left(train.report, data)}")
+        return train.pairs(), _held_out_files(data, "valid"), _held_out_files(data, "test")
     corpus = _named(
         "data.path",
         read_tsv,
@@ -95,8 +88,15 @@ def held_out_pairs(data, split: str) -> Pairs:
     if data.kind != "files":
         _, valid, test = load_pairs(data)
         return valid if split == "valid" else test
+    return _held_out_files(data, split)
+
+
+def _held_out_files(data, split: str) -> Pairs:
+    """A held-out split of a ``files`` corpus, unfiltered (scores count every pair)."""
     files = getattr(data, split)
-    return _named(f"data.{split}", read_parallel, *files).pairs() if files else []
+    if not files:
+        return []
+    return _named(f"data.{split}", read_parallel, *files, max_len=None, max_ratio=None).pairs()
 
 
 def _nothing_left(report, data) -> str:
