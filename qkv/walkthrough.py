@@ -187,9 +187,12 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
-    console.print(f"[bold]tokens[/bold] ({len(result.tokens)}): {' | '.join(result.tokens)}")
+    # words are Text, never rich markup: "[b]" or "[/x]" print as typed
+    words = " | ".join(result.tokens)
+    console.print(Text.assemble(("tokens", "bold"), f" ({len(result.tokens)}): {words}"))
     for step in result.steps:
         shape = "x".join(str(n) for n in step.value.shape)
         # the title and note on lines of their own: as a table's title they wrap to its width
@@ -198,12 +201,12 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
         cols = step.cols[:max_cols]
         table.add_column("", style="cyan", no_wrap=True)
         for c in cols:
-            table.add_column(c, justify="right", no_wrap=True)
+            table.add_column(Text(c), justify="right", no_wrap=True)
         if len(step.cols) > max_cols:
             table.add_column("...")
         for label, row in zip(step.rows, step.value):
             cells = [f"{v:+.2f}" for v in row[:max_cols].tolist()]
-            table.add_row(label, *cells, *(["..."] if len(step.cols) > max_cols else []))
+            table.add_row(Text(label), *cells, *(["..."] if len(step.cols) > max_cols else []))
         console.print(table)
         if step.note:
             console.print(f"[dim]{step.note}[/dim]", soft_wrap=True)

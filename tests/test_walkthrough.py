@@ -85,3 +85,15 @@ def test_step_titles_are_whole_lines_even_over_narrow_tables(capsys):
     for title in ("scaled scores / sqrt(2) (head 1/2)  shape (3x3)",
                   "weights = softmax(rows) (head 2/2)  shape (3x3)"):  # fmt: skip
         assert title in lines
+
+
+def test_words_that_look_like_rich_markup_print_as_typed(capsys):
+    """Words are text: '[/x]' was a MarkupError traceback (exit 1), and '[b]w[/b]' or
+    '[red]r' lost their brackets in the token line and the row labels."""
+    words = ["[/x]", "[b]w[/b]", "[red]r", "a\\"]
+    assert main(["walkthrough", " ".join(words), "--dim", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"tokens (4): {' | '.join(words)}" in lines
+    labels = [line.split()[0] for line in lines if line.split() and line.split()[0] in words]
+    assert labels.count("[b]w[/b]") == 8  # rows of X, Q, K, V, scores, scaled, weights, output
+    assert sum(line.split() == words for line in lines) == 3  # columns of the (T, T) steps
