@@ -87,6 +87,7 @@ def run_translate(args) -> int:
     log-probabilities. A blank line's first row is the empty translation (scores 0), and
     rows with no translation behind them have scores ``-inf`` and no text. The
     translation is escaped (:func:`_tsv_field`) so that each row has exactly five fields.
+    Without it, each input line gives one output line (:func:`_one_line`).
     """
     _check_search_args(args)
     model, src_tok, tgt_tok, _ = _load(args.checkpoint)
@@ -106,7 +107,7 @@ def run_translate(args) -> int:
         sys.stdout.reconfigure(encoding="utf-8")
     for number, nbest in enumerate(out, start=1):
         if args.n_best == 1:
-            print(nbest[0].text)
+            print(_one_line(nbest[0].text))
         else:
             for rank, t in enumerate(nbest, start=1):
                 scores = f"{t.normalized_score:.4f}\t{t.score:.4f}"
@@ -118,6 +119,18 @@ def run_translate(args) -> int:
 
 
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+# Every character at which str.splitlines breaks a line (LF, CR, VT, FF, FS, GS, RS, NEL,
+# LINE SEPARATOR, PARAGRAPH SEPARATOR); a character vocabulary can hold all but LF.
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_AS_SPACES = str.maketrans(dict.fromkeys(_LINE_BREAKS, " "))
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one output line: line-break characters become spaces, so that output
+    line N stays the translation of input line N for any reader of lines."""
+    return text.translate(_AS_SPACES)
 
 
 def _tsv_field(text: str) -> str:

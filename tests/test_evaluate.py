@@ -331,6 +331,35 @@ def test_n_best_rows_escape_tabs_and_line_breaks_in_the_translation(texts):
         assert _unescape(fields[4]) == text
 
 
+@settings(max_examples=20, deadline=None)
+@given(texts=st.lists(st.text(st.sampled_from("ab \r\x0b\x0c\x1c\x85\u2028\u2029"), max_size=6),
+                      min_size=1, max_size=3))  # fmt: skip
+def test_one_best_lines_stay_one_line_per_input(texts):
+    """A character vocabulary can hold a CR (text inside an LF line) or another character
+    at which readers break lines: a 1-best translation holding one was written as it is,
+    so the output had more lines than the input and line N was no longer the translation
+    of input line N. Such characters are now spaces."""
+    from unittest import mock
+
+    from qkv.evaluate import Translation
+    from qkv.evaluate_cli import run_translate
+
+    nbest = [[Translation(t, list(t), -1.0, None)] for t in texts]
+    args = mock.Mock(beam=1, n_best=1, batch_size=1, show_attention=None)
+    out = io.StringIO()
+    with (
+        mock.patch("qkv.evaluate_cli._load", return_value=(None, None, None, {})),
+        mock.patch("qkv.evaluate_cli._read_stdin", return_value=["x"] * len(texts)),
+        mock.patch("qkv.evaluate_cli.translate_texts", return_value=nbest),
+        mock.patch("sys.stdout", out),
+    ):
+        assert run_translate(args) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(texts)
+    for line, text in zip(lines, texts):
+        assert line == "".join(c if c in "ab " else " " for c in text)
+
+
 _WORDS = st.sampled_from(
     ["The", "the", "cat", "Cat.", "sat", "on", "mat,", "猫", "が", "(a)", "1,000"]
 )
