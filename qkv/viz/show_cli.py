@@ -103,6 +103,19 @@ def _one_line(err: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _check_utf8(name: str, text: str) -> None:
+    """Refuse a text with bytes that are not UTF-8: Python keeps them as lone surrogates
+    (``\\udcff`` for byte 0xff), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise _user_error(
+            f"{name}: not valid UTF-8 ({what} at character {err.start + 1}); give the text in UTF-8"
+        ) from None
+
+
 def _model_folder(model: str | None) -> tuple[Path, str]:
     """The encoder folder to read and a short name for titles."""
     if model is None:
@@ -232,6 +245,9 @@ def run_cli(args: argparse.Namespace) -> int:
             f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
             f"use one of {', '.join(_HTML + _IMAGES)}"
         )
+    _check_utf8("TEXT", args.text)
+    if args.text_b is not None:
+        _check_utf8("TEXT_B", args.text_b)
     if not args.text.strip() or (args.text_b is not None and not args.text_b.strip()):
         raise _user_error("the text to encode is empty")
     folder, name = _model_folder(args.model)

@@ -236,3 +236,20 @@ def test_a_text_with_no_token_exits_2(minilm, tmp_path):
     assert main(["show", "\u200b\u200b", "--out", str(out)]) == 2  # zero-width spaces only
     assert main(["show", TEXT, "\u200b", "--out", str(out)]) == 2
     assert not out.exists()  # no page of [CLS] and [SEP] alone
+
+
+def test_a_text_that_is_not_utf8_exits_2(minilm, tmp_path):
+    """Bytes that are not UTF-8 on the command line reach Python as lone surrogates:
+    the tokenizer refused them with a TypeError traceback (exit 1)."""
+    out = tmp_path / "bad.html"
+    run = qkv("ab\udcff cat", "--out", str(out))  # argv bytes b"ab\xff cat"
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr == (
+        "qkv show: error: TEXT: not valid UTF-8 (byte 0xff at character 3); "
+        "give the text in UTF-8\n"
+    )
+    run = qkv(TEXT, "\udcc3", "--out", str(out))
+    assert (
+        run.returncode == 2 and "TEXT_B: not valid UTF-8 (byte 0xc3 at character 1)" in run.stderr
+    )
+    assert not out.exists()
