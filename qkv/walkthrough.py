@@ -98,6 +98,20 @@ def _attend(x: Tensor, w: dict[str, Tensor], heads: int, steps: list[Step] | Non
     return final
 
 
+def _check_utf8(tokens: list[str]) -> None:
+    """Refuse words with bytes that are not UTF-8 (lone surrogates, as Python keeps
+    undecodable command-line bytes), which cannot be hashed into an embedding."""
+    for i, tok in enumerate(tokens):
+        try:
+            tok.encode("utf-8")
+        except UnicodeEncodeError as err:
+            code = ord(tok[err.start])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+            raise ValueError(
+                f"the sentence is not valid UTF-8 ({what} in word {i + 1}); give it in UTF-8"
+            ) from None
+
+
 def walkthrough(
     sentence: str, *, heads: int = 1, dim: int = 8, positions: bool = True, seed: int = 0
 ) -> Walkthrough:
@@ -121,6 +135,7 @@ def walkthrough(
     tokens = sentence.split()
     if not tokens:
         raise ValueError("the sentence is empty")
+    _check_utf8(tokens)
     if not 1 <= dim <= MAX_DIM:
         raise ValueError(f"--dim {dim}: must be between 1 and {MAX_DIM}")
     if not 1 <= heads <= MAX_HEADS:

@@ -64,8 +64,9 @@ def test_repeated_words_are_each_counted(capsys):
         (["a b", "--dim", "100000"], "--dim 100000: must be between 1 and 1024"),
         (["a b", "--heads", "100", "--dim", "100"], "--heads 100: must be between 1 and 64"),
         (["a b", "--seed", str(2**70)], "--seed"),
+        (["a b\udcff"], "not valid UTF-8 (byte 0xff in word 2)"),  # argv bytes b"a b\xff"
     ],
-    ids=["blank", "indivisible", "huge-dim", "many-heads", "huge-seed"],
+    ids=["blank", "indivisible", "huge-dim", "many-heads", "huge-seed", "not-utf8"],
 )
 def test_cli_bad_input_exits_2_without_traceback(args, match):
     proc = subprocess.run(
