@@ -201,6 +201,21 @@ def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[
     return out
 
 
+_HTML = (".html", ".htm")
+
+
+def _html_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it names an HTML file; an image or other name would hold a page that
+    no image viewer (or a browser, by the name) opens as one."""
+    path = Path(path)
+    if path.suffix.lower() not in _HTML:
+        hint = " (plot_heads and plot_alignment draw images)" if path.suffix else ""
+        raise ValueError(
+            f"{path}: the viewer is an HTML page; give a name ending in .html or .htm{hint}"
+        )
+    return path
+
+
 @dataclass(frozen=True)
 class AttentionView:
     """An attention viewer page; displays itself in Jupyter and saves to a file.
@@ -220,8 +235,8 @@ class AttentionView:
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the page to ``path`` (UTF-8) and return the path."""
-        path = Path(path)
+        """Write the page to ``path`` (UTF-8, ``.html`` or ``.htm``) and return the path."""
+        path = _html_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.html, encoding="utf-8")
         log.info("wrote %s (%d bytes)", path, len(self.html.encode("utf-8")))
@@ -280,7 +295,7 @@ def save_html(
     """Write the attention viewer to one HTML file.
 
     Args:
-        path: output file (``.html``).
+        path: output file (``.html`` or ``.htm``).
         maps: ``(L, H, Tq, Tk)`` tensor or array, or a list of ``L`` arrays ``(H, Tq, Tk)``.
         tokens: self-attention tokens.
         src_tokens: cross-attention keys (source sentence).
@@ -291,7 +306,11 @@ def save_html(
 
     Returns:
         the path written.
+
+    Raises:
+        ValueError: a path that does not end in ``.html`` or ``.htm``, bad maps or tokens.
     """
+    _html_path(path)
     view = show(
         maps,
         tokens,

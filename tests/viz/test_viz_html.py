@@ -135,3 +135,15 @@ def test_map_label_names_a_single_map(make_maps):
 def test_map_label_is_refused_where_it_would_mislabel(make_maps, shape, label, match):
     with pytest.raises(ValueError, match=match):
         render_html(make_maps(*shape, 3, 3), list("abc"), map_label=label)
+
+
+@pytest.mark.parametrize("name", ["map.png", "map.PDF", "map.svg", "map", "map.txt"])
+def test_a_page_is_saved_only_under_an_html_name(tmp_path, make_maps, name):
+    """save_html('map.png', ...) wrote the HTML page into map.png without a word."""
+    maps = make_maps(1, 2, 3, 3)
+    with pytest.raises(ValueError, match=r"the viewer is an HTML page; give a name ending in"):
+        save_html(tmp_path / name, maps, list("abc"))
+    with pytest.raises(ValueError, match=r"\.html or \.htm"):
+        show(maps, list("abc")).save(tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+    assert save_html(tmp_path / "map.HTM", maps, list("abc")).read_text(encoding="utf-8")
