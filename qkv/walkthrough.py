@@ -20,10 +20,11 @@ from torch import Tensor
 from qkv.functional import scaled_dot_product_attention
 from qkv.modules.positional import SinusoidalPositionalEncoding
 
-__all__ = ["MAX_DIM", "MAX_HEADS", "Step", "Walkthrough", "walkthrough", "run_cli"]
+__all__ = ["MAX_DIM", "MAX_HEADS", "MAX_WORDS", "Step", "Walkthrough", "walkthrough", "run_cli"]
 
 MAX_DIM = 1024  # the matrices are printed for reading: wider ones only cost memory and time
 MAX_HEADS = 64
+MAX_WORDS = 1024  # each (T, T) step is T**2 doubles and prints a row per word
 
 
 @dataclass
@@ -129,12 +130,14 @@ def walkthrough(
         its word's output changes when the sentence is reversed (0 without positions).
 
     Raises:
-        ValueError: an empty sentence, or ``dim`` (at most ``MAX_DIM``), ``heads`` (at most
-            ``MAX_HEADS``) or ``seed`` out of range.
+        ValueError: an empty sentence, more than ``MAX_WORDS`` words, or ``dim`` (at most
+            ``MAX_DIM``), ``heads`` (at most ``MAX_HEADS``) or ``seed`` out of range.
     """
     tokens = sentence.split()
     if not tokens:
         raise ValueError("the sentence is empty")
+    if len(tokens) > MAX_WORDS:
+        raise ValueError(f"the sentence has {len(tokens)} words: at most {MAX_WORDS}")
     _check_utf8(tokens)
     if not 1 <= dim <= MAX_DIM:
         raise ValueError(f"--dim {dim}: must be between 1 and {MAX_DIM}")

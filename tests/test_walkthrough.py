@@ -65,8 +65,9 @@ def test_repeated_words_are_each_counted(capsys):
         (["a b", "--heads", "100", "--dim", "100"], "--heads 100: must be between 1 and 64"),
         (["a b", "--seed", str(2**70)], "--seed"),
         (["a b\udcff"], "not valid UTF-8 (byte 0xff in word 2)"),  # argv bytes b"a b\xff"
+        (["w " * 1025], "the sentence has 1025 words: at most 1024"),
     ],
-    ids=["blank", "indivisible", "huge-dim", "many-heads", "huge-seed", "not-utf8"],
+    ids=["blank", "indivisible", "huge-dim", "many-heads", "huge-seed", "not-utf8", "long"],
 )
 def test_cli_bad_input_exits_2_without_traceback(args, match):
     proc = subprocess.run(
