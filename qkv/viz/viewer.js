@@ -19,6 +19,20 @@ const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
 
 const PAGE = JSON.parse(document.getElementById("qkv-data").textContent);
 const ITEMS = PAGE.items || [PAGE];
+
+// A token with nothing to see ("", " ", "\n", a zero-width space) is shown by symbols,
+// else its row would be a blank label that a reader cannot find or point at.
+const BLANK = { " ": "\u2423", "\t": "\u2409", "\n": "\u2424", "\r": "\u240d" };
+function visible(t) {
+  if (/[^\s\u200b-\u200d\u2060\u00ad]/u.test(t)) return t;
+  if (!t) return "\u2205";
+  return Array.from(t, (c) => BLANK[c] ||
+    `\u2039U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}\u203a`).join("");
+}
+for (const item of ITEMS) {
+  item.queryTokens = item.queryTokens.map(visible);
+  item.keyTokens = item.keyTokens.map(visible);
+}
 let data, L, H, TQ, TK, LO, STEP, cross; // the item on show, set by load()
 let Q; // per layer: its quantised weights once decoded (layerQ), else null
 const state = { view: "head", layer: 0, heads: new Set(), matrixHead: 0,

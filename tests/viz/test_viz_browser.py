@@ -313,3 +313,23 @@ def test_thumbnails_of_long_inputs_keep_single_columns(open_page, tmp_path):
     bright = (rgb[..., 1] > 150).all(axis=0)  # viridis: green is high only near the top
     assert np.flatnonzero(bright).tolist() == [peaks[0] * 72 // t, peaks[1] * 72 // t]
     assert not p.errors
+
+
+def test_blank_tokens_are_shown_by_symbols(open_page, tmp_path, make_maps):
+    """Tokens with nothing to see were blank labels: their rows, lines and matrix cells
+    could not be told apart or found. They read as symbols; the payload keeps them."""
+    tokens = ["", " ", "\n", "\t ", "\u200b", "a b", "x"]
+    shown = ["\u2205", "\u2423", "\u2424", "\u2409\u2423", "\u2039U+200B\u203a", "a b", "x"]
+    path = save_html(tmp_path / "blank.html", make_maps(1, 2, 7, 7, seed=3), tokens)
+    assert extract_payload(path.read_text("utf-8"))["queryTokens"] == tokens
+    p = open_page(path)
+    for side in ("query", "key"):
+        assert (
+            p.page.eval_on_selector_all(f".qkv-{side}", "ns => ns.map(n => n.textContent)") == shown
+        )
+    p.page.focus(".qkv-query[data-index='1']")
+    assert '"\u2423"' in p.page.text_content("#qkv-readout")
+    p.page.click("#qkv-tab-matrix")
+    labels = p.page.eval_on_selector_all("#qkv-matrix th", "ns => ns.map(n => n.textContent)")
+    assert labels.count("\u2205") == 2 and labels.count("\u2424") == 2
+    assert not p.errors
