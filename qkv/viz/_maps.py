@@ -101,6 +101,20 @@ def as_maps(maps: Any) -> np.ndarray:
     return arr
 
 
+def _texts(name: str, tokens: Sequence[Any]) -> tuple[str, ...]:
+    """The tokens as strings; each must be UTF-8 text (the page and fonts need it)."""
+    out = tuple(str(t) for t in tokens)
+    for k, tok in enumerate(out):
+        try:
+            tok.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"{name}: token {k} {tok!r} is not valid UTF-8 text "
+                f"({tok[err.start]!r} is a lone surrogate)"
+            ) from None
+    return out
+
+
 def _resolve_tokens(
     tokens: Sequence[Any] | None,
     src_tokens: Sequence[Any] | None,
@@ -115,7 +129,7 @@ def _resolve_tokens(
                 "give either tokens (self-attention) or src_tokens and "
                 "tgt_tokens (cross-attention), not both"
             )
-        toks = tuple(str(t) for t in tokens)
+        toks = _texts("tokens", tokens)
         if not len(toks) == tq == tk:
             raise ValueError(
                 f"self-attention: {len(toks)} tokens for maps of {tq} queries x {tk} keys"
@@ -128,8 +142,8 @@ def _resolve_tokens(
         )
     if src_tokens is None or tgt_tokens is None:
         raise ValueError("cross-attention needs both src_tokens (keys) and tgt_tokens (queries)")
-    src = tuple(str(t) for t in src_tokens)
-    tgt = tuple(str(t) for t in tgt_tokens)
+    src = _texts("src_tokens", src_tokens)
+    tgt = _texts("tgt_tokens", tgt_tokens)
     if len(tgt) != tq or len(src) != tk:
         raise ValueError(
             f"cross-attention: {len(tgt)} target and {len(src)} source tokens "

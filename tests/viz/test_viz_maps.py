@@ -106,3 +106,19 @@ def test_summarize_map_names_no_layer_or_head(make_maps):
     assert line == "entropy 0.00 nats; looks at the first token 'a' (100% of queries)"
     with pytest.raises(ValueError, match="not one map"):
         summarize_map(prepare(make_maps(1, 2, 3, 3), list("abc")))
+
+
+def test_tokens_that_are_not_utf8_are_named(make_maps, tmp_path):
+    """A token with a lone surrogate (undecodable bytes read with surrogateescape) was a
+    bare UnicodeEncodeError from writing the page ('position 7645'), and a TypeError from
+    matplotlib's font code in a heatmap; now a ValueError naming the token."""
+    from qkv.viz import plot_alignment, save_html
+
+    bad = ["ok", "b\udcff"]
+    with pytest.raises(ValueError, match=r"^tokens: token 1 'b\\udcff' is not valid UTF-8"):
+        save_html(tmp_path / "x.html", make_maps(1, 1, 2, 2), bad)
+    with pytest.raises(ValueError, match=r"^src_tokens: token 1 .* not valid UTF-8"):
+        plot_alignment(make_maps(1, 1, 1, 2)[0, 0], bad, ["y"])
+    with pytest.raises(ValueError, match=r"^tgt_tokens: token 0 .* not valid UTF-8"):
+        prepare(make_maps(1, 1, 1, 2), src_tokens=["a", "b"], tgt_tokens=["\ud800"])
+    assert not (tmp_path / "x.html").exists()
