@@ -7,7 +7,8 @@
 * a random GPT-2-shaped model generates 200 tokens with the KV cache against recomputing
   the prefix at every step (target: at least 5× faster), and against transformers'
   ``generate`` with its cache; and beam search (4 beams, an end token) against
-  ``generate(num_beams=4)``, with the same tokens.
+  ``generate(num_beams=4)``, with the same tokens; and 4 prompts decoded to a long
+  context (1,000 new tokens; 300 with ``--quick``) against transformers' ``generate``.
 
 Run: ``python benchmarks/models.py [--quick] [--out DIR]`` or ``qkv bench models``.
 """
@@ -113,13 +114,14 @@ def generation_rows(new_tokens: int) -> list[dict]:
     import transformers
 
     config = transformers.GPT2Config(
-        n_layer=6, n_head=6, n_embd=384, vocab_size=8000, n_positions=512,
+        n_layer=6, n_head=6, n_embd=384, vocab_size=8000, n_positions=1024 + 16,
         bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
     peer = transformers.GPT2LMHeadModel(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         peer.save_pretrained(tmp)
         ours = GPT.from_pretrained(tmp)
+    long_rows = long_context_rows(ours, peer, 300 if new_tokens < 200 else 1000)
     prompt = torch.randint(0, 8000, (1, 16))
     cached, hf_s = _paired(
         [
@@ -146,14 +148,30 @@ def generation_rows(new_tokens: int) -> list[dict]:
         ours.generate(prompts, new_tokens, **beam, pad_token_id=3),
         peer_generate(peer, prompts, new_tokens, **beam),
     )
-    return [
+    return [*long_rows, *[
         _row(f"{case}: KV cache", cached, "qkv recompute prefix", recompute,
              target="≤ 0.2× (≥ 5× faster)", met=cached * 5 <= recompute),
         _row(f"{case}: KV cache", cached, "transformers generate (cache)", hf_s,
              same_tokens=same),
         _row(f"GPT (6×384) beam 4, 2 prompts, up to {new_tokens} new tokens, an end token",
              beam_s, "transformers generate(num_beams=4)", hf_beam_s, same_tokens=same_beam),
-    ]  # fmt: skip
+    ]]  # fmt: skip
+
+
+def long_context_rows(ours, peer, new_tokens: int) -> list[dict]:
+    """Greedy decoding to a long context (4 prompts), where each step's cost grows with
+    the cache: transformers' cache concatenates every step, qkv's writes in place."""
+    prompts = torch.randint(0, 8000, (4, 16))
+    ours_s, hf_s = _paired(
+        [
+            lambda: ours.generate(prompts, new_tokens),
+            lambda: peer_generate(peer, prompts, new_tokens),
+        ],
+        repeat=3,
+    )
+    same = torch.equal(ours.generate(prompts, new_tokens), peer_generate(peer, prompts, new_tokens))
+    case = f"GPT (6×384) greedy, 4 prompts of 16, {new_tokens} new tokens: KV cache"
+    return [_row(case, ours_s, "transformers generate (cache)", hf_s, same_tokens=same)]
 
 
 def peer_generate(peer, prompt: torch.Tensor, new_tokens: int, **options) -> torch.Tensor:
