@@ -72,8 +72,12 @@ class LayerKV:
 
     def _writable(self, k: Tensor, v: Tensor) -> bool:
         """Whether new positions may be written into the buffers in place: not under
-        autograd, and not into inference tensors outside ``torch.inference_mode``."""
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (k, v, self._k, self._v)):
+        autograd, and not into inference tensors outside ``torch.inference_mode``.
+
+        Under autograd even keys that need no gradient are concatenated: a query that
+        needs one (only its projection training) saves a view of them for backward.
+        """
+        if torch.is_grad_enabled():
             return False
         return torch.is_inference_mode_enabled() or not self._k.is_inference()
 

@@ -113,3 +113,22 @@ def test_a_cache_filled_in_inference_mode_continues_outside_it():
     k, v = _kv(t=1)
     ks.append(k)
     torch.testing.assert_close(layer.append(k, v)[0], torch.cat(ks, 2), rtol=0, atol=0)
+
+
+def test_a_query_under_autograd_keeps_its_graph_when_keys_need_no_gradient():
+    """Only the query projection trains (LoRA-style): the cached keys and values need no
+    gradient, yet each step's graph saves a view of them. Writing the next step into the
+    buffer in place bumped their version, and backward raised 'modified by an inplace
+    operation'. Gradients now equal one causal pass's."""
+    mha = qkv.MultiHeadAttention(16, 4).double()
+    mha.k_proj.requires_grad_(False), mha.v_proj.requires_grad_(False)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    cache = qkv.KVCache(1)
+    steps = [mha(x[:, :2], cache=cache, causal=True)[0]]
+    steps += [mha(x[:, i : i + 1], cache=cache, causal=True)[0] for i in range(2, 6)]
+    upstream = torch.randn(2, 6, 16, dtype=torch.float64)
+    (torch.cat(steps, 1) * upstream).sum().backward()
+    got = mha.q_proj.weight.grad.clone()
+    mha.q_proj.weight.grad = None
+    (mha(x, causal=True)[0] * upstream).sum().backward()
+    torch.testing.assert_close(got, mha.q_proj.weight.grad)
