@@ -104,8 +104,29 @@ def _save(fig: Figure, path: str | os.PathLike[str] | None) -> None:
     log.info("wrote %s", path)
 
 
+# the viewer (viewer.js) shows tokens with nothing to see by the same symbols
+_SYMBOLS = {" ": "\u2423", "\t": "\u21e5", "\n": "\u21b5", "\r": "\u21a9"}
+_ZERO_WIDTH = "\u200b\u200c\u200d\u2060\u00ad"
+
+
+def _visible(label: str) -> str:
+    """A label that shows: line breaks and tabs as symbols (a newline would break the
+    label over two rows), and a token with nothing to see ("", " ") by symbols."""
+    if not label:
+        return "\u2205"
+    if all(c.isspace() or c in _ZERO_WIDTH for c in label):
+        return "".join(_SYMBOLS.get(c, f"\u2039U+{ord(c):04X}\u203a") for c in label)
+    return (
+        label.replace("\n", _SYMBOLS["\n"])
+        .replace("\t", _SYMBOLS["\t"])
+        .replace("\r", _SYMBOLS["\r"])
+    )
+
+
 def _short(label: str, limit: int = 24) -> str:
-    """Cut a long token to ``limit`` characters so that the map keeps its room."""
+    """The label as it shows (:func:`_visible`), cut to ``limit`` characters so that
+    the map keeps its room."""
+    label = _visible(label)
     return label if len(label) <= limit else label[: limit - 1] + "…"
 
 

@@ -21,8 +21,9 @@ const PAGE = JSON.parse(document.getElementById("qkv-data").textContent);
 const ITEMS = PAGE.items || [PAGE];
 
 // A token with nothing to see ("", " ", "\n", a zero-width space) is shown by symbols,
-// else its row would be a blank label that a reader cannot find or point at.
-const BLANK = { " ": "\u2423", "\t": "\u2409", "\n": "\u2424", "\r": "\u240d" };
+// else its row would be a blank label that a reader cannot find or point at (the
+// heatmaps' labels use the same symbols, in fonts that have them).
+const BLANK = { " ": "\u2423", "\t": "\u21e5", "\n": "\u21b5", "\r": "\u21a9" };
 function visible(t) {
   if (/[^\s\u200b-\u200d\u2060\u00ad]/u.test(t)) return t;
   if (!t) return "\u2205";

@@ -187,3 +187,16 @@ def test_negative_values_get_their_own_colours():
     assert [a.images[0].get_clim() for a in grid.axes if a.images][0] == (w.min(), w.max())
     weights = np.abs(w) / np.abs(w).sum(-1, keepdims=True)  # weights: the scale starts at 0
     assert plot_alignment(weights, list("abcd"), list("xyz")).axes[0].images[0].get_clim()[0] == 0
+
+
+def test_blank_tokens_and_line_breaks_show_in_labels(make_maps):
+    """An empty or blank token was an empty tick label, and a token with a newline broke
+    its label over two rows, into its neighbours; they read as the viewer shows them."""
+    src, tgt = ["", " ", "a\nb", "\u200b"], ["\t", "x"]
+    shown_src, shown_tgt = ["\u2205", "\u2423", "a\u21b5b", "\u2039U+200B\u203a"], ["\u21e5", "x"]
+    fig = plot_alignment(make_maps(1, 1, 2, 4)[0, 0], src, tgt)
+    ax = fig.axes[0]
+    assert [x.get_text() for x in ax.get_xticklabels()] == shown_src
+    assert [y.get_text() for y in ax.get_yticklabels()] == shown_tgt
+    grid = plot_heads(make_maps(1, 2, 4, 4), src)
+    assert [x.get_text() for x in grid.axes[0].get_xticklabels()] == shown_src
