@@ -52,14 +52,28 @@ def _to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _drop_batch(arr: np.ndarray) -> np.ndarray:
+    """``(L, 1, H, Tq, Tk)`` (per-layer maps stacked) or ``(1, L, H, Tq, Tk)`` (stacked
+    along ``dim=1``, batch first) as ``(L, H, Tq, Tk)``."""
+    if arr.shape[1] == 1:
+        return arr[:, 0]
+    if arr.shape[0] == 1:
+        return arr[0]
+    raise ValueError(
+        f"attention maps: shape {arr.shape} is (L, B, H, Tq, Tk) with a batch of "
+        f"{arr.shape[1]}, or (B, L, H, Tq, Tk) with a batch of {arr.shape[0]}; "
+        "select one batch element first"
+    )
+
+
 def as_maps(maps: Any) -> np.ndarray:
     """Turn attention maps in any accepted layout into one ``(L, H, Tq, Tk)`` array.
 
     Args:
         maps: a tensor or array of shape ``(L, H, Tq, Tk)``, ``(H, Tq, Tk)`` (one layer) or
             ``(Tq, Tk)`` (one head); or a list of ``L`` per-layer arrays ``(H, Tq, Tk)``, each
-            possibly with a leading batch axis of size 1. A leading batch axis of size 1 on
-            a 5-D input, ``(L, 1, H, Tq, Tk)``, is dropped too.
+            possibly with a leading batch axis of size 1. A batch axis of size 1 on a 5-D
+            input, ``(L, 1, H, Tq, Tk)`` or ``(1, L, H, Tq, Tk)``, is dropped too.
 
     Returns:
         float64 array of shape ``(L, H, Tq, Tk)``.
@@ -85,12 +99,7 @@ def as_maps(maps: Any) -> np.ndarray:
     else:
         arr = _to_numpy(maps)
         if arr.ndim == 5:
-            if arr.shape[1] != 1:
-                raise ValueError(
-                    f"attention maps: shape {arr.shape} has a batch of "
-                    f"{arr.shape[1]}; select one batch element first"
-                )
-            arr = arr[:, 0]
+            arr = _drop_batch(arr)
         arr = arr.reshape((1,) * (4 - arr.ndim) + arr.shape) if 2 <= arr.ndim < 4 else arr
     if arr.ndim != 4:
         raise ValueError(f"attention maps: shape {arr.shape}, expected (L, H, Tq, Tk)")

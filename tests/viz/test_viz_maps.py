@@ -18,6 +18,7 @@ def test_layouts_agree(make_maps):
     np.testing.assert_array_equal(as_maps(list(maps)), ref)
     np.testing.assert_array_equal(as_maps([torch.from_numpy(m)[None] for m in maps]), ref)
     np.testing.assert_array_equal(as_maps(maps[:, None]), ref)  # (L, 1, H, T, T)
+    np.testing.assert_array_equal(as_maps(maps[None]), ref)  # (1, L, H, T, T): batch first
     assert as_maps(maps[0]).shape == (1, 2, 5, 5)
     assert as_maps(maps[0, 0]).shape == (1, 1, 5, 5)
 
@@ -33,7 +34,7 @@ def test_tensor_with_grad_and_bfloat16(make_maps):
     "bad, match",
     [
         (np.ones((2, 2, 3, 3, 3, 3)), "expected"),
-        (np.ones((2, 3, 2, 4, 4)), "batch of 3"),
+        (np.ones((2, 3, 2, 4, 4)), "with a batch of 3, or .* with a batch of 2"),
         ([np.ones((2, 4, 4)), np.ones((2, 5, 5))], "differ in shape"),
         ([], "empty list"),
         (np.full((1, 1, 2, 2), np.nan), "NaN"),
