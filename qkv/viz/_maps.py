@@ -71,8 +71,9 @@ def as_maps(maps: Any) -> np.ndarray:
 
     Args:
         maps: a tensor or array of shape ``(L, H, Tq, Tk)``, ``(H, Tq, Tk)`` (one layer) or
-            ``(Tq, Tk)`` (one head); or a list of ``L`` per-layer arrays ``(H, Tq, Tk)``, each
-            possibly with a leading batch axis of size 1. A batch axis of size 1 on a 5-D
+            ``(Tq, Tk)`` (one head), nested lists of numbers included; or a list of ``L``
+            per-layer arrays or tensors ``(H, Tq, Tk)``, each possibly with a leading batch
+            axis of size 1. A batch axis of size 1 on a 5-D
             input, ``(L, 1, H, Tq, Tk)`` or ``(1, L, H, Tq, Tk)``, is dropped too.
 
     Returns:
@@ -82,6 +83,11 @@ def as_maps(maps: Any) -> np.ndarray:
         ValueError: wrong number of dimensions, layers of different shapes, a batch axis
             larger than 1, an empty map, or non-finite weights.
     """
+    if isinstance(maps, list | tuple) and maps and not any(hasattr(m, "shape") for m in maps):
+        try:  # nested lists of numbers: an array, read as one below
+            maps = _to_numpy(maps)
+        except ValueError:
+            raise ValueError("attention maps: nested lists of different lengths") from None
     if isinstance(maps, list | tuple):
         if not maps:
             raise ValueError("attention maps: got an empty list of layers")

@@ -21,6 +21,10 @@ def test_layouts_agree(make_maps):
     np.testing.assert_array_equal(as_maps(maps[None]), ref)  # (1, L, H, T, T): batch first
     assert as_maps(maps[0]).shape == (1, 2, 5, 5)
     assert as_maps(maps[0, 0]).shape == (1, 1, 5, 5)
+    # nested lists of numbers are an array: were 'layer 0 has shape (5,), expected (H, Tq, Tk)'
+    np.testing.assert_array_equal(as_maps(maps[0, 0].tolist()), ref[:1, :1])
+    np.testing.assert_array_equal(as_maps(tuple(maps[0].tolist())), ref[:1])
+    np.testing.assert_array_equal(as_maps(maps.tolist()), ref)
 
 
 def test_tensor_with_grad_and_bfloat16(make_maps):
@@ -37,9 +41,10 @@ def test_tensor_with_grad_and_bfloat16(make_maps):
         (np.ones((2, 3, 2, 4, 4)), "with a batch of 3, or .* with a batch of 2"),
         ([np.ones((2, 4, 4)), np.ones((2, 5, 5))], "differ in shape"),
         ([], "empty list"),
+        ([[0.5, 0.5], [1.0]], "nested lists of different lengths"),
         (np.full((1, 1, 2, 2), np.nan), "NaN"),
     ],
-    ids=["six-dims", "batch-3", "ragged-layers", "no-layers", "nan"],
+    ids=["six-dims", "batch-3", "ragged-layers", "no-layers", "ragged-rows", "nan"],
 )
 def test_bad_maps_are_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
