@@ -199,7 +199,7 @@ def _save_page(
 
 def _save_images(path: Path, maps: list[AttentionMaps], labels: list[str]) -> list[Path]:
     """One heatmap per sentence: the alignment, or a grid when it has several heads."""
-    from qkv.viz.heatmap import _fonts_for, _save, plot_alignment, plot_heads
+    from qkv.viz.heatmap import _fonts_for, _plain, _save, plot_alignment, plot_heads
 
     written = []
     for k, (am, label) in enumerate(zip(maps, labels), start=1):
@@ -209,7 +209,7 @@ def _save_images(path: Path, maps: list[AttentionMaps], labels: list[str]) -> li
                 fig = plot_alignment(am.weights[0, 0], am.key_tokens, am.query_tokens)
                 # source and translation on lines of their own, wrapped to the width of the figure
                 lines = _wrap(label.replace(" → ", "\n"), 0.85 * 72 * fig.get_figwidth(), 10)
-                fig.axes[0].set_title(lines, fontsize=10)
+                fig.axes[0].set_title(_plain(lines), fontsize=10)
                 _save(fig, out)
         else:
             fig = plot_heads(am.weights, src_tokens=am.key_tokens, tgt_tokens=am.query_tokens,

@@ -123,11 +123,17 @@ def _visible(label: str) -> str:
     )
 
 
+def _plain(text: str) -> str:
+    """``text`` as matplotlib shows it literally: a pair of ``$`` would start mathtext
+    ("costs $5 to $10" drawn as "costs 5to10" in italics; "$\\x$" fails to draw)."""
+    return text.replace("$", r"\$")
+
+
 def _short(label: str, limit: int = 24) -> str:
     """The label as it shows (:func:`_visible`), cut to ``limit`` characters so that
-    the map keeps its room."""
+    the map keeps its room, and drawn as plain text."""
     label = _visible(label)
-    return label if len(label) <= limit else label[: limit - 1] + "…"
+    return _plain(label if len(label) <= limit else label[: limit - 1] + "…")
 
 
 def _label_step(n: int, max_labels: int = 64) -> int:
@@ -198,7 +204,7 @@ def plot_alignment(
         ax.xaxis.set_label_position("top")
         ax.set_ylabel("target (queries)")
         if title:
-            ax.set_title(title)
+            ax.set_title(_plain(title))
         fig.colorbar(image, ax=ax, label="attention weight", shrink=0.8)
         _save(fig, path)
     return fig
@@ -283,7 +289,7 @@ def plot_heads(
         if title:
             from qkv.viz.alignments import _wrap
 
-            fig.suptitle(_wrap(title, 0.9 * 72 * fig.get_figwidth(), 10), fontsize=10)
+            fig.suptitle(_plain(_wrap(title, 0.9 * 72 * fig.get_figwidth(), 10)), fontsize=10)
         _save(fig, path)
     return fig
 

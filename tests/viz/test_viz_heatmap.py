@@ -200,3 +200,20 @@ def test_blank_tokens_and_line_breaks_show_in_labels(make_maps):
     assert [y.get_text() for y in ax.get_yticklabels()] == shown_tgt
     grid = plot_heads(make_maps(1, 2, 4, 4), src)
     assert [x.get_text() for x in grid.axes[0].get_xticklabels()] == shown_src
+
+
+def test_dollar_signs_are_text_not_mathtext(tmp_path, make_maps):
+    """A pair of '$' in a token or title started matplotlib's mathtext: 'costs $5 to $10'
+    was drawn as 'costs 5to10' in italics, and a token '$\\bad{$' or a title '$^$' made
+    saving fail with a ParseFatalException ValueError."""
+    from qkv.viz import save_alignments
+
+    toks = ["$x$", "$\\bad{$", "a"]
+    fig = plot_alignment(make_maps(1, 1, 3, 3)[0, 0], toks, toks, title="costs $5 to $10",
+                         path=tmp_path / "a.png")  # fmt: skip
+    ax = fig.axes[0]
+    assert ax.get_title() == "costs \\$5 to \\$10"  # an escaped '$' is drawn as a '$'
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["\\$x\\$", "\\$\\bad{\\$", "a"]
+    plot_heads(make_maps(1, 2, 3, 3), toks, title="$^$", path=tmp_path / "b.png")
+    item = (make_maps(1, 1, 2, 3)[0, 0], toks, ["$y$", "z"], "pay $\\bad{$ now")
+    assert save_alignments([item], tmp_path / "c.png")[0].stat().st_size > 1000
