@@ -146,9 +146,12 @@ def glyph_coverage(path: str | os.PathLike[str], texts: Iterable[str]) -> tuple[
 def font_chain(texts: Iterable[str] = ()) -> list[str]:
     """Font families for ``rcParams["font.family"]``, best for ``texts`` first.
 
-    The family that covers the most characters of ``texts`` comes first (ties keep the
-    order of preference), so ``font_manager.findfont`` on the chain returns a font with
-    glyphs for them; the others follow as glyph-by-glyph fallbacks.
+    The family that covers the most characters of ``texts`` comes first, so
+    ``font_manager.findfont`` on the chain returns a font with glyphs for them; the
+    others follow as glyph-by-glyph fallbacks. Ties keep the order of preference, except
+    that DejaVu Sans comes first when it covers as much as any: Korean fonts such as
+    NanumGothic draw the backslash as a won sign (₩), so a text they are not needed for
+    is drawn in matplotlib's own font.
 
     Args:
         texts: the labels that will be drawn.
@@ -159,7 +162,8 @@ def font_chain(texts: Iterable[str] = ()) -> list[str]:
     texts = list(texts)
     pairs = register_fonts()
     missing_counts = [len(glyph_coverage(path, texts)[1]) for _, path in pairs]
-    order = sorted(range(len(pairs)), key=lambda i: missing_counts[i])
+    dejavu = len(pairs) - 1  # register_fonts puts DejaVu Sans last
+    order = sorted(range(len(pairs)), key=lambda i: (missing_counts[i], i != dejavu))
     if missing_counts[order[0]]:
         uncovered = set.intersection(*(glyph_coverage(p, texts)[1] for _, p in pairs))
         if uncovered:

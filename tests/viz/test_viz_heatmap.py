@@ -217,3 +217,15 @@ def test_dollar_signs_are_text_not_mathtext(tmp_path, make_maps):
     plot_heads(make_maps(1, 2, 3, 3), toks, title="$^$", path=tmp_path / "b.png")
     item = (make_maps(1, 1, 2, 3)[0, 0], toks, ["$y$", "z"], "pay $\\bad{$ now")
     assert save_alignments([item], tmp_path / "c.png")[0].stat().st_size > 1000
+
+
+def test_a_backslash_is_drawn_in_a_font_that_has_one():
+    """NanumGothic, first in the chain for any text, draws U+005C as a won sign: a token
+    'C:\\temp' was labelled 'C:₩temp'. A text that DejaVu Sans covers is drawn in it."""
+    toks = ["C:\\temp", "a\\b", "x"]
+    assert font_chain(toks)[0] == "DejaVu Sans"
+    fig = plot_alignment(np.full((3, 3), 1 / 3), toks, toks)
+    for label in fig.axes[0].get_xticklabels():
+        path = font_manager.findfont(label.get_fontproperties(), fallback_to_default=False)
+        assert "DejaVuSans" in path, path
+    assert font_chain(KOREAN)[0] != "DejaVu Sans"  # Hangul still gets a font that has it
