@@ -95,7 +95,7 @@ def render_html(
     am = prepare(maps, tokens, src_tokens=src_tokens, tgt_tokens=tgt_tokens)
     layers, heads, tq, tk = am.weights.shape
     shape = f"{tq} × {tk} tokens"
-    what = map_label or f"{layers} layers × {heads} heads"
+    what = map_label or f"{_count(layers, 'layer')} × {_count(heads, 'head')}"
     title = title or f"{am.kind}-attention: {what}, {shape}"
     payload = encode_payload(am, title=title, quantization=quantization, map_label=map_label)
     if initial:
@@ -105,6 +105,11 @@ def render_html(
     else:
         summary = Summary(f"Where the attention looks ({map_label})", [summarize_map(am)])
     return fill_page(payload, [payload["encoding"]], am.kind, summary)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 layer``, ``6 layers``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def render_pages(

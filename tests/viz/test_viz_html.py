@@ -147,3 +147,11 @@ def test_a_page_is_saved_only_under_an_html_name(tmp_path, make_maps, name):
         show(maps, list("abc")).save(tmp_path / name)
     assert list(tmp_path.iterdir()) == []
     assert save_html(tmp_path / "map.HTM", maps, list("abc")).read_text(encoding="utf-8")
+
+
+def test_default_title_counts_in_words(make_maps):
+    """The default title said '1 layers × 1 heads' for a single map."""
+    page = render_html(make_maps(1, 1, 2, 3), src_tokens=list("abc"), tgt_tokens=list("xy"))
+    assert extract_payload(page)["title"] == "cross-attention: 1 layer × 1 head, 2 × 3 tokens"
+    page = render_html(make_maps(2, 1, 2, 2), list("ab"))
+    assert "<title>self-attention: 2 layers × 1 head, 2 × 2 tokens</title>" in page
