@@ -238,6 +238,9 @@ def _describe_head(w: np.ndarray, queries: Sequence[str], keys: Sequence[str], k
     return f"looks most at {keys[j]!r} (key {j}, {received[j]:.0%} of the attention)"
 
 
+_NOTHING = "no attention: every weight is zero or negative (all queries masked?)"
+
+
 def summary(
     maps: Any,
     tokens: Sequence[Any] | None = None,
@@ -271,6 +274,9 @@ def summarize(am: AttentionMaps) -> list[str]:
     lines = []
     for layer, row in enumerate(ent):
         h = int(row.argmin())
+        if not np.isfinite(row[h]):  # head_entropy's mark of a head without a weight
+            lines.append(f"layer {layer}: {_NOTHING}")
+            continue
         what = _describe_head(am.weights[layer, h], am.query_tokens, am.key_tokens, am.kind)
         lines.append(f"layer {layer}: head {h} (entropy {row[h]:.2f} nats) {what}")
     return lines
@@ -288,5 +294,7 @@ def summarize_map(am: AttentionMaps) -> str:
     if am.weights.shape[:2] != (1, 1):
         raise ValueError(f"summarize_map: maps of shape {am.weights.shape} are not one map")
     ent = float(head_entropy(am.weights)[0, 0])
+    if not np.isfinite(ent):
+        return _NOTHING
     what = _describe_head(am.weights[0, 0], am.query_tokens, am.key_tokens, am.kind)
     return f"entropy {ent:.2f} nats; {what}"

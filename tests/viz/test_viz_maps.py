@@ -128,3 +128,17 @@ def test_tokens_that_are_not_utf8_are_named(make_maps, tmp_path):
     with pytest.raises(ValueError, match=r"^tgt_tokens: token 0 .* not valid UTF-8"):
         prepare(make_maps(1, 1, 1, 2), src_tokens=["a", "b"], tgt_tokens=["\ud800"])
     assert not (tmp_path / "x.html").exists()
+
+
+def test_summary_of_maps_without_a_positive_weight(make_maps):
+    """A layer whose every weight is 0 (every query masked) was summed up as 'head 0
+    (entropy inf nats) looks most at 'a' (key 0, 0% of the attention)'."""
+    maps = make_maps(2, 2, 3, 3)
+    maps[1] = 0.0
+    lines = summary(maps, list("abc"))
+    assert lines[0].startswith("layer 0: head ") and "inf" not in lines[0]
+    assert (
+        lines[1] == "layer 1: no attention: every weight is zero or negative (all queries masked?)"
+    )
+    one = prepare(np.zeros((1, 1, 2, 3)), src_tokens=list("abc"), tgt_tokens=list("xy"))
+    assert summarize_map(one).startswith("no attention:")
