@@ -236,8 +236,10 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
             f"(max change {max(result.reorder_diff):.3g})."
         )
     else:
+        change = max(result.reorder_diff)  # sums taken in another order round differently
+        exact = "exactly" if change == 0 else f"up to rounding: max change {change:.1g}"
         console.print(
-            "Without positions, every word keeps exactly the same output vector when the "
-            f"sentence is reversed ({same} of {len(result.tokens)} words, max change "
-            f"{max(result.reorder_diff):.1g}): attention alone does not see word order."
+            "Without positions, reversing the sentence leaves every word's output vector "
+            f"the same ({same} of {len(result.tokens)} words, {exact}): attention alone "
+            "does not see word order."
         )
