@@ -221,20 +221,27 @@ def _as_2d(weights: Any) -> np.ndarray:
     return w
 
 
-def _pick(name: str, chosen: Sequence[int] | None, n: int) -> list[int]:
-    """Validate a selection of layer or head indices (all when None)."""
-    idx = list(range(n)) if chosen is None else [int(i) for i in chosen]
-    bad = [i for i in idx if not 0 <= i < n]
-    if bad or not idx:
-        raise ValueError(f"plot_heads: {name} {bad or idx} out of range 0..{n - 1}")
-    return idx
+def _pick(name: str, chosen: int | Sequence[int] | None, n: int) -> list[int]:
+    """Validate a selection of layer or head indices (all when None; an int is one)."""
+    if chosen is None:
+        return list(range(n))
+    chosen = [chosen] if isinstance(chosen, int | np.integer) else list(chosen)
+    if not chosen:
+        raise ValueError(f"plot_heads: {name} []: choose at least one, from 0..{n - 1}")
+    odd = [i for i in chosen if isinstance(i, bool) or not isinstance(i, int | np.integer)]
+    if odd:
+        raise ValueError(f"plot_heads: {name} {odd}: indices are whole numbers, 0..{n - 1}")
+    bad = [int(i) for i in chosen if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"plot_heads: {name} {bad} out of range 0..{n - 1}")
+    return [int(i) for i in chosen]
 
 
 def plot_heads(
     maps: Any,
     tokens: Sequence[Any] | None = None,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
     path: str | os.PathLike[str] | None = None,
     *,
     src_tokens: Sequence[Any] | None = None,
@@ -250,8 +257,8 @@ def plot_heads(
     Args:
         maps: ``(L, H, T, T)`` array or tensor, or a list of ``L`` arrays ``(H, T, T)``.
         tokens: the ``T`` tokens (self-attention).
-        layers: layer indices to show (from 0); all when None.
-        heads: head indices to show (from 0); all when None.
+        layers: layer indices to show (from 0), or one index; all when None.
+        heads: head indices to show (from 0), or one index; all when None.
         path: where to save (``.png``, ``.svg`` or ``.pdf``); not saved when None.
         src_tokens: keys, for cross-attention maps ``(L, H, Tq, Tk)`` instead of ``tokens``.
         tgt_tokens: queries, for cross-attention maps.

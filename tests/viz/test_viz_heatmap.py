@@ -229,3 +229,21 @@ def test_a_backslash_is_drawn_in_a_font_that_has_one():
         path = font_manager.findfont(label.get_fontproperties(), fallback_to_default=False)
         assert "DejaVuSans" in path, path
     assert font_chain(KOREAN)[0] != "DejaVu Sans"  # Hangul still gets a font that has it
+
+
+def test_layer_and_head_selections(make_maps):
+    """layers=1 was "TypeError: 'int' object is not iterable"; heads=[0.5] drew head 0
+    without a word; layers=[] said 'layers [] out of range'."""
+    maps = make_maps(2, 3, 3, 3)
+    titles = [
+        ax.get_title() for ax in plot_heads(maps, list("abc"), layers=1, heads=np.int64(2)).axes
+    ]
+    assert titles[0] == "layer 1 · head 2"
+    with pytest.raises(ValueError, match=r"^plot_heads: heads \[0\.5\]: indices are whole numbers"):
+        plot_heads(maps, list("abc"), heads=[0.5])
+    with pytest.raises(
+        ValueError, match=r"^plot_heads: layers \[\]: choose at least one, from 0\.\.1"
+    ):
+        plot_heads(maps, list("abc"), layers=[])
+    with pytest.raises(ValueError, match=r"^plot_heads: heads \[3, -1\] out of range 0\.\.2"):
+        plot_heads(maps, list("abc"), heads=[0, 3, -1])
