@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qkv.viz._maps import AttentionMaps, prepare, summarize, summarize_map
 from qkv.viz.page import PER_LAYER, Summary, fill_page
 from qkv.viz.payload import decode_payload, encode_payload, extract_payload
@@ -199,8 +201,11 @@ def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[
         raise ValueError(f"initial view {view!r}: choose head, model or matrix")
     out: dict[str, Any] = {"view": view}
     for key, n in (("layer", layers), ("head", heads)):
-        if initial.get(key) is not None:
-            if not 0 <= int(initial[key]) < n:
+        value = initial.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise ValueError(f"initial {key} {value!r}: give a whole number, 0..{n - 1}")
+            if not 0 <= value < n:
                 raise ValueError(f"initial {key} {initial[key]} out of range 0..{n - 1}")
             out[key] = int(initial[key])
     return out

@@ -155,3 +155,13 @@ def test_default_title_counts_in_words(make_maps):
     assert extract_payload(page)["title"] == "cross-attention: 1 layer × 1 head, 2 × 3 tokens"
     page = render_html(make_maps(2, 1, 2, 2), list("ab"))
     assert "<title>self-attention: 2 layers × 1 head, 2 × 2 tokens</title>" in page
+
+
+@pytest.mark.parametrize("value", [1.7, "1", True], ids=["float", "str", "bool"])
+def test_initial_layer_and_head_are_whole_numbers(make_maps, value):
+    """initial={'head': 1.7} opened on head 1 without a word; '1' worked by accident and
+    'x' was int()'s 'invalid literal for int() with base 10'."""
+    with pytest.raises(ValueError, match=r"^initial head .*: give a whole number, 0\.\.2$"):
+        render_html(make_maps(1, 3, 2, 2), list("ab"), initial={"head": value})
+    page = render_html(make_maps(1, 3, 2, 2), list("ab"), initial={"head": np.int64(2)})
+    assert extract_payload(page)["initial"] == {"view": "head", "head": 2}
