@@ -52,12 +52,12 @@ def key_ranges(req: AttentionRequest, block_q: int = BLOCK_Q) -> KeyRanges:
     """
     tq, tk = req.q.shape[-2], req.k.shape[-2]
     nq = -(-tq // block_q)
-    mask = req.mask
+    mask = req.mask if req.mask is None or req.mask.shape[0] else None  # B = 0: one group
     out = KeyRanges(block_q, [], [], [])
     for b in range(1 if mask is None else mask.shape[0]):  # per sequence if the mask is
         lo, hi, dense = [0] * nq, [tk] * nq, [True] * nq
         if mask is not None and mask.shape[2] == 1:  # the same keys for every query row
-            lo, hi, dense = (list(x) for x in zip(*[_block_range(mask[b], tk)] * nq))
+            lo, hi, dense = ([x] * nq for x in _block_range(mask[b], tk))
         elif mask is not None:
             for i in range(nq):
                 rows = mask[b, :, i * block_q : (i + 1) * block_q]
@@ -78,6 +78,8 @@ def _block_range(block: Tensor, tk: int) -> tuple[int, int, bool]:
     A key is in range if any head and row sees it; dense means every head and row sees
     every key in range (only for boolean masks: a float mask is always added).
     """
+    if block.numel() == 0:  # no key (Tk = 0): nothing visible, and amin() has no value
+        return 0, 0, True
     if block.dtype != torch.bool and bool(block.amin() > float("-inf")):
         return 0, tk, False  # a bias that hides nothing (ALiBi): one reduction, no copy
     visible = block if block.dtype == torch.bool else block > float("-inf")

@@ -259,3 +259,28 @@ def test_head_size_zero_matches_torch(backend):
     expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(w, torch.full((2, 4, 3, 5), 0.2))
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("sizes", [(0, 4, 5), (2, 0, 5), (2, 4, 0)], ids=["B=0", "Tq=0", "Tk=0"])
+@pytest.mark.parametrize("layout", ["key-padding", "per-row", "full"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_zero_length_inputs_with_masks_of_every_layout(backend, sizes, layout, kind):
+    """Masks over empty batches, queries or keys: chunked raised 'amin(): Expected
+    reduction dim' (a float mask with Tk = 0), 'not enough values to unpack' (a mask the
+    same for every query row, with Tq = 0) and, for the lse, 'torch.cat(): expected a
+    non-empty list' (a mask with B = 0). Now all agree with float64 math."""
+    b, tq, tk = sizes
+    shape = {"key-padding": (b, 1, 1, tk), "per-row": (tq, 1), "full": (b, 4, tq, tk)}[layout]
+    mask = torch.rand(shape) < 0.7
+    if kind == "float":
+        mask = torch.randn(shape).masked_fill(~mask, float("-inf"))
+    q, k, v = torch.randn(b, 4, tq, 8), torch.randn(b, 2, tk, 8), torch.randn(b, 2, tk, 6)
+    want, want_w = naive_attention(q, k, v, mask)
+    out, w = qkv.scaled_dot_product_attention(q, k, v, mask, need_weights=True, backend=backend)
+    torch.testing.assert_close(out.double(), want)
+    torch.testing.assert_close(w.double(), want_w)
+    if backend != "sdpa":  # sdpa refuses the lse by name
+        out, lse = qkv.attention_lse(q, k, v, mask, backend=backend)
+        torch.testing.assert_close(out.double(), want)
+        assert lse.shape == (b, 4, tq) and (tk > 0 or torch.isneginf(lse).all())
