@@ -48,7 +48,16 @@ class AttentionMaps:
 def _to_numpy(x: Any) -> np.ndarray:
     """Return ``x`` (tensor, array or nested list) as a float64 numpy array."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor, without importing torch
-        x = x.detach().cpu().double().numpy()
+        x = x.detach()
+        if x.is_complex():
+            raise ValueError("attention maps: complex values; give real weights")
+        if x.is_meta:
+            raise ValueError("attention maps: a tensor on the meta device holds no values")
+        if str(x.layout) != "torch.strided":  # sparse (COO, CSR, ...): densify
+            x = x.to_dense()
+        x = x.cpu().double().numpy()
+    elif np.iscomplexobj(x):
+        raise ValueError("attention maps: complex values; give real weights")
     return np.asarray(x, dtype=np.float64)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qkv.viz._maps import prepare
+from qkv.viz._maps import _to_numpy, prepare
 from qkv.viz.fonts import font_chain
 
 if TYPE_CHECKING:
@@ -212,9 +212,7 @@ def plot_alignment(
 
 def _as_2d(weights: Any) -> np.ndarray:
     """Return one attention map as a float64 ``(Tq, Tk)`` array."""
-    if hasattr(weights, "detach"):
-        weights = weights.detach().cpu().double().numpy()
-    w = np.asarray(weights, dtype=np.float64)
+    w = _to_numpy(weights)
     w = w.reshape(w.shape[-2:]) if w.ndim > 2 and math.prod(w.shape[:-2]) == 1 else w
     if w.ndim != 2:
         raise ValueError(f"plot_alignment: weights of shape {w.shape}, expected (Tq, Tk)")

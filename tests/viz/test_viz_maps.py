@@ -142,3 +142,23 @@ def test_summary_of_maps_without_a_positive_weight(make_maps):
     )
     one = prepare(np.zeros((1, 1, 2, 3)), src_tokens=list("abc"), tgt_tokens=list("xy"))
     assert summarize_map(one).startswith("no attention:")
+
+
+def test_sparse_complex_and_meta_tensors(make_maps):
+    """A sparse tensor was numpy's 'can't convert Sparse layout tensor to numpy'; complex
+    weights lost their imaginary part with only a ComplexWarning; a meta tensor was
+    'Cannot copy out of meta tensor; no data!'."""
+    pytest.importorskip("matplotlib")
+    from qkv.viz import plot_alignment
+
+    t = torch.from_numpy(make_maps(1, 1, 3, 4)[0, 0])
+    np.testing.assert_array_equal(as_maps(t.to_sparse())[0, 0], t.numpy())
+    fig = plot_alignment(t.to_sparse(), list("abcd"), list("xyz"))
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), t.numpy())
+    for bad in (t.to(torch.complex64), t.numpy() * 1j, [t.numpy()[None] * 1j]):
+        with pytest.raises(ValueError, match="^attention maps: complex values; give real"):
+            as_maps(bad)
+    with pytest.raises(ValueError, match="complex values"):
+        plot_alignment(t.numpy() + 0j, list("abcd"), list("xyz"))
+    with pytest.raises(ValueError, match="meta device holds no values"):
+        as_maps(torch.empty(2, 2, device="meta"))
