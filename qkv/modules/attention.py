@@ -156,6 +156,7 @@ class MultiHeadAttention(nn.Module):
         """1) Project and split heads, (B, T, E) -> (B, H, T, D); rotate, fill the cache."""
         q = self._split(self.q_proj(query), self.num_heads)
         if layer is not None and layer.static:
+            _check_static(layer, q)
             return q, layer.k, layer.v  # cross-attention keys/values, computed once
         k = self._split(self.k_proj(key), self.num_kv_heads)
         v = self._split(self.v_proj(value), self.num_kv_heads)
@@ -291,6 +292,18 @@ def _layer(cache: KVCache | LayerKV | None, self_attn: bool) -> LayerKV | None:
             f"cross-attention was given a self-attention cache of {cache.length} positions"
         )
     return cache
+
+
+def _check_static(layer: LayerKV, q: Tensor) -> None:
+    """``ValueError`` naming a cross-attention cache whose keys no longer fit the query
+    (filled before ``model.to(...)``, or for another batch)."""
+    k = layer.k
+    if k.dtype != q.dtype or k.device != q.device or k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"the cross-attention cache holds {k.dtype} keys on {k.device} for a batch of "
+            f"{k.shape[0]}, but the query is {q.dtype} on {q.device} with a batch of "
+            f"{q.shape[0]}: start a new cache (or reorder it for beam search)"
+        )
 
 
 def _as_4d(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:

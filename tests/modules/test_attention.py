@@ -360,3 +360,20 @@ def test_bad_head_configuration():
 def test_bad_sizes_are_named(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         qkv.MultiHeadAttention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("change", ["dtype", "batch"])
+def test_a_cross_attention_cache_that_no_longer_fits_is_named(change):
+    """A cross-attention cache filled before model.double(), or for another batch, was
+    refused as 'q, k, v must share one floating dtype' or 'batch sizes differ: q ..., k
+    ...', though the caller passed matching query and memory: the cache is now named."""
+    m, cache = qkv.MultiHeadAttention(E, H), qkv.KVCache(1)
+    memory = torch.randn(2, 7, E)
+    cached, _ = m(X[:, :1], memory, cache=cache)
+    b, dtype = (2, torch.float64) if change == "dtype" else (3, torch.float32)
+    m.to(dtype)
+    query, memory = torch.randn(b, 1, E, dtype=dtype), torch.randn(b, 7, E, dtype=dtype)
+    with pytest.raises(ValueError, match=r"cross-attention cache holds .* start a new cache"):
+        m(query, memory, cache=cache)
+    m.float()
+    torch.testing.assert_close(m(X[:, :1], cache=cache, key=memory[:2].float())[0], cached)
