@@ -54,6 +54,7 @@ class LayerKV:
         """Add new positions and return all keys and values so far."""
         if self.static:
             raise ValueError("cannot append to a static (cross-attention) cache")
+        _check_pair(k, v)
         if self._k is None:  # contiguous, so attention can fold (B, H) without a copy per step
             self._k, self._v, self._length = k.contiguous(), v.contiguous(), k.shape[-2]
             return self.k, self.v
@@ -83,6 +84,7 @@ class LayerKV:
 
     def set_static(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store keys/values that are computed once (cross-attention over a source)."""
+        _check_pair(k, v)
         self._k, self._v, self.static = k.contiguous(), v.contiguous(), True
         self._length = k.shape[-2]
         return self.k, self.v
@@ -107,6 +109,15 @@ def _grown(filled: Tensor, needed: int) -> Tensor:
     buffer = filled.new_empty(b, h, capacity, d)
     buffer[:, :, :t] = filled
     return buffer
+
+
+def _check_pair(k: Tensor, v: Tensor) -> None:
+    """``ValueError`` unless keys and values cover the same positions of one batch."""
+    if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"keys {tuple(k.shape)} and values {tuple(v.shape)} must cover the same "
+            "positions: (B, Hkv, T, D) and (B, Hkv, T, Dv)"
+        )
 
 
 def _check_fits(cached: Tensor, new: Tensor, what: str) -> None:

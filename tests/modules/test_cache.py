@@ -132,3 +132,19 @@ def test_a_query_under_autograd_keeps_its_graph_when_keys_need_no_gradient():
     mha.q_proj.weight.grad = None
     (mha(x, causal=True)[0] * upstream).sum().backward()
     torch.testing.assert_close(got, mha.q_proj.weight.grad)
+
+
+@pytest.mark.parametrize("when", ["first", "later", "static"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_keys_and_values_of_different_lengths_are_refused(when, grad):
+    """Under no_grad, values of one position after keys of three were written into all
+    three places (broadcast) without a word; a first append, or a static cache, stored
+    them unequal."""
+    layer = LayerKV()
+    if when == "later":
+        layer.append(*_kv(t=3))
+    k, v = _kv(t=3)
+    store = layer.set_static if when == "static" else layer.append
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match=r"same positions"):
+        store(k, v[:, :, :1])
+    assert layer.length == (3 if when == "later" else 0) and not layer.static
