@@ -200,6 +200,18 @@ def run_cli(args) -> int:
     return 0
 
 
+_LABEL_CELLS = 12  # a longer word as a row or column label left no room for the numbers
+
+
+def _short(word: str):
+    """A word as a table label: rich Text (never markup), cut to ``_LABEL_CELLS`` cells."""
+    from rich.text import Text
+
+    text = Text(word)
+    text.truncate(_LABEL_CELLS, overflow="ellipsis")
+    return text
+
+
 def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 10) -> None:
     """Render every step as a compact rich table with its shape."""
     from rich import box
@@ -219,12 +231,12 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
         cols = step.cols[:max_cols]
         table.add_column("", style="cyan", no_wrap=True)
         for c in cols:
-            table.add_column(Text(c), justify="right", no_wrap=True)
+            table.add_column(_short(c), justify="right", no_wrap=True)
         if len(step.cols) > max_cols:
             table.add_column("...")
         for label, row in zip(step.rows, step.value):
             cells = [f"{v:+.2f}" for v in row[:max_cols].tolist()]
-            table.add_row(Text(label), *cells, *(["..."] if len(step.cols) > max_cols else []))
+            table.add_row(_short(label), *cells, *(["..."] if len(step.cols) > max_cols else []))
         console.print(table)
         if step.note:
             console.print(f"[dim]{step.note}[/dim]", soft_wrap=True)

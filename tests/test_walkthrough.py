@@ -102,3 +102,18 @@ def test_words_that_look_like_rich_markup_print_as_typed(capsys):
     labels = [line.split()[0] for line in lines if line.split() and line.split()[0] in words]
     assert labels.count("[b]w[/b]") == 8  # rows of X, Q, K, V, scores, scaled, weights, output
     assert sum(line.split() == words for line in lines) == 3  # columns of the (T, T) steps
+
+
+def test_a_long_word_leaves_room_for_the_numbers(capsys):
+    """A 150-letter word as a row label pushed every number out of an 80-column table:
+    its rows printed the label alone. Labels are cut to 12 cells."""
+    import re
+
+    word = "x" * 150
+    assert main(["walkthrough", f"{word} short 고양이가고양이가", "--dim", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if re.match(r" ?x{11}.*…", line)]  # rows, cut
+    assert len(rows) >= 8  # X, Q, K, V, scores, scaled, weights, output
+    for row in rows:
+        numbers = re.findall(r"[+-]\d+\.\d\d", row)
+        assert len(numbers) in (3, 4), row  # (T, T) steps have 3 columns, the others 4
