@@ -241,13 +241,13 @@ class LuongAttention(nn.Module):
         gauss = None
         if self.window is not None:
             _check_prefix(real)
-            centre = self.centre(q, real, step)  # (B, Tq)
-            pos = torch.arange(tk, device=q.device, dtype=q.dtype)
+            centre = self.centre(q, real, step)  # (B, Tq), float32 or float64
+            pos = torch.arange(tk, device=q.device, dtype=centre.dtype)
             dist = pos.view(1, 1, tk) - centre.unsqueeze(-1)  # (B, Tq, Tk)
             mask = mask & (dist.abs() <= self.window_size)
             if self.window == "predictive":
                 sigma = self.window_size / 2
-                gauss = torch.exp(-(dist**2) / (2 * sigma**2))
+                gauss = torch.exp(-(dist**2) / (2 * sigma**2)).to(scores.dtype)
         weights = masked_softmax(scores, mask)  # (B, Tq, Tk)
         if gauss is not None:
             weights = weights * gauss
@@ -255,10 +255,12 @@ class LuongAttention(nn.Module):
         return (context[:, 0], weights[:, 0]) if single else (context, weights)
 
     def centre(self, query: Tensor, key_mask: Tensor, step: int = 0) -> Tensor:
-        """The window centre ``p_t`` of each query ``(B, Tq, Dq) -> (B, Tq)``."""
+        """The window centre ``p_t`` of each query ``(B, Tq, Dq) -> (B, Tq)``, in float32
+        for half queries: bfloat16 counts integers exactly only up to 256."""
         b, tq = query.shape[:2]
+        work = torch.promote_types(query.dtype, torch.float32)
         if self.window == "monotonic":
-            t = torch.arange(step, step + tq, device=query.device, dtype=query.dtype)
+            t = torch.arange(step, step + tq, device=query.device, dtype=work)
             return t.expand(b, tq)
-        length = key_mask.sum(-1, keepdim=True).to(query.dtype)  # (B, 1): real source S
-        return length * torch.sigmoid(self.position(query).squeeze(-1))  # (B, Tq)
+        length = key_mask.sum(-1, keepdim=True).to(work)  # (B, 1): real source S
+        return length * torch.sigmoid(self.position(query).squeeze(-1).to(work))  # (B, Tq)

@@ -229,3 +229,22 @@ def test_local_windows_refuse_a_mask_that_is_not_a_prefix(window):
     global_attn = LuongAttention(D, D, score="dot").double()
     _, weights = global_attn(query, keys, mask.flip(-1))  # global attention has no positions
     assert torch.all(weights.masked_select(~mask.flip(-1)[:, None].expand_as(weights)) == 0)
+
+
+@pytest.mark.parametrize("window", ["monotonic", "predictive"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_local_windows_of_half_models_count_positions_exactly(window, dtype):
+    """Positions were counted in the query's dtype: bfloat16 holds integers exactly only
+    up to 256 (float16 up to 2048), so past them every window was shifted or widened
+    (local-m at step 530 of 600 source tokens: all 80 rows kept other positions than in
+    float64). Each row now keeps exactly the positions within D of its centre."""
+    d, tk, step = 3, 2600, 2530
+    m = LuongAttention(16, score="general", window=window, window_size=d).to(dtype)
+    q, k = torch.randn(2, 40, 16, dtype=dtype), torch.randn(2, tk, 16, dtype=dtype)
+    mask = torch.arange(tk) < torch.tensor([[tk], [tk - 7]])
+    _, w = m(q, k, mask, step=step)
+    centre = m.centre(q, mask, step).double()
+    if window == "monotonic":
+        assert torch.equal(centre[0], torch.arange(step, step + 40, dtype=torch.float64))
+    inside = (torch.arange(tk).double() - centre.unsqueeze(-1)).abs() <= d
+    assert torch.equal(w > 0, inside & mask[:, None]), "the window kept other positions"
