@@ -200,23 +200,49 @@ def run_cli(args) -> int:
     return 0
 
 
-_LABEL_CELLS = 12  # a longer word as a row or column label left no room for the numbers
+_LABEL_CELLS = 12  # a longer word as a row label left no room for the numbers
+_HEAD_CELLS = 8  # column labels: a longer one is cut (a number's width at the least)
 
 
-def _short(word: str):
-    """A word as a table label: rich Text (never markup), cut to ``_LABEL_CELLS`` cells."""
+def _short(word: str, cells: int = _LABEL_CELLS):
+    """A word as a table label: rich Text (never markup), cut to ``cells`` cells."""
     from rich.text import Text
 
     text = Text(word)
-    text.truncate(_LABEL_CELLS, overflow="ellipsis")
+    text.truncate(cells, overflow="ellipsis")
     return text
+
+
+def _table(step: Step, width: int, max_cols: int):
+    """One step as a rich table that fits ``width`` cells: as many columns as fit whole
+    numbers (at most ``max_cols``), the others as "..."; column labels cut to
+    ``_HEAD_CELLS`` (or a number's width), row labels to ``_LABEL_CELLS``."""
+    from rich import box
+    from rich.table import Table
+
+    cells = [[f"{v:+.2f}" for v in row] for row in step.value.tolist()]
+    widest = max(_short(c).cell_len for c in step.cols)
+    num = max(max(len(c) for row in cells for c in row), min(widest, _HEAD_CELLS))
+    label = max(_short(r).cell_len for r in step.rows)
+    # a column takes its text, a cell of padding each side and a separator; then the
+    # label column, the "..." column and the table's edges
+    fit = max(1, (width - (label + 3) - 6 - 2) // (num + 3))
+    shown = min(max_cols, fit, len(step.cols))
+    more = len(step.cols) > shown
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", style="cyan", no_wrap=True)
+    for c in step.cols[:shown]:
+        table.add_column(_short(c, num), justify="right", no_wrap=True, min_width=num)
+    if more:
+        table.add_column("...")
+    for name, row in zip(step.rows, cells):
+        table.add_row(_short(name), *row[:shown], *(["..."] if more else []))
+    return table
 
 
 def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 10) -> None:
     """Render every step as a compact rich table with its shape."""
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     console = Console()
@@ -227,16 +253,7 @@ def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 1
         shape = "x".join(str(n) for n in step.value.shape)
         # the title and note on lines of their own: as a table's title they wrap to its width
         console.print(f"\n[bold]{step.title}[/bold]  shape ({shape})", soft_wrap=True)
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        cols = step.cols[:max_cols]
-        table.add_column("", style="cyan", no_wrap=True)
-        for c in cols:
-            table.add_column(_short(c), justify="right", no_wrap=True)
-        if len(step.cols) > max_cols:
-            table.add_column("...")
-        for label, row in zip(step.rows, step.value):
-            cells = [f"{v:+.2f}" for v in row[:max_cols].tolist()]
-            table.add_row(_short(label), *cells, *(["..."] if len(step.cols) > max_cols else []))
+        table = _table(step, console.width, max_cols)
         console.print(table)
         if step.note:
             console.print(f"[dim]{step.note}[/dim]", soft_wrap=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -117,3 +118,23 @@ def test_a_long_word_leaves_room_for_the_numbers(capsys):
     for row in rows:
         numbers = re.findall(r"[+-]\d+\.\d\d", row)
         assert len(numbers) in (3, 4), row  # (T, T) steps have 3 columns, the others 4
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["the cat sat on the mat", "--dim", "16", "--heads", "2"],
+     [" ".join(f"word{i:02d}abcdefgh" for i in range(12)), "--dim", "4"]],
+    ids=["dim-16", "twelve-long-words"],
+)  # fmt: skip
+def test_tables_fit_80_columns_with_whole_numbers(capsys, monkeypatch, args):
+    """At 80 columns, ten number columns did not fit: rich cut the numbers ('-0.…',
+    a last column of '+1') and the row labels ('t…' for 'the'). Fewer columns are shown
+    (the rest as '...'), each number whole."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["walkthrough", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    items = [i for line in lines for i in line.split() if i[0] in "+-" and len(i) > 1]
+    assert len(items) > 100
+    assert [i for i in items if not re.fullmatch(r"[+-]\d+\.\d\d", i)] == []
+    assert all(len(line) <= 80 for line in lines)
+    assert not [line for line in lines if re.match(r" \w…", line)]  # no label cut to a letter
