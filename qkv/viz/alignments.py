@@ -101,10 +101,19 @@ def _wrap(text: str, width_pt: float, fontsize: float) -> str:
     def width(word: str) -> float:  # wide (CJK, Hangul) glyphs are about 1 em, others 0.6
         return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in word)
 
+    def pieces(word: str) -> list[str]:  # a word wider than a line (CJK text has no spaces)
+        out, piece = [], ""
+        for c in word:
+            if piece and width(piece + c) > limit:
+                out.append(piece)
+                piece = ""
+            piece += c
+        return [*out, piece]
+
     space, limit, out = 0.3, width_pt / fontsize, []
     for paragraph in text.split("\n"):
         line, used = "", 0.0
-        for word in paragraph.split(" "):
+        for word in (p for w in paragraph.split(" ") for p in pieces(w)):
             w = width(word)
             if line and used + space + w > limit:
                 out.append(line)

@@ -247,3 +247,16 @@ def test_layer_and_head_selections(make_maps):
         plot_heads(maps, list("abc"), layers=[])
     with pytest.raises(ValueError, match=r"^plot_heads: heads \[3, -1\] out of range 0\.\.2"):
         plot_heads(maps, list("abc"), heads=[0, 3, -1])
+
+
+@pytest.mark.parametrize(
+    "text", ["가" * 150, "東京" * 60, "x" * 300], ids=["hangul", "kanji", "latin"]
+)
+def test_a_title_without_spaces_is_wrapped_inside_the_figure(make_maps, text):
+    """Titles were wrapped at spaces only: a sentence with none (Chinese, Japanese, a
+    long Korean word) ran off both sides of the figure (also save_alignments' images)."""
+    fig = plot_heads(make_maps(1, 2, 3, 3), list("abc"), title=text)
+    fig.canvas.draw()
+    box, page = fig._suptitle.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1, (box, page)
+    assert fig._suptitle.get_text().replace("\n", "") == text
