@@ -121,9 +121,9 @@ def _query_block(req, q, k, v, user, qs, qe, lo, hi, dense, compute):
         m = torch.full(shape, float("-inf"), dtype=compute, device=q.device)
         return torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=compute, device=q.device), m
     m, l, acc = state
-    seen = m > float("-inf")
-    out = torch.where(seen, acc / torch.where(seen, l, 1.0), 0.0)
-    lse = torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), float("-inf"))
+    empty = m == float("-inf")  # not `m > -inf`: a NaN row must stay NaN, not look empty
+    out = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l))
+    lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, l)))
     return out, lse
 
 

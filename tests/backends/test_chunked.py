@@ -294,3 +294,20 @@ def test_gradients_are_zero_when_every_key_is_hidden(kind, lse):
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, torch.zeros_like(r) if r is None else r, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_a_nan_query_row_stays_nan_in_the_lse_path(masked):
+    """A query row holding NaN came out of attention_lse as zeros with lse -inf, the
+    result of a row that sees no key, even without a mask (torch's SDPA and the
+    reference give NaN): a diverged model looked fine. Now that row is NaN, and only it."""
+    q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
+    q[1, 2, 4, int(torch.randint(0, 8, ()))] = float("nan")
+    mask = (torch.arange(11) < torch.tensor([[11], [6]]))[:, None, None] if masked else None
+    out, lse = qkv.attention_lse(q, k, v, mask, backend="chunked")
+    want, _ = naive_attention(q, k, v, mask)
+    bad = torch.zeros(2, 4, 9, dtype=torch.bool)
+    bad[1, 2, 4] = True
+    assert torch.isnan(out[1, 2, 4]).all() and torch.isnan(lse[1, 2, 4])
+    assert not torch.isnan(lse[~bad]).any()
+    torch.testing.assert_close(out[~bad].double(), want[~bad], rtol=1e-5, atol=1e-6)
