@@ -45,11 +45,22 @@ def alignment_label(source_text: str, tgt_tokens: Sequence[Any], limit: int = 12
     Returns:
         the label (plain text).
     """
+    return _cut(f"{' '.join(source_text.split())} → {_translation(tgt_tokens)}", limit)
+
+
+def _translation(tgt_tokens: Sequence[Any]) -> str:
+    """The output tokens as one line, the end token left out."""
     words = [str(t) for t in tgt_tokens]
-    if words and words[-1] in _END:
-        words = words[:-1]
-    label = f"{' '.join(source_text.split())} → {' '.join(words)}"
-    return label if len(label) <= limit else label[: limit - 1] + "…"
+    return " ".join(words[:-1] if words and words[-1] in _END else words)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _image_title(source_text: str, tgt_tokens: Sequence[Any], limit: int = 240) -> str:
+    """Source and translation on lines of their own, each cut to ``limit`` characters."""
+    return f"{_cut(' '.join(source_text.split()), limit)}\n{_cut(_translation(tgt_tokens), limit)}"
 
 
 def describe_alignment(model: Any) -> str:
@@ -77,9 +88,13 @@ def describe_alignment(model: Any) -> str:
     return names.get(kind, "attention") if isinstance(kind, str) else "attention"
 
 
-def _prepare_items(items: Sequence[AlignmentItem]) -> tuple[list[AttentionMaps], list[str]]:
-    """Validate each item as cross-attention maps and make its label."""
-    maps, labels = [], []
+def _prepare_items(
+    items: Sequence[AlignmentItem],
+) -> tuple[list[AttentionMaps], list[str], list[str]]:
+    """Validate each item as cross-attention maps; make its label (one line, for the
+    page's selector) and its title (source and translation on lines of their own, each
+    cut apart, for an image: a long source no longer hides the translation)."""
+    maps, labels, titles = [], [], []
     for k, item in enumerate(items):
         if len(item) != 4:
             raise ValueError(
@@ -92,7 +107,8 @@ def _prepare_items(items: Sequence[AlignmentItem]) -> tuple[list[AttentionMaps],
         except ValueError as err:
             raise ValueError(f"alignment item {k} ({text!r}): {err}") from None
         labels.append(alignment_label(str(text), tgt))
-    return maps, labels
+        titles.append(_image_title(str(text), tgt))
+    return maps, labels, titles
 
 
 def _wrap(text: str, width_pt: float, fontsize: float) -> str:
@@ -172,12 +188,12 @@ def save_alignments(
         )
     if not items:
         raise ValueError(f"{path}: no alignments to show (does the model attend?)")
-    maps, labels = _prepare_items(items)
+    maps, labels, titles = _prepare_items(items)
     if suffix in _HTML:
         if map_label is None and all(am.weights.shape[:2] == (1, 1) for am in maps):
             map_label = "alignment"
         return [_save_page(path, maps, labels, title, quantization, map_label)]
-    return _save_images(path, maps, labels)
+    return _save_images(path, maps, titles)
 
 
 def _save_page(
@@ -216,13 +232,13 @@ def _save_images(path: Path, maps: list[AttentionMaps], labels: list[str]) -> li
         if am.weights.shape[:2] == (1, 1):
             with _fonts_for([*am.key_tokens, *am.query_tokens, label]):
                 fig = plot_alignment(am.weights[0, 0], am.key_tokens, am.query_tokens)
-                # source and translation on lines of their own, wrapped to the width of the figure
-                lines = _wrap(label.replace(" → ", "\n"), 0.85 * 72 * fig.get_figwidth(), 10)
+                # source and translation (see _image_title), wrapped to the figure's width
+                lines = _wrap(label, 0.85 * 72 * fig.get_figwidth(), 10)
                 fig.axes[0].set_title(_plain(lines), fontsize=10)
                 _save(fig, out)
         else:
             fig = plot_heads(am.weights, src_tokens=am.key_tokens, tgt_tokens=am.query_tokens,
-                             path=out)  # fmt: skip
+                             title=label, path=out)  # fmt: skip
         fig.clear()  # free the figure's memory before the next sentence
         written.append(out)
     log.info("wrote %d alignment images %s ... %s", len(written), written[0], written[-1])

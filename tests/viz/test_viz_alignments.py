@@ -229,3 +229,26 @@ def test_labelled_map_in_browser(open_page, tmp_path, make_maps, hostile_tokens)
         assert "layer 0" not in text and "head 0" not in text, view
         assert label in text
     assert not p.errors
+
+
+def test_image_titles_keep_the_translation_of_a_long_source(tmp_path, make_maps, monkeypatch):
+    """Image titles were the selector's one line cut at 120 characters, so past ~115
+    characters of source the translation was cut off; a grid of heads had no title."""
+    import qkv.viz.heatmap as heatmap
+
+    titles = []
+
+    def keep_title(fig, path):
+        if path is None:  # plot_alignment's own call, before the title is set
+            return
+        text = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+        titles.append(" ".join(text.split()))
+
+    monkeypatch.setattr(heatmap, "_save", keep_title)
+    source = " ".join(f"word{i}" for i in range(30))  # 199 characters
+    items = [
+        (make_maps(1, 1, 3, 4)[0, 0], list("abcd"), ["I", "go", "</s>"], source),
+        (make_maps(1, 2, 3, 4)[0], list("abcd"), ["we", "$5", "</s>"], source),
+    ]
+    save_alignments((item for item in items), tmp_path / "a.png")  # a generator too
+    assert titles == [f"{source} I go", f"{source} we \\$5"]
