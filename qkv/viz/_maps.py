@@ -104,8 +104,11 @@ def as_maps(maps: Any) -> np.ndarray:
         layers = [m[0] if m.ndim == 4 and m.shape[0] == 1 else m for m in layers]
         bad = [(i, m.shape) for i, m in enumerate(layers) if m.ndim != 3]
         if bad:
+            k, shape = bad[0]
+            batch = f" (a batch of {shape[0]}; select one batch element first)"
             raise ValueError(
-                f"attention maps: layer {bad[0][0]} has shape {bad[0][1]}, expected (H, Tq, Tk)"
+                f"attention maps: layer {k} has shape {shape}, expected (H, Tq, Tk)"
+                + (batch if len(shape) == 4 else "")
             )
         if len({m.shape for m in layers}) > 1:
             shapes = [m.shape for m in layers]

@@ -40,11 +40,20 @@ def test_tensor_with_grad_and_bfloat16(make_maps):
         (np.ones((2, 2, 3, 3, 3, 3)), "expected"),
         (np.ones((2, 3, 2, 4, 4)), "with a batch of 3, or .* with a batch of 2"),
         ([np.ones((2, 4, 4)), np.ones((2, 5, 5))], "differ in shape"),
+        ((torch.ones(3, 2, 4, 4),) * 2, r"\(3, 2, 4, 4\), .* \(a batch of 3; select one batch"),
         ([], "empty list"),
         ([[0.5, 0.5], [1.0]], "nested lists of different lengths"),
         (np.full((1, 1, 2, 2), np.nan), "NaN"),
     ],
-    ids=["six-dims", "batch-3", "ragged-layers", "no-layers", "ragged-rows", "nan"],
+    ids=[
+        "six-dims",
+        "batch-3",
+        "ragged-layers",
+        "hf-layers-batch-3",
+        "no-layers",
+        "ragged-rows",
+        "nan",
+    ],
 )
 def test_bad_maps_are_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
