@@ -11,6 +11,7 @@ where it stands: "Sally likes Sam" and "Sam likes Sally" give the same vectors.
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from dataclasses import dataclass, field
 
@@ -196,6 +197,8 @@ def run_cli(args) -> int:
         )
     except ValueError as err:
         raise UserError(str(err)) from None
+    if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as the words came in, whatever the locale
+        sys.stdout.reconfigure(encoding="utf-8")
     print_walkthrough(result, positions=not args.no_positions)
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -138,3 +139,15 @@ def test_tables_fit_80_columns_with_whole_numbers(capsys, monkeypatch, args):
     assert [i for i in items if not re.fullmatch(r"[+-]\d+\.\d\d", i)] == []
     assert all(len(line) <= 80 for line in lines)
     assert not [line for line in lines if re.match(r" \w…", line)]  # no label cut to a letter
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_hangul_prints_whatever_the_locale(encoding):
+    """Under an ASCII or Latin-1 stdout the Korean words ended in a UnicodeEncodeError
+    traceback (exit 1) after the work was done; the output is UTF-8 as the input is."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    proc = subprocess.run(
+        [sys.executable, "-m", "qkv", "walkthrough", "학교에 간다"], capture_output=True, env=env
+    )
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr
+    assert "tokens (2): 학교에 | 간다" in proc.stdout.decode("utf-8")
