@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -268,6 +269,8 @@ def run_cli(args: argparse.Namespace) -> int:
     except ValueError as err:  # e.g. a tokenizer whose ids the model does not have
         raise _user_error(f"{folder}: {_one_line(err)}") from None
     _write(out, maps, tokens, args.layer, args.head, _title(name, args.text, args.text_b))
+    if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as the text came in, whatever the locale
+        sys.stdout.reconfigure(encoding="utf-8")
     print(f"wrote {out}")
     for line in summary(maps, tokens):
         print(line)

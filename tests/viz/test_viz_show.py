@@ -253,3 +253,17 @@ def test_a_text_that_is_not_utf8_exits_2(minilm, tmp_path):
         run.returncode == 2 and "TEXT_B: not valid UTF-8 (byte 0xc3 at character 1)" in run.stderr
     )
     assert not out.exists()
+
+
+def test_output_is_utf8_whatever_the_locale(minilm, tmp_path):
+    """Under an ASCII stdout, 'wrote 학교.html' (or a summary naming a Hangul token) was a
+    UnicodeEncodeError traceback, exit 1, after the page was written."""
+    out = tmp_path / "학교.html"
+    run = subprocess.run(
+        [sys.executable, "-m", "qkv", "show", TEXT, "--out", str(out)],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "ascii"},
+    )
+    assert run.returncode == 0 and b"Traceback" not in run.stderr
+    assert run.stdout.decode("utf-8").startswith(f"wrote {out}\n")
