@@ -183,6 +183,7 @@ def plot_alignment(
     src, tgt = am.key_tokens, am.query_tokens
     fontsize = 9.0 if max(tq, tk) <= 30 else 7.0
     with _fonts_for([*src, *tgt, title or ""]):
+        own = ax is None
         if ax is None:
             cell = 0.24 if max(tq, tk) <= 30 else 0.17
             width = min(max(4.0, 1.8 + cell * tk), 24.0)
@@ -203,8 +204,11 @@ def plot_alignment(
         ax.set_xlabel("source (keys)")
         ax.xaxis.set_label_position("top")
         ax.set_ylabel("target (queries)")
-        if title:
-            ax.set_title(_plain(title))
+        if title:  # wrapped to the figure (or the given axes), as plot_heads' title
+            from qkv.viz.alignments import _wrap
+
+            room = 72 * fig.get_figwidth() * (0.9 if own else ax.get_position().width)
+            ax.set_title(_plain(_wrap(title, room, 12)), fontsize=12)
         fig.colorbar(image, ax=ax, label="attention weight", shrink=0.8)
         _save(fig, path)
     return fig

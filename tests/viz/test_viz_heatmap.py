@@ -260,3 +260,16 @@ def test_a_title_without_spaces_is_wrapped_inside_the_figure(make_maps, text):
     box, page = fig._suptitle.get_window_extent(), fig.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1, (box, page)
     assert fig._suptitle.get_text().replace("\n", "") == text
+
+
+def test_a_long_alignment_title_is_wrapped_inside_the_figure(make_maps):
+    """plot_alignment did not wrap its title: qkv show's one-head PNG of an 80-character
+    text ran its title off both sides of the figure."""
+    text = "all-MiniLM-L6-v2: The quick brown fox jumps over the lazy dog while the cat sleeps"
+    fig = plot_alignment(make_maps(1, 1, 4, 4)[0, 0], list("abcd"), list("abcd"),
+                         title=f"{text}\nlayer 0, head 0")  # fmt: skip
+    fig.canvas.draw()
+    title = fig.axes[0].title
+    box, page = title.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1, (box, page)
+    assert " ".join(title.get_text().split()) == f"{text} layer 0, head 0"
