@@ -31,6 +31,9 @@ against 425 ms on one thread, 211 against 245 on two).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -126,7 +129,8 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
                 p = _streamed(req, qb, kh, mb, (qs, qe, tk - tq), target, dest)
             if p is None:
                 s = masked_scores(req, qb, kh, mb, qs, qe, 0, tk, tk - tq, compute, out=target)
-                p = _probabilities(s, lb, dest if direct else None, may_hide_rows)
+                hidden = functools.partial(_hidden_rows, req, mb, qs, qe)  # rarely called
+                p = _probabilities(s, lb, dest if direct else None, may_hide_rows, hidden)
             if not direct:
                 dest.copy_(p)
             if out is not None:
@@ -137,9 +141,16 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
                     rows_out.copy_(weighted_values(p, vh))
 
 
-def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_rows: bool):
+def _probabilities(
+    s: Tensor,
+    lse: Tensor | None,
+    out: Tensor | None,
+    may_hide_rows: bool,
+    hidden: Callable[[], Tensor] | None = None,
+):
     """Scores -> probabilities, written into ``out`` (``None``: a new tensor, as autograd
-    needs); rows that see no key get zeros.
+    needs); rows that see no key get zeros (those ``hidden()`` names, where NaN came out:
+    a NaN score makes a NaN row too, and that stays NaN).
 
     Without an lse this is ``torch.softmax`` itself, so the weights equal the reference
     backend's (and Hugging Face's eager attention) to the last bit.
@@ -147,17 +158,33 @@ def _probabilities(s: Tensor, lse: Tensor | None, out: Tensor | None, may_hide_r
     if lse is not None:
         lse = lse.unsqueeze(-1).to(s.dtype)
         lse = torch.where(torch.isinf(lse), float("inf"), lse)  # exp(-inf) = 0
-        p = torch.exp(s.sub_(lse), out=out) if out is not None else torch.exp(s - lse)
-    elif may_hide_rows and s.requires_grad:  # see _softmax_of_rows_seen
+        # a row that sees no key has lse -inf, made +inf: zeros, and NaN only from NaN
+        return torch.exp(s.sub_(lse), out=out) if out is not None else torch.exp(s - lse)
+    if may_hide_rows and s.requires_grad:  # see _softmax_of_rows_seen
         return _softmax_of_rows_seen(s)
-    else:
-        p = torch.softmax(s, dim=-1, out=out) if out is not None else torch.softmax(s, dim=-1)
+    p = torch.softmax(s, dim=-1, out=out) if out is not None else torch.softmax(s, dim=-1)
     if not may_hide_rows:
         return p
     empty = torch.isnan(p[..., :1])  # a row whose every key is hidden: -inf - -inf = NaN
     if bool(empty.any()):
+        if hidden is not None:
+            empty &= hidden()
         p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
+
+
+def _hidden_rows(req: AttentionRequest, mask: Tensor | None, qs: int, qe: int) -> Tensor:
+    """Which of the query rows ``[qs, qe)`` see no key (user mask and causal limit),
+    broadcastable to ``(..., rows, 1)``."""
+    tq, tk = req.q.shape[-2], req.k.shape[-2]
+    tile = mask_tile(mask, qs, qe, 0, tk)
+    seen = torch.ones(qe - qs, tk, dtype=torch.bool, device=req.q.device)
+    if tile is not None:
+        seen = seen & (tile if tile.dtype == torch.bool else tile > float("-inf"))
+    if req.causal:
+        rows = torch.arange(qs, qe, device=seen.device).unsqueeze(-1) + (tk - tq)
+        seen = seen & (torch.arange(tk, device=seen.device) <= rows)
+    return ~seen.any(dim=-1, keepdim=True)
 
 
 def _softmax_of_rows_seen(s: Tensor) -> Tensor:

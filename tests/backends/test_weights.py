@@ -243,3 +243,30 @@ def test_auto_still_leaves_weights_under_autograd_to_the_reference():
     assert d.chosen == "reference" and "under autograd" in d.reasons["sdpa"][0]
     with torch.no_grad():
         assert qkv.explain_dispatch(q, k, v, need_weights=True).chosen == "sdpa"
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("kind", ["bool", "float", "padding"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_nan_query_row_stays_nan_beside_rows_that_see_no_key(backend, kind, causal):
+    """Weights without autograd took every NaN row for one that sees no key, so a query
+    row holding NaN came back as zero weights (auto, sdpa and chunked; the reference
+    gives NaN), and for auto and sdpa a zero output. Now that row is NaN, a row the mask
+    hides is still zeros, and the others match float64 math."""
+    q, k, v, mask = _case(kind, torch.float32)
+    if kind == "bool":
+        mask = mask.clone()
+        mask[..., 5, :] = False  # a hidden row in every sequence and head
+    q[0, 1, 6, int(torch.randint(0, 8, ()))] = float("nan")
+    out, w = qkv.scaled_dot_product_attention(
+        q, k, v, mask, causal=causal, need_weights=True, backend=backend
+    )
+    assert torch.isnan(w[0, 1, 6]).any()
+    # chunked's output comes from torch's CPU flash kernel, which gives zeros for a NaN
+    # row where no mask goes along (torch 2.13); the others compute it from the weights
+    assert backend == "chunked" or torch.isnan(out[0, 1, 6]).all()
+    keep = torch.ones(w.shape[:3], dtype=torch.bool)
+    keep[0, 1, 6] = False
+    want_out, want_w = naive_attention(q, k, v, mask, causal)
+    torch.testing.assert_close(w[keep].double(), want_w.expand(w.shape)[keep], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out[keep].double(), want_out[keep], atol=1e-6, rtol=1e-5)
