@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from qkv._text import utf8_problem
 from qkv.functional import scaled_dot_product_attention
 from qkv.modules.positional import SinusoidalPositionalEncoding
 
@@ -101,17 +102,14 @@ def _attend(x: Tensor, w: dict[str, Tensor], heads: int, steps: list[Step] | Non
 
 
 def _check_utf8(tokens: list[str]) -> None:
-    """Refuse words with bytes that are not UTF-8 (lone surrogates, as Python keeps
-    undecodable command-line bytes), which cannot be hashed into an embedding."""
+    """Refuse words with bytes that are not UTF-8 (see :func:`qkv._text.utf8_problem`),
+    which cannot be hashed into an embedding."""
     for i, tok in enumerate(tokens):
-        try:
-            tok.encode("utf-8")
-        except UnicodeEncodeError as err:
-            code = ord(tok[err.start])
-            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        problem = utf8_problem(tok)
+        if problem is not None:
             raise ValueError(
-                f"the sentence is not valid UTF-8 ({what} in word {i + 1}); give it in UTF-8"
-            ) from None
+                f"the sentence is not valid UTF-8 ({problem[0]} in word {i + 1}); give it in UTF-8"
+            )
 
 
 def walkthrough(

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qkv._text import utf8_problem
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -105,16 +107,13 @@ def _one_line(err: BaseException, limit: int = 300) -> str:
 
 
 def _check_utf8(name: str, text: str) -> None:
-    """Refuse a text with bytes that are not UTF-8: Python keeps them as lone surrogates
-    (``\\udcff`` for byte 0xff), which no tokenizer takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        code = ord(text[err.start])
-        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+    """Refuse a text with bytes that are not UTF-8 (see :func:`qkv._text.utf8_problem`)."""
+    problem = utf8_problem(text)
+    if problem is not None:
+        what, at = problem
         raise _user_error(
-            f"{name}: not valid UTF-8 ({what} at character {err.start + 1}); give the text in UTF-8"
-        ) from None
+            f"{name}: not valid UTF-8 ({what} at character {at + 1}); give the text in UTF-8"
+        )
 
 
 def _model_folder(model: str | None) -> tuple[Path, str]:
