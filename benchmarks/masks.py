@@ -39,6 +39,7 @@ from benchmarks.common import (  # noqa: E402
 
 B, H, D = 1, 8, 64
 WINDOW = 256
+TARGET_T = 2048  # arbitrary masks: at least SDPA's speed with a quarter of its memory from here
 
 
 def structured(t: int) -> dict[str, tuple]:
@@ -153,13 +154,15 @@ def arbitrary_rows(t: int, peak: float, dtype: torch.dtype = torch.float32) -> l
         mem_q, mem_p = (_memory(t, sources[name], call, dtype) for call in (ours, theirs))
         name = f"{name}, T={t}{_suffix(dtype)}"
         flops = 4 * B * H * D * t * t
+        # issue 8's targets for arbitrary masks hold from T = 2048 (--quick runs T = 1024)
+        speed = dict(target="≤ 1.0×", met=s["chunked"] <= s["sdpa"]) if t >= TARGET_T else {}
         rows.append(result(f"{name}, qkv chunked", s["chunked"], "torch SDPA with the mask",
-                           s["sdpa"], target="≤ 1.0×", met=s["chunked"] <= s["sdpa"],
+                           s["sdpa"], **speed,
                            qkv_matmul_fraction=flops / s["chunked"] / 1e9 / peak,
                            peer_matmul_fraction=flops / s["sdpa"] / 1e9 / peak))  # fmt: skip
-        met = mem_q <= 0.25 * mem_p
+        memory = dict(target="≤ 0.25×", met=mem_q <= 0.25 * mem_p) if t >= TARGET_T else {}
         rows.append(result(f"{name}, peak memory", mem_q, "torch SDPA with the mask",
-                           mem_p, unit="MiB", target="≤ 0.25×", met=met))  # fmt: skip
+                           mem_p, unit="MiB", **memory))  # fmt: skip
     return rows
 
 
