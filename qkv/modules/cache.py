@@ -61,7 +61,7 @@ class LayerKV:
         _check_fits(self.k, k, "keys")
         _check_fits(self.v, v, "values")
         n, t = self._length, k.shape[-2]
-        if not self._writable(k, v):
+        if not self._writable():
             self._k, self._v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
         else:
             if n + t > self._k.shape[-2]:
@@ -71,7 +71,7 @@ class LayerKV:
         self._length = n + t
         return self.k, self.v
 
-    def _writable(self, k: Tensor, v: Tensor) -> bool:
+    def _writable(self) -> bool:
         """Whether new positions may be written into the buffers in place: not under
         autograd, and not into inference tensors outside ``torch.inference_mode``.
 
@@ -102,10 +102,10 @@ GROW_MIN = 16  # positions a cache buffer grows by at least (beam search copies 
 
 
 def _grown(filled: Tensor, needed: int) -> Tensor:
-    """A new buffer for at least ``needed`` positions, with room for half as many again,
-    holding ``filled`` ``(B, H, T, D)`` at its start."""
+    """A new buffer for ``needed`` positions and room for half as many again (at least
+    :data:`GROW_MIN`), holding ``filled`` ``(B, H, T, D)`` at its start."""
     b, h, t, d = filled.shape
-    capacity = max(needed + needed // 2, t + GROW_MIN)
+    capacity = needed + max(needed // 2, GROW_MIN)
     buffer = filled.new_empty(b, h, capacity, d)
     buffer[:, :, :t] = filled
     return buffer

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from qkv._text import utf8_problem
+
 __all__ = [
     "AttentionMaps",
     "as_maps",
@@ -132,13 +134,12 @@ def _texts(name: str, tokens: Sequence[Any]) -> tuple[str, ...]:
     """The tokens as strings; each must be UTF-8 text (the page and fonts need it)."""
     out = tuple(str(t) for t in tokens)
     for k, tok in enumerate(out):
-        try:
-            tok.encode("utf-8")
-        except UnicodeEncodeError as err:
+        problem = utf8_problem(tok)
+        if problem is not None:
             raise ValueError(
                 f"{name}: token {k} {tok!r} is not valid UTF-8 text "
-                f"({tok[err.start]!r} is a lone surrogate)"
-            ) from None
+                f"({tok[problem[1]]!r} is a lone surrogate)"
+            )
     return out
 
 

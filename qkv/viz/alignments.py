@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv.viz._maps import AttentionMaps, prepare
+from qkv.viz.html import _HTML
 
 __all__ = ["AlignmentItem", "alignment_label", "describe_alignment", "save_alignments"]
 
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 # (alignment (Tq, Tk), source tokens (Tk), target tokens (Tq), source text)
 AlignmentItem = tuple[Any, Sequence[Any], Sequence[Any], str]
 
-_HTML = (".html", ".htm")
 _IMAGES = (".png", ".svg", ".pdf")
 _END = ("</s>", "<eos>", "<EOS>", "[SEP]")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qkv._text import utf8_problem
+from qkv.viz.alignments import _HTML, _IMAGES
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,8 +29,6 @@ __all__ = ["decoder_attention", "encoder_attention", "run_cli"]
 
 log = logging.getLogger(__name__)
 
-_HTML = (".html", ".htm")
-_IMAGES = (".png", ".svg", ".pdf")
 _DEFAULT_NAME = "all-MiniLM-L6-v2"
 _UINT16_TOKENS = 100
 
