@@ -162,14 +162,26 @@ def decode(
     attention_mask: Tensor | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    num_return_sequences: int = 1,
 ) -> Tensor:
     """Greedy or sampled decoding of a causal language model (see :meth:`GPT.generate`).
 
     ``model(ids, attention_mask, cache=...)`` must return an object with ``logits``
-    ``(B, T, V)``, and ``model.new_cache()`` an empty key/value cache.
+    ``(B, T, V)``, and ``model.new_cache()`` an empty key/value cache. With sampling,
+    ``num_return_sequences`` draws continue each prompt: ``(B * num_return_sequences, ...)``
+    rows, each prompt's together (transformers' order).
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if num_return_sequences != 1:
+        if num_return_sequences < 1 or rules.temperature <= 0:
+            raise ValueError(
+                f"greedy decoding gives one continuation per prompt, not {num_return_sequences}:"
+                " sample (temperature > 0) or search with num_beams >= num_return_sequences"
+            )
+        input_ids = input_ids.repeat_interleave(num_return_sequences, 0)
+        if attention_mask is not None:
+            attention_mask = attention_mask.repeat_interleave(num_return_sequences, 0)
     ends = torch.tensor(rules.end_ids, dtype=torch.long, device=input_ids.device)
     done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     # Without padding no mask at all (the same positions and attention; each step then

@@ -287,7 +287,7 @@ class GPT(nn.Module):
             num_beams, length_penalty, early_stopping, num_return_sequences: beam search
                 (:mod:`qkv.models.lm_beam`) when ``num_beams > 1``: the best
                 ``num_return_sequences`` continuations of each prompt, best first (always
-                with the cache).
+                with the cache). Sampling can also return several (independent) draws.
 
         Returns:
             ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
@@ -310,7 +310,7 @@ class GPT(nn.Module):
             temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size,
             min_new_tokens, eos_token_id, pad_token_id,
         )  # fmt: skip
-        if num_beams > 1 or num_return_sequences > 1:
+        if num_beams != 1:
             return beam_decode(
                 self, input_ids, max_new_tokens, num_beams, rules, length_penalty=length_penalty,
                 early_stopping=early_stopping, num_return_sequences=num_return_sequences,
@@ -321,7 +321,7 @@ class GPT(nn.Module):
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
         return decode(
             self, input_ids, max_new_tokens, rules, attention_mask=attention_mask,
-            use_cache=use_cache, generator=generator,
+            use_cache=use_cache, generator=generator, num_return_sequences=num_return_sequences,
         )  # fmt: skip
 
     @classmethod

@@ -242,6 +242,27 @@ def test_seeded_sampling_is_reproducible(ours):
     assert torch.equal(ours.generate(ids, 10, temperature=0.7, top_p=1e-6, seed=1), greedy)
 
 
+@pytest.mark.parametrize(
+    "options", [dict(), dict(top_k=20, top_p=0.8, temperature=0.7)], ids=["plain", "filtered"]
+)
+def test_sampling_several_sequences_per_prompt_matches_transformers(ours, peer, options):
+    ids, mask = _padded_batch("left")
+    seed = int(torch.randint(0, 2**31, ()))
+    torch.manual_seed(seed)  # both libraries draw from the global generator, in the same order
+    with torch.no_grad():
+        ref = peer.generate(
+            ids, attention_mask=mask, max_new_tokens=12, do_sample=True, pad_token_id=0,
+            num_return_sequences=3, **{"top_k": 0, **options},
+        )  # fmt: skip
+    torch.manual_seed(seed)
+    out = ours.generate(ids, 12, attention_mask=mask, num_return_sequences=3,
+                        **{"temperature": 1.0, **options})  # fmt: skip
+    assert out.shape == (12, 17 + 12) and torch.equal(out, ref)
+    assert not torch.equal(out[0::3], out[1::3])  # independent samples of each prompt
+    with pytest.raises(ValueError, match="greedy decoding gives one continuation"):
+        ours.generate(ids, 5, num_return_sequences=2)
+
+
 def test_sample_next_respects_top_k_and_top_p():
     logits = torch.randn(3, 50).repeat(200, 1)  # many draws of the same 3 distributions
     gen = torch.Generator().manual_seed(0)
