@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.backends import get_backend
 from qkv.functional import causal_mask, combine_masks, scaled_dot_product_attention
 from qkv.modules._sizes import is_size
 from qkv.modules.cache import KVCache, LayerKV
@@ -94,6 +95,8 @@ class MultiHeadAttention(nn.Module):
         self.bias_k = nn.Parameter(torch.randn(kv_width) * kv_width**-0.5) if add_bias_kv else None
         self.bias_v = nn.Parameter(torch.randn(kv_width) * kv_width**-0.5) if add_bias_kv else None
         self.add_zero_attn = add_zero_attn
+        if backend != "auto":
+            get_backend(backend)  # an unknown name is refused here, not at the first call
         self.backend = backend
 
     def forward(
@@ -119,6 +122,11 @@ class MultiHeadAttention(nn.Module):
         them (``key_mask`` then covers every cached position); cross-attention projects
         ``key``/``value`` on the first call and reuses them afterwards.
         """
+        if key is None and value is not None and value is not query:
+            raise ValueError(
+                "value was given without key: pass both for cross-attention, "
+                "or neither for self-attention"
+            )
         self_attn = key is None or (key is query and (value is None or value is query))
         key = query if key is None else key
         value = key if value is None else value

@@ -10,6 +10,7 @@ from torch import nn
 
 import qkv
 from qkv.functional import from_torch_masks
+from qkv.modules.transformer import EncoderLayer
 
 E, H = 24, 4
 X, KEYS = torch.randn(2, 5, E), torch.ones(2, 5, dtype=torch.bool)
@@ -377,3 +378,21 @@ def test_a_cross_attention_cache_that_no_longer_fits_is_named(change):
         m(query, memory, cache=cache)
     m.float()
     torch.testing.assert_close(m(X[:, :1], cache=cache, key=memory[:2].float())[0], cached)
+
+
+def test_value_without_key_is_refused():
+    """``m(x, value=y)`` was run as self-attention with values projected from ``y`` and
+    keys from ``x``: neither torch's call (which needs both) nor cross-attention."""
+    m = qkv.MultiHeadAttention(E, H)
+    with pytest.raises(ValueError, match="value was given without key"):
+        m(X, value=torch.randn(2, 5, E))
+    torch.testing.assert_close(m(X, value=X)[0], m(X)[0])  # the query itself: self-attention
+
+
+def test_an_unknown_backend_is_refused_when_the_module_is_built():
+    """A misspelt backend passed construction and failed at the first forward pass (after
+    loading weights, or hours into training)."""
+    with pytest.raises(ValueError, match="unknown attention backend 'sdap'; known: "):
+        qkv.MultiHeadAttention(E, H, backend="sdap")
+    with pytest.raises(ValueError, match="unknown attention backend 'chunk'"):
+        EncoderLayer(E, H, 4 * E, backend="chunk")
