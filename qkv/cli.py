@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="K rows per input line: LINE, RANK, SCORE (length-normalised, ranks them), "
-        "LOGPROB, TRANSLATION, tab-separated (tab, backslash and line breaks in "
-        "TRANSLATION escaped as \\t, \\\\, \\n, \\r)",
+        "LOGPROB, TRANSLATION, tab-separated (tab, backslash, LF and CR in "
+        "TRANSLATION escaped as \\t, \\\\, \\n, \\r; other line breaks as spaces)",
     )
     tr.add_argument("--batch-size", type=int, default=32)
     tr.add_argument("--show-attention", default=None, metavar="OUT.html")

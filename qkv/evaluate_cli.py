@@ -118,13 +118,16 @@ def run_translate(args) -> int:
     return 0
 
 
-_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
 # Every character at which str.splitlines breaks a line (LF, CR, VT, FF, FS, GS, RS, NEL,
 # LINE SEPARATOR, PARAGRAPH SEPARATOR); a character vocabulary can hold all but LF.
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _AS_SPACES = str.maketrans(dict.fromkeys(_LINE_BREAKS, " "))
+# A TSV field: the same spaces, except that backslash, tab, LF and CR are escaped (the
+# field reads back exactly where it held only those).
+_TSV_ESCAPES = {
+    **_AS_SPACES,
+    **str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}),
+}
 
 
 def _one_line(text: str) -> str:
@@ -136,7 +139,9 @@ def _one_line(text: str) -> str:
 def _tsv_field(text: str) -> str:
     """``text`` as one TSV field: backslash, tab, LF and CR become ``\\\\``, ``\\t``,
     ``\\n``, ``\\r`` (a character or BPE vocabulary holds every character of the
-    training text, tabs included, and a raw tab would add a column)."""
+    training text, tabs included, and a raw tab would add a column); the other line
+    breaks of :data:`_LINE_BREAKS` become spaces, as in :func:`_one_line`, so that a
+    reader of lines sees one row per line."""
     return text.translate(_TSV_ESCAPES)
 
 

@@ -63,3 +63,21 @@ def test_one_best_lines_stay_one_line_per_input(texts):
     assert len(lines) == len(texts)
     for line, text in zip(lines, texts):
         assert line == "".join(c if c in "ab " else " " for c in text)
+
+
+@settings(max_examples=20, deadline=None)
+@given(texts=st.lists(st.text(st.sampled_from("ab\t\\\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
+                              max_size=8), min_size=2, max_size=3))  # fmt: skip
+def test_n_best_rows_stay_one_line_for_every_line_break(texts):
+    """VT, FF, FS, GS, RS, NEL, U+2028 and U+2029 were left raw in the TRANSLATION
+    column, so a reader that splits lines (Python's ``splitlines``, most editors) saw a
+    row broken in two. They are now spaces there, as in the 1-best output; tab,
+    backslash, CR and LF stay escaped."""
+    written = _written([[Translation(t, list(t), -1.5, None) for t in texts]], len(texts))
+    rows = written.splitlines()
+    assert len(rows) == len(texts)
+    for row, text in zip(rows, texts):
+        fields = row.split("\t")
+        assert len(fields) == 5
+        spaced = "".join(c if c in "ab\t\\\r\n" else " " for c in text)
+        assert _unescape(fields[4]) == spaced
