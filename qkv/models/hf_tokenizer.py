@@ -42,7 +42,9 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
     ``max_length`` argument, else ``sentence_bert_config.json``'s ``max_seq_length``, else
     ``tokenizer_config.json``'s ``model_max_length``, else the positions that
     ``config.json`` gives the model (the first that applies). Padding uses the folder's
-    ``pad_token`` (no padding when it has none).
+    ``pad_token`` (no padding when it has none). ``tokenizer_config.json``'s
+    ``padding_side`` and ``truncation_side`` (default ``"right"``) say where padding goes
+    and which end is cut, as in ``transformers``.
 
     Returns:
         a ``tokenizers.Tokenizer``; ``encode_batch(texts)`` gives ids, attention masks and
@@ -73,8 +75,9 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         ]
         limits = [int(x) for x in limits if isinstance(x, (int, float)) and x < 1e9]
         max_length = limits[0] if limits else None
+    sides = {key: _side(tok_config, key, folder) for key in ("padding_side", "truncation_side")}
     if max_length is not None:
-        tokenizer.enable_truncation(max_length=max_length)
+        tokenizer.enable_truncation(max_length=max_length, direction=sides["truncation_side"])
     else:
         tokenizer.no_truncation()
     pad = _token(options.get("pad_token"))
@@ -83,8 +86,17 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         log.info("tokenizer in %s has no pad token: padding disabled", folder)
         tokenizer.no_padding()
     else:
-        tokenizer.enable_padding(pad_id=pad_id, pad_token=pad)
+        tokenizer.enable_padding(pad_id=pad_id, pad_token=pad, direction=sides["padding_side"])
     return tokenizer
+
+
+def _side(config: dict[str, Any], key: str, folder: Path) -> str:
+    """``"left"`` or ``"right"`` (the default): ``padding_side`` or ``truncation_side``."""
+    side = config.get(key) or "right"
+    if side not in ("left", "right"):
+        raise ValueError(f"{folder / 'tokenizer_config.json'}: {key} must be 'left' or 'right', "
+                         f"got {side!r}")  # fmt: skip
+    return side
 
 
 _POOLING_MODES = {  # sentence-transformers Pooling config key -> qkv.models.encode pooling

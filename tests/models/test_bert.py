@@ -100,6 +100,26 @@ def test_tokenization_matches_the_checkpoint(folder, batch):
     assert lengths[texts.index("")] == 2
 
 
+@pytest.mark.parametrize("files", ["tokenizer.json", "vocab.txt"])
+def test_padding_and_truncation_sides_of_the_tokenizer_config(folder, tmp_path, files):
+    shutil.copy(folder / files, tmp_path / files)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(padding_side="left", truncation_side="left", model_max_length=9)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    texts = random.sample(SENTENCES, len(SENTENCES))
+    got = load_tokenizer(tmp_path).encode_batch(texts)
+    want = transformers.AutoTokenizer.from_pretrained(tmp_path)(
+        texts, padding=True, truncation=True
+    )
+    assert [e.ids for e in got] == want["input_ids"]
+    assert [e.attention_mask for e in got] == want["attention_mask"]
+    assert got[texts.index("Why?")].attention_mask[0] == 0  # padded on the left
+    config["padding_side"] = "up"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="padding_side must be 'left' or 'right', got 'up'"):
+        load_tokenizer(tmp_path)
+
+
 @pytest.mark.parametrize("need_weights", [True, False], ids=["with_maps", "fast_path"])
 def test_hidden_states_and_attentions_match_transformers(ours, peer, batch, need_weights):
     _, ids, mask, types = batch
