@@ -299,14 +299,14 @@ class BertModel(nn.Module):
         ``overrides`` replace config values. Returns the model in eval mode.
         """
         _check_overrides(overrides)
-        state, config = load_state_dict(path), read_config(path)
+        state, raw = load_state_dict(path), read_config(path)
         with config_errors(path):
-            renamed = encoder_weights(state, config)
+            renamed = encoder_weights(state, raw)
             has_pooler = any(n.startswith("pooler.") for n in renamed)
             overrides.setdefault("add_pooler", has_pooler)
-            config = BertConfig.from_hf(config, **overrides)
+            config = BertConfig.from_hf(raw, **overrides)
         model = cls(config)
-        load_into(model, renamed, what=str(path), dtype=dtype)
+        load_into(model, renamed, what=str(path), dtype=dtype, config=raw)
         return model.eval()
 
 

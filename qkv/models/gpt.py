@@ -343,7 +343,7 @@ class GPT(nn.Module):
             config = GPTConfig.from_hf(raw)
         model = cls(config)
         state = _convert_gpt2(load_state_dict(path), config)
-        load_into(model, state, what=str(path), dtype=dtype)
+        load_into(model, state, what=str(path), dtype=dtype, config=raw)
         return model.eval()
 
 

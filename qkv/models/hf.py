@@ -267,13 +267,15 @@ def load_into(
     *,
     what: str,
     dtype: torch.dtype | str | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> None:
     """Check ``state`` against ``model`` (names, tied weights once; shapes), load it, cast it.
 
-    ``dtype``: ``None`` for float32, ``"auto"`` for the checkpoint's own floating type, or
-    a floating ``torch.dtype``.
+    ``dtype``: ``None`` for float32, ``"auto"`` for the checkpoint's own floating type (the
+    ``dtype``/``torch_dtype`` of its ``config``, else its first floating weight's, as
+    transformers decides), or a floating ``torch.dtype``.
     """
-    target = _load_dtype(dtype, state)
+    target = _load_dtype(dtype, state, config or {})
     names = set(dict(model.named_parameters()))  # tied parameters appear once
     names |= {n for n, _ in model.named_buffers() if _is_persistent(model, n)}
     check_names(names, state, what=what)
@@ -297,14 +299,24 @@ def load_into(
     model.to(target)
 
 
-def _load_dtype(dtype: torch.dtype | str | None, state: dict[str, Tensor]) -> torch.dtype:
+def _load_dtype(
+    dtype: torch.dtype | str | None, state: dict[str, Tensor], config: Mapping[str, Any]
+) -> torch.dtype:
     if dtype is None:
         return torch.float32
     if dtype == "auto":
-        return next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+        named = _floating(config.get("dtype") or config.get("torch_dtype"))
+        first = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+        return named or first
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
     raise ValueError(f"dtype must be None, 'auto' or a floating torch.dtype, got {dtype!r}")
+
+
+def _floating(name: Any) -> torch.dtype | None:
+    """The floating ``torch.dtype`` that a config names (``"bfloat16"``), else ``None``."""
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
 
 
 def _is_persistent(model: nn.Module, name: str) -> bool:

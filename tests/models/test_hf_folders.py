@@ -216,3 +216,18 @@ def test_keys_a_config_omits_take_the_familys_defaults(family, tmp_path):
         want = peer(input_ids=ids, attention_mask=mask.long()).last_hidden_state
         got = BertModel.from_pretrained(tmp_path)(ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+@pytest.mark.parametrize("kind", ["bert", "gpt"])
+def test_auto_dtype_is_the_one_config_json_names(bert_folder, gpt_folder, tmp_path, key, kind):
+    saved = bert_folder if kind == "bert" else gpt_folder
+    folder = _copy(saved, tmp_path / "f", **{key: "bfloat16"})
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("dtype" if key == "torch_dtype" else "torch_dtype", None)  # transformers 4's name
+    (folder / "config.json").write_text(json.dumps(config))
+    assert {t.dtype for t in load_state_dict(folder).values()} == {torch.float32}
+    peer = transformers.AutoModel.from_pretrained(folder, dtype="auto")
+    ours = (BertModel if kind == "bert" else GPT).from_pretrained(folder, dtype="auto")
+    assert peer.dtype == torch.bfloat16  # transformers' rule: config.json first
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
