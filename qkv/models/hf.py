@@ -273,7 +273,7 @@ def load_into(
 
     ``dtype``: ``None`` for float32, ``"auto"`` for the checkpoint's own floating type (the
     ``dtype``/``torch_dtype`` of its ``config``, else its first floating weight's, as
-    transformers decides), or a floating ``torch.dtype``.
+    transformers decides), or a floating ``torch.dtype`` or its name (``"bfloat16"``).
     """
     target = _load_dtype(dtype, state, config or {})
     names = set(dict(model.named_parameters()))  # tied parameters appear once
@@ -310,7 +310,11 @@ def _load_dtype(
         return named or first
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
-    raise ValueError(f"dtype must be None, 'auto' or a floating torch.dtype, got {dtype!r}")
+    if _floating(dtype) is not None:  # "bfloat16", as transformers also accepts
+        return _floating(dtype)
+    raise ValueError(
+        f"dtype must be None, 'auto' or a floating torch.dtype or its name, got {dtype!r}"
+    )
 
 
 def _floating(name: Any) -> torch.dtype | None:

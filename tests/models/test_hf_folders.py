@@ -231,3 +231,11 @@ def test_auto_dtype_is_the_one_config_json_names(bert_folder, gpt_folder, tmp_pa
     ours = (BertModel if kind == "bert" else GPT).from_pretrained(folder, dtype="auto")
     assert peer.dtype == torch.bfloat16  # transformers' rule: config.json first
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+
+
+def test_dtype_may_be_named_as_in_transformers(gpt_folder):
+    assert GPT.from_pretrained(gpt_folder, dtype="bfloat16").lm_head.weight.dtype == torch.bfloat16
+    assert GPT.from_pretrained(gpt_folder, dtype="float16").lm_head.weight.dtype == torch.float16
+    for bad in ("int8", "bfloat", "Tensor"):
+        with pytest.raises(ValueError, match=f"dtype must be .* got '{bad}'"):
+            GPT.from_pretrained(gpt_folder, dtype=bad)
