@@ -117,13 +117,20 @@ def sentence_options(path: str | Path) -> dict[str, Any]:
 
     Raises:
         ValueError: a pooling that ``encode`` lacks (several modes at once, weighted mean,
-            last token, mean scaled by the square root of the length).
+            last token, mean scaled by the square root of the length), or another module
+            than these three (``Dense``, ``LayerNorm``, ...).
     """
     folder = _folder(path)
     modules = read_json(folder / "modules.json") or []
     if not isinstance(modules, list):
         raise ValueError(f"{folder / 'modules.json'}: expected a list of modules")
     kinds = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+    other = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
+    if other:  # a Dense or LayerNorm module would change the embeddings: refuse, not skip
+        raise ValueError(
+            f"{folder / 'modules.json'}: module {', '.join(other)} is not supported "
+            "(Transformer, Pooling and Normalize are)"
+        )
     pooling = "mean"
     if "Pooling" in kinds:
         file = folder / kinds["Pooling"] / "config.json"

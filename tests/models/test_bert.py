@@ -175,6 +175,12 @@ def test_unsupported_sentence_pooling_is_named(folder, tmp_path):
     _repooled(folder, tmp_path, pooling_mode_lasttoken=True)
     with pytest.raises(ValueError, match="pooling_mode_mean_tokens, pooling_mode_lasttoken"):
         sentence_options(tmp_path)
+    _repooled(folder, tmp_path, pooling_mode_lasttoken=False)
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    (tmp_path / "modules.json").write_text(json.dumps([*modules[:2], dense, modules[2]]))
+    with pytest.raises(ValueError, match="modules.json: module Dense is not supported"):
+        sentence_options(tmp_path)  # its projection would change every embedding
     (tmp_path / "modules.json").unlink()  # a plain model: mean pooling, not normalised
     assert sentence_options(tmp_path) == {"pooling": "mean", "normalize": False}
 
