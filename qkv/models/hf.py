@@ -35,6 +35,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# weights of other frameworks or names (TensorFlow, Flax, GGUF, raw torch.save files)
+_OTHER_WEIGHTS = {".h5", ".msgpack", ".gguf", ".ckpt", ".pt", ".pth", ".bin", ".safetensors"}
 # model_types whose positions count real tokens from pad_token_id + 1 (RoBERTa's scheme)
 PADDED_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")
 HF_ACTIVATIONS = {  # Hugging Face activation name -> qkv.modules.FeedForward's
@@ -112,9 +114,11 @@ def load_state_dict(path: str | Path) -> dict[str, Tensor]:
         index = folder / f"{name}.index.json"
         if index.is_file():
             return _read_shards(index)
+    others = sorted(f.name for f in folder.iterdir() if f.suffix in _OTHER_WEIGHTS)
+    found = f"; found {', '.join(others[:3])}, which qkv does not read" if others else ""
     raise FileNotFoundError(
         f"no weights in {folder}: expected one of {', '.join(_WEIGHT_FILES)} "
-        "(or a sharded checkpoint's .index.json)"
+        f"(or a sharded checkpoint's .index.json){found}"
     )
 
 

@@ -239,3 +239,14 @@ def test_dtype_may_be_named_as_in_transformers(gpt_folder):
     for bad in ("int8", "bfloat", "Tensor"):
         with pytest.raises(ValueError, match=f"dtype must be .* got '{bad}'"):
             GPT.from_pretrained(gpt_folder, dtype=bad)
+
+
+def test_weights_under_other_names_are_named(gpt_folder, tmp_path):
+    folder = _copy(gpt_folder, tmp_path / "f")
+    (folder / "model.safetensors").rename(folder / "gpt2-small.safetensors")
+    (folder / "tf_model.h5").write_bytes(b"HDF")
+    with pytest.raises(FileNotFoundError) as info:
+        GPT.from_pretrained(folder)
+    message = str(info.value)
+    assert f"no weights in {folder}" in message and "\n" not in message
+    assert "found gpt2-small.safetensors, tf_model.h5, which qkv does not read" in message
