@@ -55,6 +55,8 @@ class DecodingRules:
     pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        if not self.temperature >= 0:  # also NaN; a negative one would silently mean greedy
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.no_repeat_ngram_size < 0 or self.min_new_tokens < 0:

@@ -195,6 +195,7 @@ def test_beam_search_without_end_tokens(ours, peer):
 @pytest.mark.parametrize(
     "bad, match",
     [
+        (dict(temperature=-0.7), "temperature must be >= 0"),
         (dict(repetition_penalty=0.0), "repetition_penalty"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_k=0), "top_k"),
