@@ -145,18 +145,48 @@ def restore(
         )
     model.load_state_dict(ckpt.model.state_dict())
     try:
+        saved = _loop_state(ckpt.extra.get("train", {}))
         if ckpt.optimizer_state is not None:
             optimizer.load_state_dict(ckpt.optimizer_state)
             _use_config_settings(optimizer, recipe)
         if ckpt.rng is not None:
             restore_rng(ckpt.rng)
-        saved = ckpt.extra.get("train", {})
-        if not isinstance(saved, dict):
-            raise TypeError(f"training state is a {type(saved).__name__}, not an object")
         return saved
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: cannot resume: corrupt training state ({first})") from None
+
+
+# The training loop's saved state (qkv.train._State) and the JSON type of each entry.
+LOOP_STATE = {
+    "step": int,
+    "epoch": int,
+    "batch_in_epoch": int,
+    "best_step": int,
+    "bad_evals": int,
+    "best_bleu": float,
+    "valid_loss": float,
+    "seconds": float,
+}
+
+
+def _loop_state(saved: Any) -> dict[str, Any]:
+    """The saved loop state, its entries checked: counts are integers >= 0, scores and
+    seconds numbers (a hand-edited or foreign header would fail later, mid-run)."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"training state is a {type(saved).__name__}, not an object")
+    for key, kind in LOOP_STATE.items():
+        if key not in saved:
+            continue
+        value = saved[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (kind is int and not isinstance(value, int)):
+            raise TypeError(
+                f"{key} is {value!r}, not {'an integer' if kind is int else 'a number'}"
+            )
+        if kind is int and value < 0:
+            raise ValueError(f"{key} is {value}, not >= 0")
+    return saved
 
 
 def _use_config_settings(optimizer, recipe: Recipe) -> None:

@@ -1,0 +1,65 @@
+"""Resuming refuses, in one line, a checkpoint whose saved loop state is corrupt."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import save_file
+from train_helpers import tiny_recipe
+
+from qkv.models.checkpoint import CheckpointError
+from qkv.train import _State, train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    train(tiny_recipe(out, steps=4), progress=False)
+    return out / "last.safetensors"
+
+
+def _with_loop_state(src, dst, **changes) -> None:
+    """A copy of checkpoint ``src`` at ``dst`` with entries of its saved loop state replaced."""
+    with safe_open(str(src), "pt") as f:
+        header, tensors = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
+    header["extra"]["train"].update(changes)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dst), metadata={"qkv": json.dumps(header)})
+
+
+def test_the_checked_entries_are_the_loops_state():
+    from qkv.train_checks import LOOP_STATE
+
+    assert set(LOOP_STATE) == {f.name for f in dataclasses.fields(_State)}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("step", "3", "step is '3', not an integer"),
+        ("epoch", -1, "epoch is -1, not >= 0"),
+        ("batch_in_epoch", 2.5, "batch_in_epoch is 2.5, not an integer"),
+        ("bad_evals", True, "bad_evals is True, not an integer"),
+        ("best_bleu", None, "best_bleu is None, not a number"),
+        ("seconds", "1", "seconds is '1', not a number"),
+    ],
+    ids=["step-string", "epoch-negative", "batch-float", "bad-evals-bool", "bleu-null",
+         "seconds-string"],
+)  # fmt: skip
+def test_a_corrupt_loop_state_is_named_not_a_traceback(trained, tmp_path, key, value, why):
+    """Such entries ended in a TypeError traceback (exit 1) from the first comparison
+    that used them, or (a negative epoch) were taken as they were."""
+    _with_loop_state(trained, tmp_path / "last.safetensors", **{key: value})
+    before = (tmp_path / "last.safetensors").read_bytes()
+    with pytest.raises(CheckpointError, match=rf"cannot resume: corrupt training state \({why}\)"):
+        train(tiny_recipe(tmp_path, steps=8), resume=True, progress=False)
+    assert (tmp_path / "last.safetensors").read_bytes() == before
+
+
+def test_a_sound_loop_state_still_resumes(trained, tmp_path):
+    shutil.copy(trained, tmp_path / "last.safetensors")
+    assert train(tiny_recipe(tmp_path, steps=5), resume=True, progress=False).steps == 5
