@@ -147,6 +147,7 @@ def restore(
     try:
         saved = _loop_state(ckpt.extra.get("train", {}))
         if ckpt.optimizer_state is not None:
+            _check_optimizer_state(optimizer, ckpt.optimizer_state)
             optimizer.load_state_dict(ckpt.optimizer_state)
             _use_config_settings(optimizer, recipe)
         if ckpt.rng is not None:
@@ -187,6 +188,28 @@ def _loop_state(saved: Any) -> dict[str, Any]:
         if kind is int and value < 0:
             raise ValueError(f"{key} is {value}, not >= 0")
     return saved
+
+
+_ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # per parameter, as train's AdamW keeps it
+
+
+def _check_optimizer_state(optimizer, saved: dict) -> None:
+    """Each parameter's saved AdamW state has a step (one number) and two moments of the
+    parameter's shape: torch loads anything, then the step fails on a missing moment
+    (a KeyError traceback), and the fused step reads past a moment that is too small."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for pid, entries in saved["state"].items():
+        if not 0 <= pid < len(params):
+            raise ValueError(f"optim.{pid}: the model has {len(params)} parameters")
+        if set(entries) != _ADAMW_STATE:
+            names = ", ".join(sorted(set(entries) ^ _ADAMW_STATE))
+            raise ValueError(f"optim.{pid}: AdamW's state has step, exp_avg and exp_avg_sq, "
+                             f"this one differs in {names}")  # fmt: skip
+        for key, value in entries.items():
+            want = () if key == "step" else tuple(params[pid].shape)
+            if tuple(value.shape) != want:
+                raise ValueError(f"optim.{pid}.{key} is {tuple(value.shape)}, its "
+                                 f"parameter's is {want}")  # fmt: skip
 
 
 def _use_config_settings(optimizer, recipe: Recipe) -> None:

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from train_helpers import tiny_recipe
@@ -22,11 +23,14 @@ def trained(tmp_path_factory):
     return out / "last.safetensors"
 
 
-def _with_loop_state(src, dst, **changes) -> None:
-    """A copy of checkpoint ``src`` at ``dst`` with entries of its saved loop state replaced."""
+def _with_loop_state(src, dst, tensors=None, **changes) -> None:
+    """A copy of checkpoint ``src`` at ``dst`` with entries of its saved loop state
+    replaced, and ``tensors`` (name: tensor, or None to leave it out) too."""
     with safe_open(str(src), "pt") as f:
-        header, tensors = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
+        header, saved = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
     header["extra"]["train"].update(changes)
+    saved.update(tensors or {})
+    tensors = {k: v for k, v in saved.items() if v is not None}
     dst.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dst), metadata={"qkv": json.dumps(header)})
 
@@ -63,3 +67,21 @@ def test_a_corrupt_loop_state_is_named_not_a_traceback(trained, tmp_path, key, v
 def test_a_sound_loop_state_still_resumes(trained, tmp_path):
     shutil.copy(trained, tmp_path / "last.safetensors")
     assert train(tiny_recipe(tmp_path, steps=5), resume=True, progress=False).steps == 5
+
+
+@pytest.mark.parametrize(
+    ("tensors", "why"),
+    [
+        ({"optim.0.exp_avg": None}, "optim.0: AdamW's state .* differs in exp_avg"),
+        ({"optim.0.exp_avg": torch.randn(3)}, r"optim.0.exp_avg is \(3,\), its parameter's is"),
+        ({"optim.1.step": torch.ones(2)}, r"optim.1.step is \(2,\), its parameter's is \(\)"),
+        ({"optim.999.step": torch.ones(())}, r"optim.999: the model has \d+ parameters"),
+    ],
+    ids=["moment-missing", "moment-too-small", "step-not-scalar", "no-such-parameter"],
+)
+def test_an_optimiser_state_that_does_not_fit_is_named(trained, tmp_path, tensors, why):
+    """torch loads any optimiser state: a missing moment ended in a KeyError traceback at
+    the first step, and a moment too small was used as it was by the fused AdamW step."""
+    _with_loop_state(trained, tmp_path / "last.safetensors", tensors)
+    with pytest.raises(CheckpointError, match=rf"cannot resume: corrupt training state \({why}"):
+        train(tiny_recipe(tmp_path, steps=8), resume=True, progress=False)
