@@ -98,7 +98,7 @@ class GPTConfig:
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> GPTConfig:
-        """Build from a Hugging Face GPT-2 ``config.json`` dict.
+        """Build from a Hugging Face GPT-2 ``config.json`` dict (dropout: ``resid_pdrop``).
 
         Raises ``ValueError`` for another ``model_type``, a missing size, and GPT-2 options
         that change the computation and that qkv does not implement (cross-attention).
@@ -123,11 +123,15 @@ class GPTConfig:
         act = config.get("activation_function", "gelu_new")
         if act not in HF_ACTIVATIONS:
             raise ValueError(f"activation_function {act!r} not supported: {list(HF_ACTIVATIONS)}")
+        drops = {config.get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+        if len(drops) > 1:  # only while training; qkv has one dropout rate
+            log.warning("GPT-2 dropouts %s differ: resid_pdrop is used for all", sorted(drops))
         return cls(
             vocab_size=config["vocab_size"], max_len=config["n_positions"],
             num_layers=config["n_layer"], num_heads=config["n_head"], dim=config["n_embd"],
             ff_dim=config.get("n_inner"), activation=HF_ACTIVATIONS[act],
             layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+            dropout=config.get("resid_pdrop", 0.1),
             tie_embeddings=config.get("tie_word_embeddings", True),
             scale_by_head_dim=config.get("scale_attn_weights", True),
             scale_by_layer=config.get("scale_attn_by_inverse_layer_idx", False),
@@ -137,6 +141,7 @@ class GPTConfig:
 _HF_KINDS = {  # GPT-2 config.json key -> kind of value (see qkv.models.hf.check_values)
     **dict.fromkeys(("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"), "count"),
     "n_inner": "count?", "layer_norm_epsilon": "positive", "activation_function": "name",
+    **dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), "probability"),
     **dict.fromkeys(("tie_word_embeddings", "scale_attn_weights", "add_cross_attention",
                      "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"), "flag"),
 }  # fmt: skip
@@ -174,11 +179,13 @@ class GPT(nn.Module):
         c = config
 
         def layer() -> DecoderLayer:
-            return DecoderLayer(
+            new = DecoderLayer(
                 c.dim, c.num_heads, c.ff_dim or 4 * c.dim, dropout=c.dropout,
                 activation=c.activation, norm_first=True, layer_norm_eps=c.layer_norm_eps,
                 cross=False,
             )  # fmt: skip
+            new.ff.dropout.p = 0.0  # GPT-2 has no dropout inside the feed-forward block
+            return new
 
         self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.pos_emb = LearnedPositionalEncoding(c.max_len, c.dim)

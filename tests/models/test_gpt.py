@@ -386,3 +386,22 @@ def test_a_classifier_checkpoint_loads_its_decoder(folder, tmp_path):
         want = hidden @ classifier.transformer.wte.weight.T  # GPT's tied LM head
         got = GPT.from_pretrained(tmp_path)(ids).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.25])
+def test_dropout_for_fine_tuning_is_gpt2s(folder, tmp_path, p):
+    config = json.loads((folder / "config.json").read_text())
+    drops = dict.fromkeys(["resid_pdrop", "embd_pdrop", "attn_pdrop"], p)
+    (tmp_path / "config.json").write_text(json.dumps({**config, **drops}))
+    (tmp_path / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    peer = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation="eager")
+    ours = GPT.from_pretrained(tmp_path)
+    assert not ours.training and ours.config.dropout == p
+    # GPT-2 drops out the embeddings, attention weights and the two residual branches only
+    block = peer.transformer.h[0]
+    want = [peer.transformer.drop.p, block.attn.attn_dropout.p, block.attn.resid_dropout.p,
+            block.mlp.dropout.p, 0.0]  # fmt: skip
+    layer = ours.decoder.layers[0]
+    got = [ours.drop.p, layer.self_attn.dropout, layer.dropout1.p, layer.dropout3.p,
+           layer.ff.dropout.p]  # fmt: skip
+    assert got == want
