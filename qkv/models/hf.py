@@ -139,6 +139,12 @@ def _read_weights(file: Path) -> dict[str, Tensor]:
         raise ValueError(f"{file}: not a readable checkpoint ({first})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{file} does not hold a state dict (got {type(state).__name__})")
+    other = next((k for k, v in state.items() if not isinstance(v, Tensor)), None)
+    if other is not None:  # e.g. {"model": state_dict, "epoch": 3}
+        raise ValueError(
+            f"{file}: {other!r} holds a {type(state[other]).__name__}, not a tensor "
+            "(a training checkpoint? save the model's state_dict() alone)"
+        )
     return state
 
 

@@ -250,3 +250,10 @@ def test_weights_under_other_names_are_named(gpt_folder, tmp_path):
     message = str(info.value)
     assert f"no weights in {folder}" in message and "\n" not in message
     assert "found gpt2-small.safetensors, tf_model.h5, which qkv does not read" in message
+
+
+def test_a_training_checkpoint_is_not_taken_for_weights(gpt_folder, tmp_path):
+    folder = _copy(gpt_folder, tmp_path / "f")
+    (folder / "model.safetensors").unlink()
+    torch.save({"model": load_state_dict(gpt_folder), "step": 3}, folder / "pytorch_model.bin")
+    _refused(GPT.from_pretrained, folder, "pytorch_model.bin: 'model' holds a dict, not a tensor")
