@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from qkv.evaluate import bleu, chrf, translate_texts
+from qkv.train_checks import free_memory
 
 __all__ = ["run_evaluate", "run_translate"]
 
@@ -94,15 +97,7 @@ def run_translate(args) -> int:
     if args.show_attention:
         _check_attention_output(args.show_attention, model)
     lines = _read_stdin()
-    out = translate_texts(
-        model,
-        src_tok,
-        tgt_tok,
-        lines,
-        beam=args.beam,
-        n_best=args.n_best,
-        batch_size=args.batch_size,
-    )
+    out = _search(model, src_tok, tgt_tok, lines, args)
     if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as in, whatever the locale says
         sys.stdout.reconfigure(encoding="utf-8")
     for number, nbest in enumerate(out, start=1):
@@ -116,6 +111,44 @@ def run_translate(args) -> int:
         written = _write_alignments(args.show_attention, lines, out, src_tok, model)
         print("attention: " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
+
+
+def _search(model, src_tok, tgt_tok, lines: list[str], args) -> list:
+    """:func:`~qkv.evaluate.translate_texts` with the command's ``--beam``, ``--n-best``
+    and ``--batch-size``; a search too large for memory is one line, not a traceback."""
+    from qkv.cli import UserError
+
+    n_best, batch_size = getattr(args, "n_best", 1), getattr(args, "batch_size", _BATCH)
+    at_once = min(batch_size, max(len(lines), 1))
+    sizes = f"--beam {args.beam} over {at_once} sentence{'s' * (at_once > 1)} at a time"
+    hint = "use a smaller --beam" + " or --batch-size" * hasattr(args, "batch_size")
+    _check_search_memory(model, args.beam * at_once, f"{sizes}: the scores alone", hint)
+    try:
+        return translate_texts(model, src_tok, tgt_tok, lines, beam=args.beam,
+                               n_best=n_best, batch_size=batch_size)  # fmt: skip
+    except RuntimeError as err:  # torch.OutOfMemoryError too
+        if not _out_of_memory(err):
+            raise
+        raise UserError(f"{sizes}: out of memory; {hint}") from None
+
+
+def _check_search_memory(model, rows: int, what: str, hint: str) -> None:
+    """Refuse ``rows`` hypotheses at a time whose float32 logits and log-probabilities over
+    the target vocabulary (a lower bound of what the search holds) exceed free memory."""
+    from qkv.cli import UserError
+
+    need = rows * model.config.tgt_vocab_size * 4 * 2
+    free = free_memory(next(model.parameters()).device)
+    if free is not None and need > free:
+        raise UserError(f"{what} need {need / 2**30:,.1f} GiB, more than the "
+                        f"{free / 2**30:,.1f} GiB free; {hint}")  # fmt: skip
+
+
+_BATCH = 64  # sentences per batch of ``qkv evaluate`` (it has no --batch-size)
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
 
 
 # Every character at which str.splitlines breaks a line (LF, CR, VT, FF, FS, GS, RS, NEL,
@@ -199,7 +232,7 @@ def run_evaluate(args) -> int:
     _check_tokenize(tokenize)
     model, src_tok, tgt_tok, extra = _load(args.checkpoint)
     src, ref = _evaluation_texts(args, extra)
-    hyps = [n[0].text for n in translate_texts(model, src_tok, tgt_tok, src, beam=args.beam)]
+    hyps = [n[0].text for n in _search(model, src_tok, tgt_tok, src, args)]
     print(bleu(hyps, ref, tokenize=tokenize))
     print(chrf(hyps, ref))
     return 0

@@ -20,6 +20,7 @@ def _written(nbest: list[list[Translation]], n_best: int) -> str:
     out = io.StringIO()
     with (
         mock.patch("qkv.evaluate_cli._load", return_value=(None, None, None, {})),
+        mock.patch("qkv.evaluate_cli._check_search_memory"),
         mock.patch("qkv.evaluate_cli._read_stdin", return_value=["x"] * len(nbest)),
         mock.patch("qkv.evaluate_cli.translate_texts", return_value=nbest),
         mock.patch("sys.stdout", out),
