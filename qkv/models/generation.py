@@ -194,6 +194,11 @@ def decode(
     ids = step_ids = input_ids
     for step in range(max_new_tokens):
         logits = model(step_ids if use_cache else ids, mask, cache=cache).logits[:, -1]
+        if step == 0 and len(ends) and not 0 <= rules.padding < logits.shape[-1]:
+            raise ValueError(  # finished rows feed it to the model: say so before they do
+                f"pad_token_id {rules.padding} is outside the vocabulary "
+                f"(0..{logits.shape[-1] - 1}): finished rows continue with it"
+            )
         logits = adjust_logits(logits, ids, step, rules, mask)
         token = sample_next(logits, rules.temperature, rules.top_k, rules.top_p, generator)
         if len(ends):

@@ -208,6 +208,13 @@ def test_bad_decoding_rules_are_refused_by_name(ours, bad, match):
         ours.generate(torch.zeros(1, 3, dtype=torch.long), 2, **bad)
 
 
+@pytest.mark.parametrize("pad", [-1, VOCAB])
+def test_a_padding_id_outside_the_vocabulary_is_named(ours, pad):
+    ids = torch.randint(0, VOCAB, (2, 5))
+    with pytest.raises(ValueError, match=f"pad_token_id {pad} is outside the vocabulary"):
+        ours.generate(ids, 4, eos_token_id=int(ids[0, 0]), pad_token_id=pad)
+
+
 def test_cache_and_recompute_generate_the_same(ours):
     ids, mask = _padded_batch("left")
     cached = ours.generate(ids, 20, attention_mask=mask, use_cache=True)
