@@ -8,7 +8,8 @@ text (BPE, characters) or an unknown word (words); ``decode`` drops pad/bos/eos 
 
 Detokenisation is exact, ``decode(encode(s)) == s``, for normal text: no leading
 whitespace, no tabs or line breaks, and (for BPE and characters) only characters seen in
-training; the word tokenizer also needs single spaces between words. BPE uses the
+training; the word tokenizer also needs single spaces (U+0020) between words, and keeps
+any other character, a no-break space included, inside its word. BPE uses the
 SentencePiece convention (Kudo & Richardson, 2018): spaces become "▁" and are part of the
 following token, so the decoder can put them back.
 """
@@ -160,8 +161,18 @@ class CharTokenizer(_VocabTokenizer):
         return "".join(self._pieces(ids))
 
 
+def _words(text: str) -> list[str]:
+    """The words of ``text``: split on the space U+0020 alone, as BPE's pre-tokenizer is.
+
+    ``str.split()`` also splits on no-break spaces (U+00A0, U+202F: "Nummer\u00a028" in
+    Multi30k, "ici\u202f!" in French) and other Unicode spaces, which decoding then turned
+    into plain spaces.
+    """
+    return [word for word in text.split(" ") if word]
+
+
 class WordTokenizer(_VocabTokenizer):
-    """One token per whitespace-separated word; decoding joins words with single spaces."""
+    """One token per space-separated word; decoding joins words with single spaces."""
 
     kind = "word"
 
@@ -169,11 +180,11 @@ class WordTokenizer(_VocabTokenizer):
     def _count(cls, texts: Iterable[str]) -> Counter[str]:
         counts: Counter[str] = Counter()
         for text in texts:
-            counts.update(text.split())
+            counts.update(_words(text))
         return counts
 
     def encode(self, text: str) -> list[int]:
-        return self._ids(text.split())
+        return self._ids(_words(text))
 
     def decode(self, ids: Iterable[int]) -> str:
         return " ".join(self._pieces(ids))

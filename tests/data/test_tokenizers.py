@@ -169,3 +169,23 @@ def test_special_token_strings_in_training_text_are_not_vocabulary(special):
     assert word.vocab_size == len(SPECIAL_TOKENS) + 3
     assert word.encode(f"the {special}") == [word.encode("the")[0], word.unk_id]
     assert WordTokenizer.train([special], max_size=5).vocab_size == len(SPECIAL_TOKENS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(st.characters(blacklist_characters=" ", codec="utf-8"), min_size=1),
+                min_size=1, max_size=8))  # fmt: skip
+def test_word_tokenizer_round_trips_any_words_between_single_spaces(words):
+    """Words may hold no-break spaces (Multi30k's "Nummer\\u00a028"), tabs or other Unicode
+    spaces: str.split() cut them there, and decoding joined the pieces with a plain space."""
+    text = " ".join(words)
+    word = WordTokenizer.train([text])
+    assert word.decode(word.encode(text)) == text
+    assert len(word.encode(text)) == len(words)
+
+
+def test_word_tokenizer_keeps_no_break_spaces_in_multi30k(shared_data):
+    train = read_lines(shared_data / "multi30k" / "train.de")
+    lines = [line for line in train if "\u00a0" in line] + ["2\u202fFinger"]
+    assert len(lines) > 10
+    word = WordTokenizer.train(lines)
+    assert [word.decode(word.encode(line)) for line in lines] == lines
