@@ -92,20 +92,34 @@ class LogProgress:
 
     def refresh(self) -> None:
         """Each bar shows its run's own training time (``seconds`` in its last log row)."""
-        import json
-
         if self._progress is None:
             return
         for name, path in self.logs.items():
-            step, loss, seconds = 0, float("nan"), 0.0
-            if path.exists():
-                rows = [r for r in path.read_text().splitlines()[-5:] if '"loss"' in r]
-                if rows:
-                    last = json.loads(rows[-1])
-                    step, loss, seconds = last["step"], last["loss"], last.get("seconds", 0.0)
+            step, loss, seconds = _last_training_row(path)
             self._progress.update(self._tasks[name], completed=seconds, step=step, loss=loss)
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self.refresh()
             self._progress.stop()
+
+
+def _last_training_row(path) -> tuple[int, float, float]:
+    """(step, loss, seconds) of the last complete training row of a run's ``log.jsonl``.
+
+    The run appends to the log while this reads it, so the last line may be half written
+    (or the file may hold bytes cut mid-character): such rows are skipped, not an error.
+    """
+    import json
+
+    try:
+        lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")[-6:]
+    except OSError:
+        return 0, float("nan"), 0.0
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+            return int(row["step"]), float(row["loss"]), float(row.get("seconds", 0.0))
+        except (ValueError, TypeError, KeyError):
+            continue  # half written, a validation row without "loss", or not a row
+    return 0, float("nan"), 0.0

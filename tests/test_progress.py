@@ -41,3 +41,20 @@ def test_the_training_bar_goes_to_stderr_and_stdout_keeps_the_summary(tmp_path):
     assert proc.stdout.splitlines() == [proc.stdout.strip()]
     assert proc.stdout.startswith(f"trained {steps} steps")
     assert f"{steps}/{steps}" in proc.stderr and "tok/s" in proc.stderr  # the bar, once
+
+
+def test_a_half_written_last_row_is_skipped(tmp_path):
+    """The run appends to its log while the bars read it: a row caught half written ended
+    the demo with a JSONDecodeError traceback; the bar keeps the last complete row."""
+    log = tmp_path / "run.jsonl"
+    seconds = random.uniform(5, 100)
+    _write(log, [{"step": 4, "loss": 3.0, "seconds": seconds}])
+    with log.open("a") as f:
+        f.write('{"step": 5, "loss": 2.')
+    with LogProgress({"run": log}, {"run": 120.0}) as bars:
+        bars.refresh()
+        task = bars._progress.tasks[0]
+        assert task.completed == seconds and task.fields["step"] == 4
+        log.write_bytes(b'{"step": 6, "loss": 1.5, "seconds": 9.0}\n{"step": 7, "lo\xc3')
+        bars.refresh()
+        assert bars._progress.tasks[0].fields["step"] == 6
