@@ -382,8 +382,8 @@ def run_cli(args) -> int:
         recipe = load_yaml(args.config, list(args.set))
         if args.out:  # a folder name as typed, not a YAML value ("2024", "run #2")
             recipe = dataclasses.replace(recipe, out=args.out)
-        if not (args.resume or args.overwrite):
-            check_not_a_run(recipe.out_dir)
+        if not args.overwrite:
+            check_not_a_run(recipe.out_dir, resume=args.resume)
         result = train(recipe, resume=args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None

@@ -281,13 +281,21 @@ def finished(state, cfg) -> str | None:
     return None
 
 
-def check_not_a_run(out: Path) -> None:
+def check_not_a_run(out: Path, resume: bool = False) -> None:
     """Refuse to start a new run in a folder that holds one: its checkpoints and log would
-    be replaced without a word (``qkv train`` asks for ``--resume`` or ``--overwrite``)."""
+    be replaced without a word (``qkv train`` asks for ``--resume`` or ``--overwrite``).
+    A folder with a best checkpoint but no last one (deleted to save space) has nothing
+    to resume from, and a new run there would delete that best model: refused as well."""
     if (out / "last.safetensors").exists():
+        if not resume:
+            raise ConfigError(
+                f"out {out}: holds a run already (last.safetensors); --resume continues it, "
+                "--overwrite starts again and replaces its checkpoints and log"
+            )
+    elif (out / "best.safetensors").exists():
         raise ConfigError(
-            f"out {out}: holds a run already (last.safetensors); --resume continues it, "
-            "--overwrite starts again and replaces its checkpoints and log"
+            f"out {out}: holds a run's best.safetensors but no last.safetensors to resume "
+            "from; --overwrite starts again and replaces it, or give another --out"
         )
 
 

@@ -218,3 +218,33 @@ def test_a_new_run_does_not_replace_one_without_being_asked(tmp_path):
     best = tmp_path / "best.safetensors"  # gone, or this run's
     assert not best.exists() or best.read_bytes() != b"an older run's best"
     assert [r["step"] for r in logged_rows(tmp_path) if "loss" in r] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("flags", [[], ["--resume"]], ids=["new-run", "resume"])
+def test_a_best_checkpoint_without_a_last_one_is_not_deleted(tmp_path, capsys, flags):
+    """A folder that kept only best.safetensors (last.safetensors deleted to save space):
+    qkv train, with or without --resume, started a new run there and deleted that best
+    model without a word. Now one line, exit 2, and the file stays."""
+    from qkv.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path, steps=4)))
+    best = tmp_path / "best.safetensors"
+    best.write_bytes(b"the best model of a run")
+    assert main(["train", str(config), *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"qkv train: error: out {tmp_path}: holds a run's best.safetensors but no "
+        "last.safetensors to resume from; --overwrite starts again and replaces it, or give "
+        "another --out"
+    ]
+    assert best.read_bytes() == b"the best model of a run"
+    assert not (tmp_path / "last.safetensors").exists()
+
+
+def test_resume_in_an_empty_folder_starts_a_run(tmp_path):
+    from qkv.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path / "out", steps=2, eval_every=2)))
+    assert main(["train", str(config), "--resume"]) == 0
+    assert (tmp_path / "out" / "last.safetensors").exists()
