@@ -167,7 +167,10 @@ def word_list_corpus(folder: Path, setting: Setting, nouns: int = 12) -> dict[st
 def bucket_scores(
     sources: list[str], hyps: list[str], refs: list[str], buckets
 ) -> list[dict[str, float]]:
-    """BLEU and exact match of the sentences whose source length falls in each bucket."""
+    """BLEU and exact match of the sentences whose source length falls in each bucket.
+
+    A bucket that no sentence falls into scores NaN (not 0: nothing was measured there).
+    """
     from qkv.evaluate import bleu
 
     rows = []
@@ -178,7 +181,7 @@ def bucket_scores(
             "bucket": f"{lo}-{hi}",
             "sentences": len(idx),
             "bleu": bleu(h, r).score if idx else float("nan"),
-            "exact_match": sum(a == b for a, b in zip(h, r)) / max(len(idx), 1),
+            "exact_match": sum(a == b for a, b in zip(h, r)) / len(idx) if idx else float("nan"),
         })  # fmt: skip
     return rows
 

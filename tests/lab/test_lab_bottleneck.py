@@ -34,6 +34,16 @@ def test_bucket_scores_split_by_source_length():
     assert rows[0]["exact_match"] == 1.0 and rows[1]["exact_match"] == 0.0
 
 
+def test_an_empty_bucket_scores_nan_not_zero():
+    """No sentence of 5-9 words: its exact match was 0.0, as if all had failed (BLEU was
+    already NaN), and the figure drew it as a drop to 0 %."""
+    import math
+
+    rows = bucket_scores(["a b", "a b c"], ["x y", "z"], ["x y", "z"], ((1, 3), (5, 9)))
+    assert rows[0]["exact_match"] == 1.0 and rows[1]["sentences"] == 0
+    assert math.isnan(rows[1]["bleu"]) and math.isnan(rows[1]["exact_match"])
+
+
 def test_quick_run_leaves_multi30k_out(result):
     assert "skipped" in result["results"]["multi30k"]
     assert result["figures"] == ["bleu-vs-length.png"]
