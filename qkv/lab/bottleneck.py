@@ -271,13 +271,25 @@ def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
     data = {"kind": "files", "train": files["train"], "valid": files["val"],
             "test": files[m.test], "max_tokens": 100, "max_ratio": 3.0}  # fmt: skip
     optim = _optim(m.steps, m.max_tokens, m.lr, m.max_seconds, m.seed)
-    test = [Path(f).read_text(encoding="utf-8").splitlines() for f in files[m.test]]
+    test = _test_split(*files[m.test])
     results = _train_all(models, data, out / "models-multi30k", optim, test, m.buckets,
                          tokenizer=tokenizer)  # fmt: skip
     figure = _figure(results, m.buckets, "Multi30k German→English",
                      out / "bleu-vs-length-multi30k.png", em=False)  # fmt: skip
     return {"models": results, "figure": figure, "model_sections": models, "vocab": vocab,
             "optim": optim, "data": data, "tokenizer": tokenizer}  # fmt: skip
+
+
+def _test_split(src: str, ref: str) -> tuple[list[str], list[str]]:
+    """Sources and references of a held-out split, read as ``qkv evaluate`` reads them.
+
+    Lines end at LF only (``str.splitlines`` also splits at U+2028 or U+0085, which would
+    pair sources with the wrong references), and the two files must have as many lines.
+    """
+    from qkv.data.corpus import read_parallel
+
+    pairs = read_parallel(src, ref, max_len=None, max_ratio=None)
+    return pairs.src, pairs.tgt
 
 
 def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict]:

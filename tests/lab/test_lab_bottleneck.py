@@ -54,3 +54,37 @@ def test_missing_multi30k_is_skipped_with_a_reason(tmp_path):
     part = multi30k_part(tmp_path / "out", setting)
     assert "models" not in part
     assert "absent" in part["skipped"] and "not run" in part["skipped"]
+
+
+def _tiny_multi30k(folder, test_de, test_en):
+    folder.mkdir()
+    for split in ("train", "val"):
+        (folder / f"{split}.de").write_text("ein Hund\nzwei Katzen\n", encoding="utf-8")
+        (folder / f"{split}.en").write_text("a dog\ntwo cats\n", encoding="utf-8")
+    (folder / "test_2016_flickr.de").write_text(test_de, encoding="utf-8")
+    (folder / "test_2016_flickr.en").write_text(test_en, encoding="utf-8")
+
+
+def test_multi30k_test_lines_end_at_line_feeds_only(tmp_path, monkeypatch):
+    """The test split was read with str.splitlines: a U+2028 inside a German sentence made
+    two sources of it, and every later source was scored against the previous reference."""
+    from qkv.data.corpus import CorpusError
+    from qkv.lab import bottleneck
+
+    seen = {}
+
+    def stop(models, data, out, optim, test, buckets, **kw):
+        seen["test"] = test
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bottleneck, "_train_all", stop)
+    folder = tmp_path / "m30k"
+    _tiny_multi30k(folder, "ein\u2028Hund\nzwei Katzen\n", "a dog\ntwo cats\n")
+    setting = dataclasses.replace(FULL.multi30k, folder=str(folder), vocab_size=40,
+                                  models=("rnn-none",))  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        multi30k_part(tmp_path / "out", setting)
+    assert seen["test"] == (["ein\u2028Hund", "zwei Katzen"], ["a dog", "two cats"])
+    (folder / "test_2016_flickr.en").write_text("a dog\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"line counts differ: .*test_2016_flickr\.de has 2"):
+        multi30k_part(tmp_path / "out", setting)
