@@ -67,6 +67,7 @@ def table(run: LabRun) -> Table:
 def run_cli(args) -> int:
     """``qkv lab NAME [--quick] [--out DIR]``."""
     from qkv.cli import UserError
+    from qkv.data.corpus import CorpusError
 
     name = args.name.replace("_", "-")
     if name not in EXPERIMENTS:
@@ -74,7 +75,7 @@ def run_cli(args) -> int:
     out = Path(args.out) if args.out else Path("runs/lab") / name
     try:
         run = run_experiment(name, out, quick=args.quick)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CorpusError) as err:  # a corpus missing or unusable
         raise UserError(str(err)) from None
     print_table(table(run))
     if run.verdict:

@@ -75,3 +75,18 @@ def test_corpora_come_from_the_download_cache_without_a_shared_folder(monkeypatc
     shared.mkdir(parents=True)
     (shared / "kor.txt").write_text("Hi.\t안녕.\n")
     assert common.corpus_folder("tatoeba-ko-en", "kor.txt") == shared  # the shared copy first
+
+
+def test_an_unusable_corpus_exits_2_with_one_line(monkeypatch, capsys):
+    """A corpus the lab reads that is not usable (test files of unequal line counts, bytes
+    that are not UTF-8) ended in a CorpusError traceback, exit 1."""
+    import qkv.lab
+    from qkv.data.corpus import CorpusError
+
+    def broken(name, out, *, quick):
+        raise CorpusError("line counts differ: t.de has 2 lines, t.en has 1")
+
+    monkeypatch.setattr(qkv.lab, "run_experiment", broken)
+    assert main(["lab", "bottleneck"]) == 2
+    err = capsys.readouterr().err
+    assert err == "qkv lab: error: line counts differ: t.de has 2 lines, t.en has 1\n"
