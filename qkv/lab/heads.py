@@ -58,7 +58,9 @@ def load_sentences(setting: Setting) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is absent: the heads experiment needs Multi30k English "
                                 f"sentences: run 'qkv data download {corpus}'")  # fmt: skip
-    lines = [s.strip() for s in path.read_text(encoding="utf-8").splitlines() if s.strip()]
+    from qkv.data.corpus import read_lines  # file and line in the error, LF-only lines
+
+    lines = [s.strip() for s in read_lines(path) if s.strip()]
     return lines[: setting.sentences]
 
 

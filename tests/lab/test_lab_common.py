@@ -90,3 +90,17 @@ def test_an_unusable_corpus_exits_2_with_one_line(monkeypatch, capsys):
     assert main(["lab", "bottleneck"]) == 2
     err = capsys.readouterr().err
     assert err == "qkv lab: error: line counts differ: t.de has 2 lines, t.en has 1\n"
+
+
+def test_heads_names_the_line_of_a_corpus_that_is_not_utf8(monkeypatch, tmp_path):
+    """A Multi30k file with a byte that is not UTF-8 was a UnicodeDecodeError traceback
+    (no file, no line); now the CorpusError that qkv lab turns into one line, exit 2."""
+    from qkv.data.corpus import CorpusError
+    from qkv.lab import common, heads
+
+    shared = tmp_path / "shared"
+    (shared / "multi30k").mkdir(parents=True)
+    (shared / "multi30k" / "val.en").write_bytes(b"A dog.\nTwo c\xe4ts.\n")
+    monkeypatch.setattr(common, "shared_data", lambda: shared)
+    with pytest.raises(CorpusError, match=r"val\.en: line 2, byte 6: not valid UTF-8"):
+        heads.load_sentences(heads.Setting(sentences=2, ablation_sentences=1))
