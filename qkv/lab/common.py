@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import platform
 import random
 import sys
@@ -37,6 +38,7 @@ __all__ = [
     "shared_data",
     "versions",
     "write_result",
+    "write_text_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -148,8 +150,31 @@ def write_result(out: Path, run: LabRun, seconds: float) -> Path:
         "results": run.results,
     }
     path = out / "result.json"
-    path.write_text(json.dumps(_clean(doc), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(_clean(doc), indent=2, ensure_ascii=False) + "\n")
     log.info("wrote %s", path)
+    return path
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` that replaces it when the block ends without error.
+
+    An interrupted write (Ctrl-C, a full disk) leaves the previous file whole and no
+    temporary file behind; a reader never sees half a file.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` as UTF-8 (whatever the locale), atomically."""
+    path = Path(path)
+    with _replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return path
 
 
@@ -177,9 +202,10 @@ def new_figure(width: float = 6.4, height: float = 4.8, **kwargs: Any):
 
 
 def save_figure(fig, path: Path) -> str:
-    """Save ``fig`` as PNG at ``path``; return the path as a string."""
+    """Save ``fig`` as PNG at ``path`` (atomically); return the path as a string."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    with _replacing(path) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
     log.info("wrote %s", path)
     return str(path)
 

@@ -104,3 +104,39 @@ def test_heads_names_the_line_of_a_corpus_that_is_not_utf8(monkeypatch, tmp_path
     monkeypatch.setattr(common, "shared_data", lambda: shared)
     with pytest.raises(CorpusError, match=r"val\.en: line 2, byte 6: not valid UTF-8"):
         heads.load_sentences(heads.Setting(sentences=2, ablation_sentences=1))
+
+
+def test_an_interrupted_write_leaves_the_previous_result_and_figure_whole(tmp_path, monkeypatch):
+    """result.json and the figures were written in place: Ctrl-C (or a full disk) in the
+    middle left a truncated result.json or PNG where the previous run's had been."""
+    from pathlib import Path
+
+    from qkv.lab.common import new_figure, save_figure
+
+    run = LabRun("gradients", True, {"a": 1}, [0], {"x": 2.5})
+    write_result(tmp_path, run, 1.0)
+    before = (tmp_path / "result.json").read_text()
+    fig = new_figure(2, 2)
+    fig.subplots().plot([0, 1], [1, 0])
+    figure = Path(save_figure(fig, tmp_path / "f.png"))
+    png = figure.read_bytes()
+
+    def half_then_interrupt(self, data, *args, **kwargs):
+        with open(self, "w", encoding="utf-8") as f:
+            f.write(data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_result(tmp_path, LabRun("gradients", True, {"a": 1}, [0], {"x": 9.0}), 1.0)
+
+    def savefig_then_interrupt(self, target, **kwargs):
+        Path(target).write_bytes(png[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(fig), "savefig", savefig_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_figure(fig, figure)
+    assert (tmp_path / "result.json").read_text() == before
+    assert figure.read_bytes() == png
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "result.json"]
