@@ -28,11 +28,13 @@ def find_root() -> Path:
 def update_markdown(root: Path, results_dir: Path) -> Path:
     """Replace the measured part of BENCHMARKS.md (below MARK) with the JSON results."""
     from benchmarks.common import render_markdown
+    from qkv.lab.common import write_text_atomic
 
     path = root / "BENCHMARKS.md"
-    head = path.read_text().split(MARK)[0] if path.exists() else "# Benchmarks\n\n"
-    path.write_text(head.rstrip() + "\n\n" + MARK + "\n\n" + render_markdown(results_dir))
-    return path
+    # UTF-8 whatever the locale: the file holds "×", "≤" and "✓"
+    head = path.read_text(encoding="utf-8").split(MARK)[0] if path.exists() else "# Benchmarks\n\n"
+    text = head.rstrip() + "\n\n" + MARK + "\n\n" + render_markdown(results_dir)
+    return write_text_atomic(path, text)  # Ctrl-C never leaves half the hand-written text
 
 
 def run_cli(args) -> int:

@@ -212,3 +212,26 @@ def test_threads_below_one_exit_2_with_one_line(threads, capsys):
     assert main(["bench", "masks", "--quick", "--threads", threads]) == 2
     err = capsys.readouterr().err
     assert err == f"qkv bench: error: --threads {threads}: expected a positive number of threads\n"
+
+
+def test_benchmarks_md_is_utf8_whatever_the_locale(tmp_path):
+    """BENCHMARKS.md holds "×" and "≤": under an ASCII locale (LC_ALL=C without UTF-8 mode)
+    update_markdown ended in a UnicodeDecodeError traceback, and a file it had written
+    under a Latin-1 locale would not have been UTF-8."""
+    import os
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    common.write(results, "alpha", [common.result("case one", 2.0, "peer A", 4.0,
+                                                  target="≤ 1.0×", met=True)])  # fmt: skip
+    (tmp_path / "BENCHMARKS.md").write_text("# Bench ×\n\n" + MARK + "\nold", encoding="utf-8")
+    env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    code = "import sys; from qkv.bench import update_markdown as u; u(*map(Path, sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", "from pathlib import Path; " + code, str(tmp_path), str(results)],
+        env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert text.startswith("# Bench ×") and "| ≤ 1.0× ✓ |" in text
