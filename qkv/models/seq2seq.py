@@ -78,12 +78,15 @@ class Seq2Seq(Protocol):
 
 
 def check_target(tgt_in: Tensor, src: Tensor, vocab_size: int) -> None:
-    """Raise ``ValueError`` unless ``tgt_in`` is ``(B, T)`` ids, ``T >= 1``, B as ``src``'s."""
+    """Raise ``ValueError`` unless ``tgt_in`` is ``(B, T)`` ids, ``T >= 1``, B as ``src``'s
+    (a ``src`` that is not ``(B, S)`` ids is named first: ``tgt_in``'s message quotes it)."""
+    _check_ids(src, "src", "(B, S)")
     if tgt_in.ndim != 2 or tgt_in.shape[1] == 0 or tgt_in.shape[0] != src.shape[0]:
         raise ValueError(
             f"tgt_in must be (B, T) token ids with T >= 1 and the B of src "
             f"{tuple(src.shape)}, got {tuple(tgt_in.shape)}"
         )
+    _check_ids(tgt_in, "tgt_in", "(B, T)")
     check_token_ids(tgt_in, vocab_size, "target token id")
 
 
@@ -95,8 +98,7 @@ def source_mask(
     Raises ``ValueError`` for a mask of the wrong shape or dtype, a sentence with no
     real token, or (given ``vocab_size``) an id outside the vocabulary.
     """
-    if src.ndim != 2:
-        raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
+    _check_ids(src, "src", "(B, S)")
     if vocab_size is not None:
         check_token_ids(src, vocab_size, "source token id")
     mask = src != pad_id if src_mask is None else src_mask
@@ -106,3 +108,11 @@ def source_mask(
     if not bool(mask.any(-1).all()):
         raise ValueError("every source sentence needs at least one real (non-pad) token")
     return mask
+
+
+def _check_ids(ids: Tensor, name: str, shape: str) -> None:
+    """``ids`` is a 2-d tensor of integer ids (a float tensor failed inside the embedding)."""
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be {shape} token ids, got shape {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer token ids (torch.long), got {ids.dtype}")
