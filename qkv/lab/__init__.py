@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def run_cli(args) -> int:
         run = run_experiment(name, out, quick=args.quick)
     except (FileNotFoundError, CorpusError) as err:  # a corpus missing or unusable
         raise UserError(str(err)) from None
+    if hasattr(sys.stdout, "reconfigure"):  # "→", "ρ", Hangul: UTF-8 whatever the locale
+        sys.stdout.reconfigure(encoding="utf-8")
     print_table(table(run))
     if run.verdict:
         print(run.verdict)

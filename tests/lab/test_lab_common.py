@@ -140,3 +140,25 @@ def test_an_interrupted_write_leaves_the_previous_result_and_figure_whole(tmp_pa
     assert (tmp_path / "result.json").read_text() == before
     assert figure.read_bytes() == png
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "result.json"]
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_the_table_prints_whatever_the_locale(monkeypatch, encoding):
+    """Under an ASCII or Latin-1 stdout the table's "de→en" ended in a UnicodeEncodeError
+    traceback (exit 1) after the experiment had run; the output is now UTF-8."""
+    import io
+    import sys
+
+    import qkv.lab
+
+    toy = {"rnn-none": {"buckets": [{"bucket": "2-5", "bleu": 9.5}], "parameters": 1e6,
+                        "steps": 3, "bleu_all": 9.5, "relative_drop": 0.25}}  # fmt: skip
+    run = LabRun("bottleneck", True, {}, [0], {"toy": toy, "multi30k": {"skipped": "quick"}},
+                 verdict="고양이 de→en")  # fmt: skip
+    monkeypatch.setattr(qkv.lab, "run_experiment", lambda name, out, *, quick: run)
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["lab", "bottleneck", "--quick"]) == 0
+    stdout.flush()
+    text = stdout.buffer.getvalue().decode("utf-8")
+    assert "Multi30k de→en: skipped" in text and "고양이 de→en\n" in text
