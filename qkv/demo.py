@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,7 +226,9 @@ def run_demo(out: Path, *, quick: bool = False, progress: bool = True) -> dict:
         "translations": pictures,
         "test_sentences": len(test),
     }
-    (out / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    from qkv.lab.common import write_text_atomic  # UTF-8 whatever the locale
+
+    write_text_atomic(out / "results.json", json.dumps(summary, indent=2, ensure_ascii=False))
     return summary
 
 
@@ -266,5 +269,7 @@ def run_cli(args) -> int:
     """``qkv demo [--out DIR] [--quick]``."""
     out = Path(args.out)
     summary = run_demo(out, quick=args.quick)
+    if hasattr(sys.stdout, "reconfigure"):  # Hangul: UTF-8 whatever the locale
+        sys.stdout.reconfigure(encoding="utf-8")
     _report(out, summary)
     return 0
