@@ -9,6 +9,7 @@ sacreBLEU signature. The commands ``qkv translate`` and ``qkv evaluate`` are in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -126,6 +127,7 @@ def translate_texts(
     n_best: int = 1,
     batch_size: int = 64,
     length_penalty: float = 0.6,
+    progress: Callable[[int], None] | None = None,
 ) -> list[list[Translation]]:
     """Translate ``texts`` with greedy (``beam=1``) or beam search, in length-sorted batches.
 
@@ -135,7 +137,8 @@ def translate_texts(
     model reads (``config.max_source_len``, e.g. the Transformer's ``max_len`` positions) is
     cut to that many tokens, with a warning logged.
     When fewer than ``n_best`` translations exist (a blank text has only one), the list is
-    filled up with empty translations of score ``-inf``.
+    filled up with empty translations of score ``-inf``. ``progress``, if given, is called
+    after each batch with the number of texts translated so far (blank ones included).
 
     Returns:
         For each input text, ``n_best`` translations, best first.
@@ -184,6 +187,8 @@ def translate_texts(
                 )
                 for h in nbest
             ]
+        if progress is not None:
+            progress(len(texts) - len(order) + start + len(chunk))
     filler = Translation("", [], float("-inf"), None, eos=False)
     return [r + [filler] * (n_best - len(r)) for r in results]
 

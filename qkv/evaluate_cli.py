@@ -124,8 +124,10 @@ def _search(model, src_tok, tgt_tok, lines: list[str], args) -> list:
     hint = "use a smaller --beam" + " or --batch-size" * hasattr(args, "batch_size")
     _check_search_memory(model, args.beam * at_once, f"{sizes}: the scores alone", hint)
     try:
-        return translate_texts(model, src_tok, tgt_tok, lines, beam=args.beam,
-                               n_best=n_best, batch_size=batch_size)  # fmt: skip
+        with _SentenceBar(len(lines)) as bar:
+            return translate_texts(model, src_tok, tgt_tok, lines, beam=args.beam,
+                                   n_best=n_best, batch_size=batch_size,
+                                   progress=bar.update)  # fmt: skip
     except RuntimeError as err:  # torch.OutOfMemoryError too
         if not _out_of_memory(err):
             raise
@@ -142,6 +144,36 @@ def _check_search_memory(model, rows: int, what: str, hint: str) -> None:
     if free is not None and need > free:
         raise UserError(f"{what} need {need / 2**30:,.1f} GiB, more than the "
                         f"{free / 2**30:,.1f} GiB free; {hint}")  # fmt: skip
+
+
+class _SentenceBar:
+    """A progress bar of sentences translated, with rate and ETA, on stderr when stderr is
+    a terminal (a log file of stderr gets no bar; stdout holds only the results)."""
+
+    def __init__(self, total: int):
+        self.total, self._progress = total, None
+
+    def __enter__(self) -> _SentenceBar:
+        if sys.stderr is not None and sys.stderr.isatty() and self.total:
+            import rich.progress as rp
+            from rich.console import Console
+
+            self._progress = rp.Progress(
+                rp.TextColumn("[bold]translate"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                rp.TextColumn("sentences"), rp.TimeElapsedColumn(), rp.TextColumn("ETA"),
+                rp.TimeRemainingColumn(), console=Console(stderr=True),
+            )  # fmt: skip
+            self._progress.start()
+            self._task = self._progress.add_task("translate", total=self.total)
+        return self
+
+    def update(self, done: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 _BATCH = 64  # sentences per batch of ``qkv evaluate`` (it has no --batch-size)
