@@ -183,8 +183,12 @@ def test_beam_search_matches_transformers(ours, peer, beams, options):
 
 def test_beam_search_without_end_tokens(ours, peer):
     ids = torch.randint(0, VOCAB, (2, 9))
+    ids[0, 4] = 0  # a real token 0: transformers must not take it for padding (pad_token_id)
     with torch.no_grad():
-        ref = peer.generate(ids, max_new_tokens=12, num_beams=3, do_sample=False, pad_token_id=0)
+        ref = peer.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, num_beams=3,
+            do_sample=False, pad_token_id=0,
+        )  # fmt: skip
     assert torch.equal(ours.generate(ids, 12, num_beams=3), ref)
     with pytest.raises(ValueError, match="num_return_sequences"):
         ours.generate(ids, 5, num_beams=2, num_return_sequences=3)
