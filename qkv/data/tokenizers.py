@@ -17,6 +17,7 @@ following token, so the decoder can put them back.
 from __future__ import annotations
 
 import json
+import operator
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -50,8 +51,34 @@ class Tokenizer:
         raise NotImplementedError
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids``; pad, ``<s>`` and ``</s>`` are dropped."""
+        """Text of ``ids`` (ints, or a 1-D integer tensor); pad, ``<s>`` and ``</s>`` are dropped.
+
+        Raises:
+            ValueError: an id outside the vocabulary.
+            TypeError: an id that is not an integer (a 2-D tensor: decode one row at a time).
+        """
         raise NotImplementedError
+
+    def _checked_ids(self, ids: Iterable[int]) -> list[int]:
+        """``ids`` as Python ints, checked, without pad, ``<s>`` and ``</s>``.
+
+        A tensor's elements are 0-d tensors, which hash by identity: ``tensor(0) in {0}`` is
+        False, so without the conversion "<pad>" and "<s>" were decoded as text.
+        """
+        size, kept = self.vocab_size, []
+        for item in ids:
+            try:
+                index = operator.index(item)
+            except TypeError:
+                raise TypeError(
+                    f"decode takes a sequence of integer ids, not of {type(item).__name__} "
+                    "(decode a batch one row at a time)"
+                ) from None
+            if not 0 <= index < size:
+                raise ValueError(f"id {index} is outside the vocabulary (0..{size - 1})")
+            if index not in (PAD_ID, BOS_ID, EOS_ID):
+                kept.append(index)
+        return kept
 
     def id_to_token(self, index: int) -> str:
         """The token string of one id (for showing attention over tokens)."""
@@ -135,8 +162,7 @@ class _VocabTokenizer(Tokenizer):
         return [self._text_ids.get(p, UNK_ID) for p in pieces]
 
     def _pieces(self, ids: Iterable[int]) -> list[str]:
-        skip = {PAD_ID, BOS_ID, EOS_ID}
-        return [self.itos[i] for i in ids if i not in skip]
+        return [self.itos[i] for i in self._checked_ids(ids)]
 
     def _payload(self) -> dict[str, Any]:
         return {"vocab": self.itos}
@@ -252,8 +278,7 @@ class BPETokenizer(Tokenizer):
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        keep = [i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)]
-        return self.hf.decode(keep, skip_special_tokens=False)
+        return self.hf.decode(self._checked_ids(ids), skip_special_tokens=False)
 
     def id_to_token(self, index: int) -> str:
         return self.hf.id_to_token(index)

@@ -189,3 +189,22 @@ def test_word_tokenizer_keeps_no_break_spaces_in_multi30k(shared_data):
     assert len(lines) > 10
     word = WordTokenizer.train(lines)
     assert [word.decode(word.encode(line)) for line in lines] == lines
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char", "word"])
+def test_decode_takes_a_tensor_row_and_refuses_ids_outside_the_vocabulary(kind):
+    """decode(batch.tgt_out[0]) wrote "<s>", "</s>" and "<pad>" as text (char, word): a
+    tensor's elements hash by identity, so they were never found among the special ids.
+    An id past the vocabulary was an IndexError (char, word) or silently nothing (BPE), and
+    -1 silently the last token."""
+    import torch
+
+    src, _ = train_tokenizers(kind, [p.en for p in TOY], [p.en for p in TOY], vocab_size=300)
+    ids = src.encode(TOY[1].en)
+    row = torch.tensor([src.bos_id, *ids, src.eos_id, src.pad_id, src.pad_id])
+    assert src.decode(row) == src.decode(row.numpy()) == TOY[1].en
+    for bad in (src.vocab_size, -1):
+        with pytest.raises(ValueError, match=rf"id {bad} is outside the vocabulary \(0\.\."):
+            src.decode([*ids, bad])
+    with pytest.raises(TypeError, match="one row at a time"):
+        src.decode(row[None].expand(2, -1))
