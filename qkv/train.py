@@ -73,6 +73,7 @@ class _State:
     epoch: int = 0
     batch_in_epoch: int = 0
     best_bleu: float = -1.0
+    best_loss: float = float("inf")  # what picks the best without BLEU (valid_bleu_sentences 0)
     best_step: int = 0
     bad_evals: int = 0
     valid_loss: float = float("nan")
@@ -212,12 +213,8 @@ class _Loop:
 
     def __init__(self, recipe, data, model, wrapped, optimizer, schedule, state, dist):
         self.recipe, self.cfg, self.data = recipe, recipe.train, data
-        self.model, self.wrapped, self.optimizer, self.schedule = (
-            model,
-            wrapped,
-            optimizer,
-            schedule,
-        )
+        self.model, self.wrapped = model, wrapped
+        self.optimizer, self.schedule = optimizer, schedule
         self.state, self.dist, self.out = state, dist, recipe.out_dir
         self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
         self.tokens_seen, self.started = 0, time.perf_counter()
@@ -313,9 +310,13 @@ class _Loop:
         st = self.state
         if self.dist.is_main:
             st.valid_loss, score = validate(self.model, self.data, self.recipe, self.dist.device)
-            improved = score > st.best_bleu
-            if improved:
-                st.best_bleu, st.best_step, st.bad_evals = score, st.step, 0
+            if (  # no BLEU sentences: every score is 0, and the lower loss is the better
+                st.valid_loss < st.best_loss
+                if self.cfg.valid_bleu_sentences == 0
+                else score > st.best_bleu
+            ):
+                st.best_bleu, st.best_loss, st.best_step, st.bad_evals = (
+                    score, st.valid_loss, st.step, 0)  # fmt: skip
                 self.save("best.safetensors")
             else:
                 st.bad_evals += 1
@@ -347,8 +348,6 @@ class _Loop:
         )
 
     def recipe_dict(self) -> dict:
-        import dataclasses
-
         return json.loads(json.dumps(dataclasses.asdict(self.recipe), default=list))
 
     def log(self, row: dict) -> None:

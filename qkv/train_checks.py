@@ -166,6 +166,7 @@ LOOP_STATE = {
     "best_step": int,
     "bad_evals": int,
     "best_bleu": float,
+    "best_loss": float,
     "valid_loss": float,
     "seconds": float,
 }
@@ -271,8 +272,9 @@ def finished(state, cfg) -> str | None:
         return (f"is already at step {state.step} and train.steps is {cfg.steps}; raise "
                 f"train.steps (--set train.steps=N) to train further")  # fmt: skip
     if cfg.patience > 0 and state.bad_evals >= cfg.patience:
+        better = "validation loss" if cfg.valid_bleu_sentences == 0 else "BLEU"
         return (f"stopped early at step {state.step}: {state.bad_evals} evaluations without a "
-                f"better BLEU and train.patience is {cfg.patience}; raise train.patience "
+                f"better {better} and train.patience is {cfg.patience}; raise train.patience "
                 f"to train further")  # fmt: skip
     if cfg.max_seconds > 0 and state.seconds >= cfg.max_seconds:
         return (f"has trained {state.seconds:.0f} s, its train.max_seconds of "
