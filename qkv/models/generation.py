@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DecodingRules", "adjust_logits", "decode", "sample_next"]
+__all__ = ["DecodingRules", "adjust_logits", "decode", "filter_logits", "sample_next"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,28 @@ def _repeating(ids: Tensor, n: int, vocab: int) -> Tensor:
     return hits.scatter_add_(1, grams[:, :, -1], same.float()) > 0
 
 
+def filter_logits(
+    logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
+    """The float32 logits ``(B, V)`` that sampling draws from: scaled, then filtered.
+
+    Divides by ``temperature``, then sets to ``-inf`` all but the ``top_k`` largest and
+    then the tokens outside the smallest set whose probability reaches ``top_p`` (the most
+    likely token is always kept; ``top_p = 1`` keeps every token). The operations are
+    transformers' own, in its order, so that the same tokens survive to the last bit.
+    """
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        rising, order = logits.sort(dim=-1)  # least likely first
+        below = rising.softmax(-1).cumsum(-1) <= 1 - top_p  # (B, V): the unlikely tail
+        below[:, -1] = False  # the most likely token stays
+        logits = logits.masked_fill(below.scatter(-1, order, below), float("-inf"))
+    return logits
+
+
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -132,25 +154,15 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Pick one token per row of ``logits`` ``(B, V)``: argmax, or a filtered sample.
+    """Pick one token per row of ``logits`` ``(B, V)``: argmax, or a sample from
+    :func:`filter_logits`.
 
     Returns:
         ``(B,)`` token ids.
     """
     if temperature <= 0.0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability mass of the more likely tokens
-        drop_sorted = before >= top_p  # the most likely token is always kept
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(-1)
+    probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

@@ -15,6 +15,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
 from qkv.models import GPT, GPTConfig, sample_next  # noqa: E402
+from qkv.models.generation import filter_logits  # noqa: E402
 from qkv.models.hf import load_state_dict  # noqa: E402
 
 VOCAB = 1000
@@ -273,6 +274,20 @@ def test_sampling_several_sequences_per_prompt_matches_transformers(ours, peer, 
     assert not torch.equal(out[0::3], out[1::3])  # independent samples of each prompt
     with pytest.raises(ValueError, match="greedy decoding gives one continuation"):
         ours.generate(ids, 5, num_return_sequences=2)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.99, 0.999, 1.0])
+def test_sampling_filters_keep_the_tokens_transformers_keeps(top_p):
+    warpers = transformers.generation.logits_process
+    logits = torch.randn(16, 50257) * 3  # GPT-2's vocabulary: long tails of tiny probabilities
+    for temperature, top_k in [(1.0, None), (0.7, 2000)]:
+        chain = [warpers.TemperatureLogitsWarper(temperature)]
+        chain += [warpers.TopKLogitsWarper(top_k)] if top_k else []
+        chain += [warpers.TopPLogitsWarper(top_p)] if top_p < 1.0 else []  # as generate does
+        want = warpers.LogitsProcessorList(chain)(None, logits.clone())
+        got = filter_logits(logits, temperature, top_k, top_p)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+        assert torch.equal(got[torch.isfinite(got)], want[torch.isfinite(want)])
 
 
 def test_sample_next_respects_top_k_and_top_p():
