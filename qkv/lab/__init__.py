@@ -74,8 +74,11 @@ def run_cli(args) -> int:
     if name not in EXPERIMENTS:
         raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(EXPERIMENTS)}")
     out = Path(args.out) if args.out else Path("runs/lab") / name
+    from qkv.lab.training import progress_bars
+
     try:
-        run = run_experiment(name, out, quick=args.quick)
+        with progress_bars():  # a bar per trained model: the full runs train for minutes
+            run = run_experiment(name, out, quick=args.quick)
     except (FileNotFoundError, CorpusError) as err:  # a corpus missing or unusable
         raise UserError(str(err)) from None
     if hasattr(sys.stdout, "reconfigure"):  # "→", "ρ", Hangul: UTF-8 whatever the locale

@@ -7,8 +7,10 @@ Model widths are chosen so that every model has about the same number of paramet
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ __all__ = [
     "Trained",
     "count_parameters",
     "match_width",
+    "progress_bars",
     "train_model",
     "vocab_sizes",
     "write_toy_corpus",
@@ -30,6 +33,43 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
+_SHOW = {"bars": False}  # qkv lab turns the training bars on; library calls stay quiet
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool = True) -> Iterator[None]:
+    """Inside this block :func:`train_model` shows a progress bar (on stderr) per model."""
+    before = _SHOW["bars"]
+    _SHOW["bars"] = enabled
+    try:
+        yield
+    finally:
+        _SHOW["bars"] = before
+
+
+@contextlib.contextmanager
+def _training_bar(name: str, out_dir: Path, max_seconds: float) -> Iterator[None]:
+    """A bar that follows the run's ``log.jsonl`` (step, loss, seconds of its time budget)
+    from a second thread while the block trains; nothing unless :func:`progress_bars`."""
+    if not _SHOW["bars"]:
+        yield
+        return
+    from qkv.progress import LogProgress
+
+    stop = threading.Event()
+    with LogProgress({name: out_dir / "log.jsonl"}, {name: max_seconds}) as bars:
+
+        def follow() -> None:
+            while not stop.wait(0.5):
+                bars.refresh()
+
+        thread = threading.Thread(target=follow, name=f"bar-{name}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def write_toy_corpus(
@@ -170,7 +210,8 @@ def train_model(
         }  # fmt: skip
     )
     log.info("training %s", name)
-    result = train(recipe, progress=False)
+    with _training_bar(name, recipe.out_dir, recipe.train.max_seconds):
+        result = train(recipe, progress=False)
     ckpt = load_checkpoint(recipe.out_dir / "last.safetensors")
     ckpt.model.eval()
     n = sum(p.numel() for p in ckpt.model.parameters())
