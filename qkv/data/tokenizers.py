@@ -226,6 +226,26 @@ def _hf() -> Any:
     return tokenizers
 
 
+def _without_special_merges(hf_tokenizer: Any) -> Any:
+    """``hf_tokenizer`` without the merges whose result is a special token's string.
+
+    Trained on text that holds "<s>" or "<pad>" (markup, corpora that write "<unk>"), BPE
+    learns merges such as ("<", "s>") whose result is looked up in the vocabulary, where
+    "<s>" is id 2: "b<s>" then encoded to [▁, b, <s>=BOS] and "d</s>x" carried an EOS, as
+    a "<pad>" word once did for the word tokenizer. Without those merges such text stays
+    text (pieces "<", "s>"), and decodes back to itself.
+    """
+    data = json.loads(hf_tokenizer.to_str())
+    model = data.get("model") or {}
+    merges = model.get("merges") or []
+    pieces = [m if isinstance(m, list) else m.split(" ", 1) for m in merges]
+    kept = [m for m, p in zip(merges, pieces) if "".join(p) not in SPECIAL_TOKENS]
+    if len(kept) == len(merges):
+        return hf_tokenizer
+    model["merges"] = kept
+    return _hf().Tokenizer.from_str(json.dumps(data))
+
+
 class BPETokenizer(Tokenizer):
     """Byte-pair encoding (Sennrich et al., 2016) trained with Hugging Face ``tokenizers``."""
 
@@ -235,6 +255,7 @@ class BPETokenizer(Tokenizer):
         for index, token in enumerate(SPECIAL_TOKENS):
             if hf_tokenizer.token_to_id(token) != index:
                 raise ValueError(f"BPE vocabulary must have {token} at id {index}")
+        hf_tokenizer = _without_special_merges(hf_tokenizer)
         if hasattr(hf_tokenizer, "encode_special_tokens"):
             hf_tokenizer.encode_special_tokens = True  # "<s>" in text is text, not an id
         self.hf = hf_tokenizer

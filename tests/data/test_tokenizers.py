@@ -208,3 +208,24 @@ def test_decode_takes_a_tensor_row_and_refuses_ids_outside_the_vocabulary(kind):
             src.decode([*ids, bad])
     with pytest.raises(TypeError, match="one row at a time"):
         src.decode(row[None].expand(2, -1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_bpe_trained_on_special_token_strings_keeps_them_text(data):
+    """Trained on text holding "<s>" or "<pad>" (markup, corpora that write "<unk>"), BPE
+    learned merges such as ("<", "s>") whose result is the special token's string, so
+    "b<s>" encoded to [▁, b, <s>]: a BOS inside the sentence (EOS for "</s>", a pad that
+    breaks the source mask for "<pad>"), and decoding dropped it ("b")."""
+    part = st.sampled_from(["a", "b", "c", *SPECIAL_TOKENS])
+    word = st.lists(part, min_size=1, max_size=4).map("".join)
+    texts = data.draw(st.lists(st.lists(word, min_size=1, max_size=4).map(" ".join),
+                               min_size=1, max_size=6))  # fmt: skip
+    alphabet = "a b c < > / s p d u n k"  # every character seen, spaced: never merged
+    bpe = BPETokenizer.train([alphabet] + texts * 30, vocab_size=200, min_frequency=1)
+    probe = data.draw(st.lists(word, min_size=1, max_size=5).map(" ".join))
+    for text in [*texts, probe, "b<s>", "c</s>a <pad>"]:
+        ids = bpe.encode(text)
+        assert min(ids) >= len(SPECIAL_TOKENS) and bpe.decode(ids) == text
+    restored = tokenizer_from_json(bpe.to_json())
+    assert restored.encode(probe) == bpe.encode(probe)
