@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import random
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -142,7 +143,9 @@ def write_result(out: Path, run: LabRun, seconds: float) -> Path:
         "verdict": run.verdict,
         "seconds": round(seconds, 2),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": f"qkv lab {run.name}{' --quick' if run.quick else ''} --out {out}",
+        "command": shlex.join(
+            ["qkv", "lab", run.name, *["--quick"] * run.quick, "--out", str(out)]
+        ),
         "config": run.config,
         "seeds": run.seeds,
         "versions": versions(),

@@ -162,3 +162,15 @@ def test_the_table_prints_whatever_the_locale(monkeypatch, encoding):
     stdout.flush()
     text = stdout.buffer.getvalue().decode("utf-8")
     assert "Multi30k de→en: skipped" in text and "고양이 de→en\n" in text
+
+
+def test_the_recorded_command_reruns_the_experiment_in_a_folder_with_spaces(tmp_path):
+    """result.json's command wrote '--out /tmp/my runs' unquoted: run again, it named a
+    folder '/tmp/my' and an extra argument 'runs'."""
+    import shlex
+
+    out = tmp_path / "my runs; it's here"
+    doc = json.loads(write_result(out, LabRun("gradients", True, {}, [0], {}), 1.0).read_text())
+    assert shlex.split(doc["command"]) == ["qkv", "lab", "gradients", "--quick", "--out", str(out)]
+    doc = json.loads(write_result(out, LabRun("heads", False, {}, [0], {}), 1.0).read_text())
+    assert shlex.split(doc["command"]) == ["qkv", "lab", "heads", "--out", str(out)]
