@@ -53,11 +53,32 @@ def run_experiment(name: str, out: Path | None = None, *, quick: bool = False) -
         raise KeyError(name)
     out = Path(out) if out is not None else Path("runs/lab") / name
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_figures(out)
     module = importlib.import_module(EXPERIMENTS[name])
     started = time.perf_counter()
     run = module.run(out, quick=quick)
     write_result(out, run, time.perf_counter() - started)
+    for stale in earlier - {Path(f).name for f in run.figures}:
+        (out / stale).unlink(missing_ok=True)
     return run
+
+
+def _earlier_figures(out: Path) -> set[str]:
+    """The figures an earlier run's ``result.json`` in ``out`` lists as its own.
+
+    A full run draws figures that a quick one does not (the Multi30k part): left beside
+    the new result.json they would show numbers it does not hold.
+    """
+    import json
+
+    try:
+        figures = json.loads((out / "result.json").read_text(encoding="utf-8"))["figures"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return set()
+    if not isinstance(figures, list):
+        return set()
+    # names only, and only PNGs: a hand-edited list cannot reach outside the folder
+    return {f for f in figures if isinstance(f, str) and f == Path(f).name and f.endswith(".png")}
 
 
 def table(run: LabRun) -> Table:

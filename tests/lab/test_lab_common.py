@@ -174,3 +174,21 @@ def test_the_recorded_command_reruns_the_experiment_in_a_folder_with_spaces(tmp_
     assert shlex.split(doc["command"]) == ["qkv", "lab", "gradients", "--quick", "--out", str(out)]
     doc = json.loads(write_result(out, LabRun("heads", False, {}, [0], {}), 1.0).read_text())
     assert shlex.split(doc["command"]) == ["qkv", "lab", "heads", "--out", str(out)]
+
+
+def test_a_rerun_removes_the_figures_only_the_earlier_run_drew(tmp_path, monkeypatch):
+    """A full run draws figures a quick one does not (bottleneck's Multi30k part); rerun
+    quick into the same folder, they stayed beside a result.json without their numbers."""
+    from qkv.lab import gradients
+    from qkv.lab.common import new_figure, save_figure
+
+    def fake_run(out, *, quick):
+        names = ["a.png"] if quick else ["a.png", "b.png"]
+        drawn = [save_figure(new_figure(1, 1), out / name) for name in names]
+        return LabRun("gradients", quick, {}, [0], {}, figures=drawn)
+
+    monkeypatch.setattr(gradients, "run", fake_run)
+    run_experiment("gradients", tmp_path)
+    (tmp_path / "mine.png").write_bytes(b"not the lab's")
+    run_experiment("gradients", tmp_path, quick=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "mine.png", "result.json"]
