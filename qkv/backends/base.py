@@ -152,6 +152,8 @@ def visible_rows(mask: Tensor | None) -> Tensor | None:
         return None
     visible = mask if mask.dtype == torch.bool else mask > float("-inf")
     rows = any_visible(visible, -1, keepdim=True)
+    if torch.compiler.is_compiling():
+        return rows  # a graph has no data-dependent branch; all-true rows change nothing
     return None if bool(rows.all()) else rows  # one sync; spares two passes when all see
 
 
@@ -162,7 +164,9 @@ def any_visible(visible: Tensor, dim: int | tuple[int, ...], keepdim: bool = Fal
     0.46 ms against 0.02 ms for a 256 x 2048 block), and masks are read once per block.
     """
     dims = (dim,) if isinstance(dim, int) else dim
-    if any(visible.shape[d] == 0 for d in dims):
+    # torch.compile: inductor's C++ code for this byte view followed by .all() or ~ does
+    # not compile (torch 2.13, CPU), and it fuses the reductions itself anyway
+    if torch.compiler.is_compiling() or any(visible.shape[d] == 0 for d in dims):
         return visible.any(dim=dims, keepdim=keepdim)
     return visible.view(torch.uint8).amax(dim=dims, keepdim=keepdim).view(torch.bool)
 
@@ -176,6 +180,8 @@ def bool_to_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = Non
     instead of a ``where`` (0.7 ms against 2.3 ms for 256 x 2048 in float32). With
     ``scratch``, the bias is written into its buffer (valid until the next use).
     """
+    if torch.compiler.is_compiling():  # the compiler fuses the plain form itself
+        return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
     ints, bits = float_bits(float("-inf"), dtype)
     if scratch is None:
         out = mask.to(ints)

@@ -377,6 +377,11 @@ class TritonBackend(Backend):
 
     name = "triton"
 
+    def why_not_auto(self, req: AttentionRequest) -> list[str]:
+        if torch.compiler.is_compiling():  # not traced through yet: SDPA the compiler knows
+            return ["under torch.compile: left to SDPA"]
+        return self.why_not(req)
+
     def why_not(self, req: AttentionRequest) -> list[str]:
         reasons = _input_problems(req.q, req.k, req.v)
         if req.dropout_p > 0:
