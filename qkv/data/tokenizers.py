@@ -333,6 +333,10 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         vocab = data.get("vocab")
         if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
             raise ValueError(f"{kind} tokenizer JSON: 'vocab' must be a list of strings")
+        if tuple(vocab[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:  # else every id would shift
+            raise ValueError(
+                f"{kind} tokenizer JSON: 'vocab' must start with {', '.join(SPECIAL_TOKENS)}"
+            )
         return (CharTokenizer if kind == "char" else WordTokenizer)(vocab)
     if kind == "bpe":
         if not isinstance(data.get("tokenizer"), dict):

@@ -229,3 +229,14 @@ def test_bpe_trained_on_special_token_strings_keeps_them_text(data):
         assert min(ids) >= len(SPECIAL_TOKENS) and bpe.decode(ids) == text
     restored = tokenizer_from_json(bpe.to_json())
     assert restored.encode(probe) == bpe.encode(probe)
+
+
+@pytest.mark.parametrize("kind", ["char", "word"])
+def test_json_vocabulary_without_the_special_tokens_first_is_refused(kind):
+    """The constructor puts the special tokens first, so a stored vocabulary without them
+    there loaded with every id shifted: a model then read other words behind its ids."""
+    good = json.loads(train_tokenizers(kind, ["ab"], ["ab"])[0].to_json())
+    assert tokenizer_from_json(json.dumps(good)).to_json() == json.dumps(good, ensure_ascii=False)
+    for vocab in (["a", *SPECIAL_TOKENS], ["a", "b"], good["vocab"][1:]):
+        with pytest.raises(ValueError, match=rf"^{kind} tokenizer JSON: 'vocab' must start with"):
+            tokenizer_from_json(json.dumps({**good, "vocab": vocab}))
