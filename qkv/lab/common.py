@@ -121,11 +121,13 @@ def _clean(value: Any) -> Any:
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
+    if isinstance(value, (set, frozenset)):  # e.g. alignment links: sorted, so runs compare
+        return sorted((_clean(v) for v in value), key=repr)
     if isinstance(value, torch.Tensor):
         return _clean(value.detach().cpu().tolist())
     if isinstance(value, np.ndarray):
         return _clean(value.tolist())
-    if isinstance(value, (np.floating, np.integer)):
+    if isinstance(value, np.generic):  # np.float32, np.int64, np.bool_ (a > b), np.str_
         return _clean(value.item())
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)

@@ -192,3 +192,14 @@ def test_a_rerun_removes_the_figures_only_the_earlier_run_drew(tmp_path, monkeyp
     (tmp_path / "mine.png").write_bytes(b"not the lab's")
     run_experiment("gradients", tmp_path, quick=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "mine.png", "result.json"]
+
+
+def test_numpy_booleans_and_sets_are_written_not_a_traceback(tmp_path):
+    """np.bool_ (what comparing NumPy numbers gives) and sets made json.dumps raise a
+    TypeError after the experiment had run: its numbers were lost, result.json unwritten."""
+    import numpy as np
+
+    results = {"better": np.float64(2.0) > 1.0, "links": {(2, 1), (0, 0)}, "k": np.int64(3)}
+    doc = json.loads(write_result(tmp_path, LabRun("alignment", True, {}, [0], results), 1.0)
+                     .read_text())  # fmt: skip
+    assert doc["results"] == {"better": True, "links": [[0, 0], [2, 1]], "k": 3}
