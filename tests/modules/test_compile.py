@@ -24,6 +24,8 @@ CASES = {
     "key-mask-causal": dict(causal=True, use_keys=True),
     "causal": dict(causal=True),
     "key-mask-weights": dict(use_keys=True, need_weights=True),
+    "bool-mask": dict(mask="bool"),
+    "float-mask": dict(mask="float", need_weights=True),
 }
 
 
@@ -37,6 +39,10 @@ def test_attention_traces_as_one_graph(case):
     x, keys = _inputs()
     if kw.pop("use_keys", False):
         kw["key_mask"] = keys
+    if kw.get("mask") == "bool":
+        kw["mask"] = torch.rand(9, 9) > 0.5
+    elif kw.get("mask") == "float":
+        kw["mask"] = torch.randn(2, 9, 9)
     want = m(x, **kw)
     got = torch.compile(m, fullgraph=True, backend="eager")(x, **kw)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
