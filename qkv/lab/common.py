@@ -184,15 +184,20 @@ def write_text_atomic(path: Path, text: str) -> Path:
 
 
 def print_table(table: Table) -> None:
-    """Print ``table`` with rich (the command line's output, never library logging)."""
+    """Print ``table`` with rich (the command line's output, never library logging).
+
+    Titles, headers and cells print as written: they are rich ``Text``, never markup, so
+    a cell such as "x[/y]" or "[b]w" is neither an error nor restyled.
+    """
     from rich.console import Console
     from rich.table import Table as RichTable
+    from rich.text import Text
 
-    rich_table = RichTable(title=table.title)
+    rich_table = RichTable(title=Text(table.title))
     for i, column in enumerate(table.columns):
-        rich_table.add_column(column, justify="left" if i == 0 else "right")
+        rich_table.add_column(Text(column), justify="left" if i == 0 else "right")
     for row in table.rows:
-        rich_table.add_row(*row)
+        rich_table.add_row(*(Text(cell) for cell in row))
     Console().print(rich_table)
 
 

@@ -203,3 +203,14 @@ def test_numpy_booleans_and_sets_are_written_not_a_traceback(tmp_path):
     doc = json.loads(write_result(tmp_path, LabRun("alignment", True, {}, [0], results), 1.0)
                      .read_text())  # fmt: skip
     assert doc["results"] == {"better": True, "links": [[0, 0], [2, 1]], "k": 3}
+
+
+def test_table_cells_print_as_written_not_as_rich_markup(capsys):
+    """Cells went to rich as markup: a sentence or word with "[/x]" ended in a MarkupError
+    traceback after the experiment had run, and "[b]w" printed as a bold "w"."""
+    from qkv.lab.common import Table, print_table
+
+    print_table(Table("t [/a]", ["[b]model", "value"], [["x[/y]", "[red]1.0"]]))
+    out = capsys.readouterr().out
+    for text in ("t [/a]", "[b]model", "x[/y]", "[red]1.0"):
+        assert text in out
