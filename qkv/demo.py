@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -250,17 +251,20 @@ def _report(out: Path, summary: dict) -> None:
         )
     console.print(table)
     for name, pairs in summary["translations"].items():
-        console.print(f"[bold]{name}[/bold]")
-        for src, hyp in pairs:
-            console.print(f"  {src}  →  {hyp}")
+        console.print(name, style="bold", markup=False)
+        for src, hyp in pairs:  # as written: a "[/x]" in a sentence is text, not markup
+            console.print(f"  {src}  →  {hyp}", markup=False)
     console.print(
         f"\nEverything is in {out}/: checkpoints (*/last.safetensors), attention "
-        f"heatmaps (*/alignment-*.png), viewers (*/alignment-*.html), results.json."
+        f"heatmaps (*/alignment-*.png), viewers (*/alignment-*.html), results.json.",
+        markup=False,
     )
-    ckpt = out / "transformer" / "last.safetensors"
+    ckpt = shlex.quote(str(out / "transformer" / "last.safetensors"))  # commands to paste
     console.print("Next, try:")
-    console.print(f"  echo '고양이가 쥐를 잡았다' | qkv translate {ckpt} --beam 5")
-    console.print(f"  qkv translate {ckpt} --show-attention attention.html < sentences.txt")
+    console.print(f"  echo '고양이가 쥐를 잡았다' | qkv translate {ckpt} --beam 5", markup=False)
+    console.print(
+        f"  qkv translate {ckpt} --show-attention attention.html < sentences.txt", markup=False
+    )
     console.print('  qkv walkthrough "Sally likes Sam" --no-positions')
     console.print("  qkv train configs/toy-transformer.yaml")
 

@@ -72,3 +72,24 @@ def test_the_demo_writes_and_prints_korean_whatever_the_locale(tmp_path, locale_
     saved = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert [p[0] for p in saved["translations"]["transformer"]] == DEMO_SENTENCES
     assert f"{DEMO_SENTENCES[0]}  →  the cat caught the mouse" in proc.stdout.decode("utf-8")
+
+
+def test_the_report_prints_folders_and_sentences_as_written(tmp_path, capsys):
+    """The report went through rich markup: '--out runs/[v2]' printed the commands to try
+    as 'qkv translate runs//transformer/...', a '[/x]' ended in a MarkupError traceback
+    after the training, and a folder with a space gave a command that does not run."""
+    import shlex
+
+    from qkv.demo import _report
+
+    out = tmp_path / "[v2] my demo"
+    summary = {"test_sentences": 1,
+               "scores": [{"name": "rnn-luong", "exact_match": 0.5, "bleu": 12.0, "steps": 3,
+                           "seconds": 1.0}],
+               "translations": {"rnn-luong": [("고양이 [/x]", "the [b]cat")]}}  # fmt: skip
+    _report(out, summary)
+    printed = capsys.readouterr().out
+    assert "고양이 [/x]  →  the [b]cat" in printed and f"Everything is in {out}/" in printed
+    line = next(x for x in printed.splitlines() if "--beam 5" in x)
+    command = shlex.split(line.split("|", 1)[1])
+    assert command[:3] == ["qkv", "translate", str(out / "transformer" / "last.safetensors")]
