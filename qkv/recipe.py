@@ -207,6 +207,9 @@ class Recipe:
 
     def __post_init__(self) -> None:
         check_model_section(self.model)
+        if self.model.get("share_vocab") and not self.tokenizer.joint:  # else built mid-run
+            raise ConfigError("model.share_vocab: one embedding for both sides needs one "
+                              "vocabulary for both; set tokenizer.joint: true")  # fmt: skip
 
     @property
     def out_dir(self) -> Path:
