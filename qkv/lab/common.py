@@ -18,7 +18,7 @@ import random
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,11 @@ __all__ = [
     "num_threads",
     "new_figure",
     "print_table",
+    "progress_bars",
     "save_figure",
     "seed_all",
     "shared_data",
+    "steps_bar",
     "versions",
     "write_result",
     "write_text_atomic",
@@ -94,6 +96,51 @@ def num_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+_SHOW = {"bars": False}  # qkv lab turns progress bars on; library calls stay quiet
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool = True) -> Iterator[None]:
+    """Inside this block the experiments' long loops and trainings show progress bars."""
+    before = _SHOW["bars"]
+    _SHOW["bars"] = enabled
+    try:
+        yield
+    finally:
+        _SHOW["bars"] = before
+
+
+@contextlib.contextmanager
+def steps_bar(label: str, total: int) -> Iterator[Callable[[], None]]:
+    """A bar of ``total`` steps with elapsed time and ETA, on stderr, inside
+    :func:`progress_bars` (nothing elsewhere); yields the function that advances it."""
+    if not _SHOW["bars"]:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip
+    # redrawn at each step, not by a thread 10 times a second: parallelism times code
+    with Progress(*columns, console=Console(stderr=True), auto_refresh=False) as bar:
+        task = bar.add_task(label, total=total)
+        bar.refresh()
+
+        def advance() -> None:
+            bar.advance(task)
+            bar.refresh()
+
+        yield advance
 
 
 def versions() -> dict[str, str]:

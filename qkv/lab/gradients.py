@@ -31,7 +31,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, seed_all
+from qkv.lab.common import (
+    LabRun,
+    Table,
+    new_figure,
+    num_threads,
+    save_figure,
+    seed_all,
+    steps_bar,
+)
 
 __all__ = ["Setting", "QUICK", "FULL", "jacobian_norms", "run", "table"]
 
@@ -140,19 +148,30 @@ def _models() -> list[tuple[str, str, float | None]]:
 def measure(setting: Setting) -> dict[str, dict]:
     """Median and quartiles over seeds of the Jacobian norm at every distance, per model."""
     results = {}
-    for label, kind, rho in _models():
-        runs = np.stack([jacobian_norms(kind, setting, s, rho).numpy() for s in setting.seeds])
-        q25, median, q75 = np.quantile(runs, [0.25, 0.5, 0.75], axis=0)  # (T,) each
-        results[label] = {
-            "kind": kind,
-            "rho": rho,
-            "median": median,
-            "q25": q25,
-            "q75": q75,
-            "per_seed_at_50": runs[:, min(50, setting.steps - 1)],
-        }
-        log.info("%s: median norm at k=50 %.3g", label, median[min(50, setting.steps - 1)])
+    models = _models()
+    with steps_bar("Jacobians", len(models) * len(setting.seeds)) as advance:
+        for label, kind, rho in models:
+            runs = []
+            for seed in setting.seeds:
+                runs.append(jacobian_norms(kind, setting, seed, rho).numpy())
+                advance()
+            results[label] = _quartiles(np.stack(runs), kind, rho, setting.steps)
+            log.info("%s: median norm at k=50 %.3g", label,
+                     results[label]["median"][min(50, setting.steps - 1)])  # fmt: skip
     return results
+
+
+def _quartiles(runs: np.ndarray, kind: str, rho: float | None, steps: int) -> dict:
+    """Median and quartiles over seeds of ``runs`` ``(seeds, T)``."""
+    q25, median, q75 = np.quantile(runs, [0.25, 0.5, 0.75], axis=0)  # (T,) each
+    return {
+        "kind": kind,
+        "rho": rho,
+        "median": median,
+        "q25": q25,
+        "q75": q75,
+        "per_seed_at_50": runs[:, min(50, steps - 1)],
+    }
 
 
 def _summary(results: dict[str, dict], steps: int) -> dict[str, dict]:

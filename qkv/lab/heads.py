@@ -27,7 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qkv.lab.common import LabRun, Table, corpus_folder, new_figure, num_threads, save_figure
+from qkv.lab.common import (
+    LabRun,
+    Table,
+    corpus_folder,
+    new_figure,
+    num_threads,
+    save_figure,
+    steps_bar,
+)
 
 __all__ = ["FEATURES", "Setting", "QUICK", "FULL", "head_features", "ablate_head", "run", "table"]
 
@@ -100,18 +108,20 @@ def head_features(model, tokenizer, sentences: list[str], batch: int = 50) -> di
     sums = {k: torch.zeros(n_layers * n_heads, dtype=torch.float64) for k in FEATURES}
     js = torch.zeros(n_layers * n_heads, n_layers * n_heads, dtype=torch.float64)
     rows = 0
-    for start in range(0, len(sentences), batch):
-        encodings = tokenizer.encode_batch(sentences[start : start + batch])
-        ids = torch.tensor([e.ids for e in encodings])
-        mask = torch.tensor([e.attention_mask for e in encodings])
-        out = model(ids, attention_mask=mask, need_weights=True)
-        maps = torch.stack(out.attentions, 1).double()  # (B, L, H, T, T)
-        for i, length in enumerate(mask.sum(-1).tolist()):
-            p = maps[i, :, :, :length, :length].flatten(0, 1)  # (L*H, t, t)
-            for k, v in _row_features(p).items():
-                sums[k] += v
-            js += _js_sum(p)
-            rows += length
+    with steps_bar("attention maps", len(sentences)) as advance:
+        for start in range(0, len(sentences), batch):
+            encodings = tokenizer.encode_batch(sentences[start : start + batch])
+            ids = torch.tensor([e.ids for e in encodings])
+            mask = torch.tensor([e.attention_mask for e in encodings])
+            out = model(ids, attention_mask=mask, need_weights=True)
+            maps = torch.stack(out.attentions, 1).double()  # (B, L, H, T, T)
+            for i, length in enumerate(mask.sum(-1).tolist()):
+                p = maps[i, :, :, :length, :length].flatten(0, 1)  # (L*H, t, t)
+                for k, v in _row_features(p).items():
+                    sums[k] += v
+                js += _js_sum(p)
+                rows += length
+                advance()
     feats = {k: (v / rows).reshape(n_layers, n_heads).numpy() for k, v in sums.items()}
     return {**feats, "js": (js / rows).numpy(), "rows": rows}
 
@@ -141,11 +151,13 @@ def ablation(model, tokenizer, sentences: list[str]) -> np.ndarray:
     full = encode(sentences, model, tokenizer)  # (N, E), unit norm
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     change = np.zeros((n_layers, n_heads))
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            with ablate_head(model, layer, head):
-                ablated = encode(sentences, model, tokenizer)
-            change[layer, head] = float((1 - (full * ablated).sum(-1)).mean())
+    with steps_bar("ablating heads", n_layers * n_heads) as advance:
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                with ablate_head(model, layer, head):
+                    ablated = encode(sentences, model, tokenizer)
+                change[layer, head] = float((1 - (full * ablated).sum(-1)).mean())
+                advance()
     return change
 
 

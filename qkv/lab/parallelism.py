@@ -29,7 +29,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, seed_all
+from qkv.lab.common import (
+    LabRun,
+    Table,
+    new_figure,
+    num_threads,
+    save_figure,
+    seed_all,
+    steps_bar,
+)
 
 __all__ = ["Setting", "QUICK", "FULL", "GRUEncoder", "AttentionEncoder", "run", "table"]
 
@@ -123,20 +131,27 @@ def _slope(lengths: list[int], seconds: list[float]) -> float:
     return float(np.polyfit(np.log(lengths), np.log(seconds), 1)[0])
 
 
+def _row(length: int, t_gru: float, t_attn: float, gru, attn) -> dict:
+    return {"length": length, "gru_seconds": t_gru, "attention_seconds": t_attn,
+            "gru_steps": gru.sequential_steps(length),
+            "attention_steps": attn.sequential_steps(length),
+            "time_ratio_gru_over_attention": t_gru / t_attn}  # fmt: skip
+
+
 def measure(setting: Setting, device: str) -> dict:
     """Times, sequential steps and ratios at every length on ``device``."""
     gen = seed_all(setting.seed)
     gru, attn = (m.to(device) for m in build_pair(setting))
     rows = []
-    for length in setting.lengths:
-        x = torch.randn(setting.batch, length, setting.width, generator=gen).to(device)
-        t_gru = time_step(gru, x, setting.repeats)
-        t_attn = time_step(attn, x, setting.repeats)
-        rows.append({"length": length, "gru_seconds": t_gru, "attention_seconds": t_attn,
-                     "gru_steps": gru.sequential_steps(length),
-                     "attention_steps": attn.sequential_steps(length),
-                     "time_ratio_gru_over_attention": t_gru / t_attn})  # fmt: skip
-        log.info("%s T=%d: GRU %.4f s, attention %.4f s", device, length, t_gru, t_attn)
+    with steps_bar(f"timing on {device}", 2 * len(setting.lengths)) as advance:
+        for length in setting.lengths:
+            x = torch.randn(setting.batch, length, setting.width, generator=gen).to(device)
+            t_gru = time_step(gru, x, setting.repeats)
+            advance()
+            t_attn = time_step(attn, x, setting.repeats)
+            advance()
+            rows.append(_row(length, t_gru, t_attn, gru, attn))
+            log.info("%s T=%d: GRU %.4f s, attention %.4f s", device, length, t_gru, t_attn)
     lengths = [r["length"] for r in rows]
     return {
         "parameters": {"gru": _params(gru), "attention": _params(attn)},

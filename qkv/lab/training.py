@@ -18,6 +18,8 @@ from typing import Any
 from torch import nn
 
 from qkv.data.toy import ToyPair, make_splits
+from qkv.lab import common
+from qkv.lab.common import progress_bars
 
 __all__ = [
     "MODEL_FAMILIES",
@@ -33,25 +35,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-_SHOW = {"bars": False}  # qkv lab turns the training bars on; library calls stay quiet
-
-
-@contextlib.contextmanager
-def progress_bars(enabled: bool = True) -> Iterator[None]:
-    """Inside this block :func:`train_model` shows a progress bar (on stderr) per model."""
-    before = _SHOW["bars"]
-    _SHOW["bars"] = enabled
-    try:
-        yield
-    finally:
-        _SHOW["bars"] = before
 
 
 @contextlib.contextmanager
 def _training_bar(name: str, out_dir: Path, max_seconds: float) -> Iterator[None]:
     """A bar that follows the run's ``log.jsonl`` (step, loss, seconds of its time budget)
     from a second thread while the block trains; nothing unless :func:`progress_bars`."""
-    if not _SHOW["bars"]:
+    if not common._SHOW["bars"]:
         yield
         return
     from qkv.progress import LogProgress

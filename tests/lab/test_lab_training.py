@@ -36,16 +36,36 @@ def test_qkv_lab_shows_a_bar_per_trained_model(tmp_path, capsys):
 def test_the_command_line_turns_the_bars_on(monkeypatch, tmp_path):
     import qkv.lab
     from qkv.cli import main
-    from qkv.lab import training
+    from qkv.lab import common
     from qkv.lab.common import LabRun
 
     seen = []
 
     def fake(name, out, *, quick):
-        seen.append(training._SHOW["bars"])
+        seen.append(common._SHOW["bars"])
         return LabRun("gradients", True, {}, [0], {}, verdict="v")
 
     monkeypatch.setattr(qkv.lab, "run_experiment", fake)
     monkeypatch.setattr(qkv.lab, "table", lambda run: qkv.lab.Table("t", ["a"], []))
     assert main(["lab", "gradients", "--quick", "--out", str(tmp_path)]) == 0
-    assert seen == [True] and training._SHOW["bars"] is False
+    assert seen == [True] and common._SHOW["bars"] is False
+
+
+def test_the_long_measurements_show_a_bar_under_qkv_lab(capsys):
+    """gradients, parallelism and heads ran their loops (minutes in the full settings:
+    parallelism times lengths up to 1024) without a word; under qkv lab each shows a bar
+    with its count of steps, and a library call stays quiet."""
+    from qkv.lab import gradients, parallelism
+
+    timing = parallelism.Setting(lengths=(2, 4, 8), batch=1, width=8, layers=1, heads=1,
+                                 repeats=1)  # fmt: skip
+    norms = gradients.Setting(steps=3, hidden=4, input_dim=2, input_scale=0.5, heads=1,
+                              seeds=(0, 1))  # fmt: skip
+    with progress_bars():
+        parallelism.measure(timing, "cpu")
+        gradients.measure(norms)
+    err = capsys.readouterr().err
+    assert "timing on cpu" in err and "6/6" in err
+    assert "Jacobians" in err and f"{2 * len(gradients._models())}/" in err
+    parallelism.measure(timing, "cpu")
+    assert capsys.readouterr().err == ""
