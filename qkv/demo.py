@@ -234,10 +234,11 @@ def run_demo(out: Path, *, quick: bool = False, progress: bool = True) -> dict:
 
 
 def _report(out: Path, summary: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=True)
+    from qkv.progress import console as stdout_console
+
+    console = stdout_console(soft_wrap=True)
     table = Table(title=f"held-out toy test set ({summary['test_sentences']} sentences)")
     for col in ("model", "exact match", "BLEU", "steps", "train time"):
         table.add_column(col, justify="left" if col == "model" else "right")

@@ -6,13 +6,27 @@ still shows the bar, and the file holds only the summary line).
 
 from __future__ import annotations
 
-__all__ = ["LogProgress", "TrainingProgress"]
+__all__ = ["LogProgress", "TrainingProgress", "console"]
+
+
+def console(**kwargs):
+    """A rich ``Console`` (kwargs as rich's) for what a command prints on stdout.
+
+    Rich ends the process with exit status 1 when the reader of a pipe goes away
+    (``qkv walkthrough ... | head``): this one raises ``BrokenPipeError`` instead, which the
+    command line turns into exit 141 as for its other commands.
+    """
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return _Console(**kwargs)
 
 
 def _stderr():
-    from rich.console import Console
-
-    return Console(stderr=True)
+    return console(stderr=True)
 
 
 class TrainingProgress:

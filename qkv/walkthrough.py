@@ -243,10 +243,11 @@ def _table(step: Step, width: int, max_cols: int):
 
 def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 10) -> None:
     """Render every step as a compact rich table with its shape."""
-    from rich.console import Console
     from rich.text import Text
 
-    console = Console()
+    from qkv.progress import console as stdout_console
+
+    console = stdout_console()  # a closed pipe (| head) is exit 141, not rich's exit 1
     # words are Text, never rich markup: "[b]" or "[/x]" print as typed
     words = " | ".join(result.tokens)
     console.print(Text.assemble(("tokens", "bold"), f" ({len(result.tokens)}): {words}"))

@@ -151,3 +151,16 @@ def test_hangul_prints_whatever_the_locale(encoding):
     )
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr
     assert "tokens (2): 학교에 | 간다" in proc.stdout.decode("utf-8")
+
+
+def test_a_reader_that_stops_early_is_exit_141_as_for_the_other_commands():
+    """'qkv walkthrough LONG | head -1': rich ended the process with exit status 1 when the
+    pipe closed, which reads as a failure (set -o pipefail); the command line's own rule is
+    141, as for qkv translate, with nothing on stderr."""
+    sentence = " ".join(f"w{i}" for i in range(300))  # 130 kB of tables: more than a pipe holds
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "walkthrough", sentence, "--dim", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout.readline().startswith(b"tokens (300): w0 | w1")
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == b""

@@ -236,16 +236,17 @@ def print_table(table: Table) -> None:
     Titles, headers and cells print as written: they are rich ``Text``, never markup, so
     a cell such as "x[/y]" or "[b]w" is neither an error nor restyled.
     """
-    from rich.console import Console
     from rich.table import Table as RichTable
     from rich.text import Text
+
+    from qkv.progress import console
 
     rich_table = RichTable(title=Text(table.title))
     for i, column in enumerate(table.columns):
         rich_table.add_column(Text(column), justify="left" if i == 0 else "right")
     for row in table.rows:
         rich_table.add_row(*(Text(cell) for cell in row))
-    Console().print(rich_table)
+    console().print(rich_table)
 
 
 def new_figure(width: float = 6.4, height: float = 4.8, **kwargs: Any):
