@@ -38,6 +38,7 @@ from qkv.recipe import ConfigError, Recipe, load_yaml
 from qkv.schedule import make_schedule
 from qkv.train_checks import (
     check_lengths,
+    check_loss,
     check_memory,
     check_not_a_run,
     check_out_dir,
@@ -286,7 +287,7 @@ class _Loop:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
-        mean_loss = self.dist.mean(total / cfg.accumulate)
+        mean_loss = check_loss(self.dist.mean(total / cfg.accumulate), self.state.step + 1)
         return mean_loss, self.dist.sum_int(tokens), lr
 
     def after_step(self) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,19 @@ def check_lengths(model: nn.Module, data: Prepared) -> None:
                     f"{split} pairs have a longer {side}{plus}, up to {max(lengths)} tokens; "
                     f"raise model.{key} or keep shorter sentences ({_shorter(split)})"
                 )
+
+
+def check_loss(loss: float, step: int) -> float:
+    """``loss``, if it is finite. A NaN or infinite loss means the weights are no longer
+    numbers (AdamW spreads them to every weight): every later step, evaluation and
+    checkpoint would be NaN too, so training stops before anything is saved."""
+    if not math.isfinite(loss):
+        raise ConfigError(
+            f"train: the loss is {loss} at step {step}, training diverged; lower train.lr, "
+            "raise train.warmup or keep train.clip_norm > 0 (checkpoints written before "
+            "this step are kept)"
+        )
+    return loss
 
 
 def _shorter(split: str) -> str:

@@ -25,3 +25,27 @@ def test_share_vocab_without_a_joint_tokenizer_is_refused_by_name(tmp_path, caps
     assert len(err) == 1 and err[0].startswith(f"qkv train: error: {config}: model.share_vocab")
     d["tokenizer"]["joint"] = True
     assert recipe_from_dict(d).model["share_vocab"] is True
+
+
+def test_a_diverged_run_stops_at_the_first_nan_loss(tmp_path, capsys):
+    """With a learning rate far too large the loss became NaN at step 2 and training went
+    on to train.steps: every later row of log.jsonl held NaN (not JSON), and the NaN
+    model was saved as last.safetensors and, at the first evaluation, as the best."""
+    from train_helpers import logged_rows
+
+    d = tiny_dict(tmp_path / "out", lr=1e12, clip_norm=0.0, warmup=0, save_every=1,
+                  eval_every=3)  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(d))
+    assert main(["train", str(config)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+    assert line.startswith("qkv train: error: train: the loss is nan at step "), line
+    step = int(line.split("at step ")[1].split(",")[0])
+    rows = logged_rows(tmp_path / "out")
+    assert [r["step"] for r in rows] == list(range(1, step))
+    assert not (tmp_path / "out" / "best.safetensors").exists() or step > 3
+    from qkv.models.checkpoint import load_checkpoint
+
+    last = load_checkpoint(tmp_path / "out" / "last.safetensors")
+    assert last.extra["train"]["step"] == step - 1
+    assert all(bool(p.isfinite().all()) for p in last.model.parameters())
