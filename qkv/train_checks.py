@@ -157,6 +157,7 @@ def restore(
             f"{path}: cannot resume: the config's model differs from the checkpoint's "
             f"({change}); use the same model and data, or another --out"
         )
+    _warn_order_change(path, ckpt.extra.get("recipe"), recipe)
     model.load_state_dict(ckpt.model.state_dict())
     try:
         saved = _loop_state(ckpt.extra.get("train", {}))
@@ -225,6 +226,20 @@ def _check_optimizer_state(optimizer, saved: dict) -> None:
             if tuple(value.shape) != want:
                 raise ValueError(f"optim.{pid}.{key} is {tuple(value.shape)}, its "
                                  f"parameter's is {want}")  # fmt: skip
+
+
+def _warn_order_change(path: Path, saved: Any, recipe: Recipe) -> None:
+    """Warn when the batch order of the epoch being resumed is not the checkpoint's: the
+    saved position then points into another order (some batches repeat, some are skipped)."""
+    before = saved.get("train") if isinstance(saved, dict) else None
+    if not isinstance(before, dict):
+        return
+    changed = [k for k in ("seed", "max_tokens") if before.get(k) != getattr(recipe.train, k)]
+    if changed:
+        names = " and ".join(f"train.{k}" for k in changed)
+        log.warning("%s: %s %s from the checkpoint's: the rest of this epoch follows another "
+                    "batch order, so some of its batches repeat and others are skipped", path,
+                    names, "differs" if len(changed) == 1 else "differ")  # fmt: skip
 
 
 def _use_config_settings(optimizer, recipe: Recipe) -> None:

@@ -85,3 +85,26 @@ def test_an_optimiser_state_that_does_not_fit_is_named(trained, tmp_path, tensor
     _with_loop_state(trained, tmp_path / "last.safetensors", tensors)
     with pytest.raises(CheckpointError, match=rf"cannot resume: corrupt training state \({why}"):
         train(tiny_recipe(tmp_path, steps=8), resume=True, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"seed": 7}, "train.seed differs"),
+        ({"max_tokens": 200}, "train.max_tokens differs"),
+        ({"seed": 7, "max_tokens": 200}, "train.seed and train.max_tokens differ"),
+        ({"lr": 0.001}, None),
+    ],
+    ids=["seed", "max-tokens", "both", "lr-only"],
+)
+def test_resuming_with_another_batch_order_warns(trained, tmp_path, caplog, changes, named):
+    """A resumed run continues at the saved position of the epoch's batch order; another
+    train.seed or train.max_tokens makes another order, and resumed without a word."""
+    shutil.copy(trained, tmp_path / "last.safetensors")
+    with caplog.at_level("WARNING", logger="qkv.train_checks"):
+        train(tiny_recipe(tmp_path, steps=5, **changes), resume=True, progress=False)
+    warned = [r.getMessage() for r in caplog.records if "batch order" in r.getMessage()]
+    if named is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and named in warned[0] and "repeat" in warned[0]
