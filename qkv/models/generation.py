@@ -41,7 +41,7 @@ class DecodingRules:
         repetition_penalty: 1 (off) or the penalty (> 0) of tokens already in the row.
         no_repeat_ngram_size: 0 (off) or n: no n-gram occurs twice in a row.
         min_new_tokens: end tokens are banned before this many new tokens.
-        eos_token_id: token id(s) that end a row, or ``None``.
+        eos_token_id: token id(s) that end a row; ``None`` or an empty list: none.
         pad_token_id: what a finished row continues with (default: the first end id).
     """
 
@@ -65,8 +65,6 @@ class DecodingRules:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.eos_token_id, Sequence) and not self.eos_token_id:
-            raise ValueError("eos_token_id is an empty list; give None for no end token")
 
     @property
     def end_ids(self) -> list[int]:

@@ -9,8 +9,8 @@ final layer norm and the transposed token embedding (tied weights) give the logi
     \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
 
 :meth:`GPT.generate` decodes greedily or by sampling, with a key/value cache (each step
-feeds only the new token) or by recomputing the whole prefix, up to end tokens if given.
-:meth:`GPT.from_pretrained` reads a Hugging Face GPT-2 folder.
+feeds only the new token) or by recomputing the whole prefix, up to end tokens if any.
+:meth:`GPT.from_pretrained` reads a Hugging Face GPT-2 folder (and its default end tokens).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.models.gen_defaults import GenerationDefaults, read_generation_defaults, with_defaults
 from qkv.models.generation import DecodingRules, decode
 from qkv.models.hf import (
     HF_ACTIVATIONS,
@@ -176,6 +177,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        self.generation_defaults: GenerationDefaults | None = None  # set by from_pretrained
         c = config
 
         def layer() -> DecoderLayer:
@@ -278,17 +280,16 @@ class GPT(nn.Module):
         Args:
             input_ids: prompts ``(B, T)``; pad batches on the left.
             max_new_tokens: tokens to add.
-            temperature: 0 picks the most likely token (greedy); otherwise logits are
-                divided by it before sampling.
+            temperature: 0: the most likely token (greedy); else sample from logits / it.
             top_k, top_p: sample only among the k most likely tokens / the smallest set
                 whose probability reaches p (Holtzman et al. 2020).
             seed: seed of a private random generator (reproducible sampling).
-            use_cache: feed only the new token each step, reusing cached keys/values;
-                ``False`` recomputes the whole prefix every step (same tokens, slower).
+            use_cache: reuse cached keys/values (``False`` recomputes: same tokens, slower).
             attention_mask: ``(B, T)``, 0 on the prompts' padding.
-            eos_token_id: token id(s) that end a row. A finished row continues with
-                ``pad_token_id`` (default: the first end id), and generation stops as soon
-                as every row has finished.
+            eos_token_id: token id(s) that end a row; ``None``: the loaded folder's, as in
+                transformers (none for a model built from a :class:`GPTConfig`); ``[]``: no
+                end token. A finished row continues with ``pad_token_id`` (``None``: the
+                folder's, else the first end id); generation stops once every row finished.
             repetition_penalty, no_repeat_ngram_size, min_new_tokens: the rules of
                 :class:`~qkv.models.generation.DecodingRules`, applied as transformers does.
             num_beams, length_penalty, early_stopping, num_return_sequences: beam search
@@ -315,7 +316,7 @@ class GPT(nn.Module):
             )
         rules = DecodingRules(
             temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size,
-            min_new_tokens, eos_token_id, pad_token_id,
+            min_new_tokens, *with_defaults(self.generation_defaults, eos_token_id, pad_token_id),
         )  # fmt: skip
         if num_beams != 1:
             return beam_decode(
@@ -333,17 +334,17 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> GPT:
-        """Load a Hugging Face GPT-2 folder (``config.json`` and the weights).
+        """Load a Hugging Face GPT-2 folder: ``config.json``, the weights, and the end and
+        pad tokens that :meth:`generate` takes by default (:mod:`qkv.models.gen_defaults`).
 
         GPT-2 stores its linear layers transposed (``Conv1D``: ``(in, out)``) and packs the
         query, key and value projections in one ``c_attn``; both are converted. Names may
         carry the ``transformer.`` prefix, and then other heads than ``lm_head``
         (``score.*`` of ``GPT2ForSequenceClassification``) are ignored; the causal-mask
         buffers of old checkpoints (``attn.bias``, ``attn.masked_bias``) are ignored, and so
-        is a tied ``lm_head``.
-        Missing or unknown names are an error that lists them. ``dtype``: float32 (``None``),
-        the checkpoint's own type (``"auto"``) or a floating ``torch.dtype``. Returns the
-        model in eval mode.
+        is a tied ``lm_head``. Missing or unknown names are an error that lists them.
+        ``dtype``: float32 (``None``), the checkpoint's own type (``"auto"``) or a floating
+        ``torch.dtype``. Returns the model in eval mode.
         """
         raw = read_config(path)
         with config_errors(path):
@@ -351,6 +352,7 @@ class GPT(nn.Module):
         model = cls(config)
         state = _convert_gpt2(load_state_dict(path), config)
         load_into(model, state, what=str(path), dtype=dtype, config=raw)
+        model.generation_defaults = read_generation_defaults(path, config.vocab_size)
         return model.eval()
 
 

@@ -205,7 +205,6 @@ def test_beam_search_without_end_tokens(ours, peer):
         (dict(top_p=0.0), "top_p"),
         (dict(top_k=0), "top_k"),
         (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
-        (dict(eos_token_id=[]), "empty"),
     ],
 )
 def test_bad_decoding_rules_are_refused_by_name(ours, bad, match):
