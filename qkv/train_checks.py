@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -368,4 +369,9 @@ def trim_log(path: Path, step: int) -> None:
             continue
         if isinstance(row, dict) and row.get("step", 0) <= step:
             kept.append(line)
-    path.write_text("".join(r + "\n" for r in kept), encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.tmp")  # then renamed: an interrupt keeps the log
+    try:
+        tmp.write_text("".join(r + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

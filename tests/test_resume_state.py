@@ -108,3 +108,30 @@ def test_resuming_with_another_batch_order_warns(trained, tmp_path, caplog, chan
         assert warned == []
     else:
         assert len(warned) == 1 and named in warned[0] and "repeat" in warned[0]
+
+
+def test_an_interrupt_while_the_log_is_cut_back_keeps_the_log(tmp_path, monkeypatch):
+    """On resume the log is rewritten without the rows after the checkpoint's step; it
+    was rewritten in place, so an interrupt (Ctrl-C, a kill) between the truncation and
+    the write left log.jsonl empty: the whole run's history was lost."""
+    from pathlib import Path
+
+    from qkv.train_checks import trim_log
+
+    log = tmp_path / "log.jsonl"
+    before = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 7))
+    log.write_text(before, encoding="utf-8")
+    real = Path.write_text
+
+    def interrupted(self, data, *args, **kwargs):
+        real(self, "", *args, **kwargs)  # opened for writing (truncated), then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        trim_log(log, 3)
+    monkeypatch.undo()
+    assert log.read_text(encoding="utf-8") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
+    trim_log(log, 3)
+    assert [json.loads(r)["step"] for r in log.read_text().splitlines()] == [1, 2, 3]
