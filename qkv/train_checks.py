@@ -357,7 +357,8 @@ def remove_partial_checkpoints(out: Path) -> None:
 
 def trim_log(path: Path, step: int) -> None:
     """On resume, drop log rows written after the checkpoint's step, and a row that a
-    crash left half written (it is not JSON, and rows after it come from later steps)."""
+    crash left half written (it is not JSON, and rows after it come from later steps).
+    A row whose step is not a number (not written by qkv) is kept as it is."""
     if not path.exists():
         return
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if step else []
@@ -367,7 +368,10 @@ def trim_log(path: Path, step: int) -> None:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and row.get("step", 0) <= step:
+        if not isinstance(row, dict):
+            continue
+        at = row.get("step", 0)
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or at <= step:
             kept.append(line)
     tmp = path.with_name(f".{path.name}.tmp")  # then renamed: an interrupt keeps the log
     try:

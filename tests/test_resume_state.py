@@ -135,3 +135,15 @@ def test_an_interrupt_while_the_log_is_cut_back_keeps_the_log(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
     trim_log(log, 3)
     assert [json.loads(r)["step"] for r in log.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_log_row_whose_step_is_not_a_number_is_kept(tmp_path):
+    """A row added by hand or by another tool ({"step": "3"}, {"step": null}) ended the
+    resume in a TypeError traceback (exit 1) while the log was cut back."""
+    from qkv.train_checks import trim_log
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"step": 2}, {"step": "3", "note": "by hand"}, {"step": None}, {"step": 5}, [1]]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    trim_log(log, 3)
+    assert [json.loads(r) for r in log.read_text().splitlines()] == rows[:3]
