@@ -269,8 +269,8 @@ def _build(cls, d: Any, where: str):
 
 
 def _convert(hint, value, where: str):
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where + ".")
+    if dataclasses.is_dataclass(hint):  # a section left empty (``data:``): its defaults
+        return _build(hint, {} if value is None else value, where + ".")
     origin = typing.get_origin(hint)
     if origin is tuple:
         return _convert_tuple(typing.get_args(hint), value, where)
@@ -334,7 +334,9 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
         node = d
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # absent, or left empty in the YAML (``data:``)
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
         try:

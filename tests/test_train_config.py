@@ -49,3 +49,20 @@ def test_a_diverged_run_stops_at_the_first_nan_loss(tmp_path, capsys):
     last = load_checkpoint(tmp_path / "out" / "last.safetensors")
     assert last.extra["train"]["step"] == step - 1
     assert all(bool(p.isfinite().all()) for p in last.model.parameters())
+
+
+def test_a_section_left_empty_takes_its_defaults(tmp_path):
+    """``data:`` with every key commented out is YAML null: it was refused ('data:
+    expected a mapping, got NoneType'), and ``--set data.kind=toy`` on it said 'data is
+    not a section'. An empty section now means its defaults, as a missing one does."""
+    from qkv.recipe import DataConfig, OptimConfig, load_yaml
+
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  # kind: toy\ntrain:\n", encoding="utf-8")
+    recipe = load_yaml(config)
+    assert recipe.data == DataConfig() and recipe.train == OptimConfig()
+    recipe = load_yaml(config, ["data.n_train=500", "train.steps=3"])
+    assert recipe.data.n_train == 500 and recipe.train.steps == 3
+    config.write_text("data: 5\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="data: expected a mapping, got int"):
+        load_yaml(config)
