@@ -57,15 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
     w.add_argument("--dim", type=int, default=8, help="model width E (default 8)")
     w.add_argument("--no-positions", action="store_true", help="leave out positional encodings")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
 
     d = sub.add_parser("demo", help="the main job on the built-in Korean->English toy corpus")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     d.add_argument("--quick", action="store_true", help="a much shorter run, for tests")
 
     t = sub.add_parser("train", help="train a translator from a YAML config")
-    t.add_argument("config")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.add_argument("config", help="the YAML recipe (see configs/)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting of the recipe, e.g. train.lr=3e-4 (repeatable)",
+    )
     again = t.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     again.add_argument(
@@ -74,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None, help="output folder (default: from the config)")
 
     tr = sub.add_parser("translate", help="translate stdin to stdout")
-    tr.add_argument("checkpoint")
-    tr.add_argument("--beam", type=int, default=1)
+    tr.add_argument("checkpoint", help="a .safetensors checkpoint written by qkv train")
+    tr.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
     tr.add_argument(
         "--n-best",
         type=int,
@@ -84,11 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
         "LOGPROB, TRANSLATION, tab-separated (tab, backslash, LF and CR in "
         "TRANSLATION escaped as \\t, \\\\, \\n, \\r; other line breaks as spaces)",
     )
-    tr.add_argument("--batch-size", type=int, default=32)
-    tr.add_argument("--show-attention", default=None, metavar="OUT.html")
+    tr.add_argument("--batch-size", type=int, default=32, help="sentences at a time (default 32)")
+    tr.add_argument(
+        "--show-attention",
+        default=None,
+        metavar="OUT.html",
+        help="also draw where each translation attended in its source: a viewer (.html) "
+        "or an image (.png, .svg, .pdf)",
+    )
 
     e = sub.add_parser("evaluate", help="sacreBLEU and chrF of a checkpoint on a test set")
-    e.add_argument("checkpoint")
+    e.add_argument("checkpoint", help="a .safetensors checkpoint written by qkv train")
     e.add_argument("--src", default=None, help="source sentences, one per line")
     e.add_argument("--ref", default=None, help="reference translations, one per line")
     e.add_argument(
@@ -97,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="instead of --src/--ref: that held-out split of the checkpoint's training recipe",
     )
-    e.add_argument("--beam", type=int, default=5)
+    e.add_argument("--beam", type=int, default=5, help="beam size (default 5)")
     e.add_argument(
         "--tokenize",
         default=None,
@@ -106,12 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     s = sub.add_parser("show", help="attention of a pretrained encoder or decoder, HTML or PNG")
-    s.add_argument("text")
-    s.add_argument("text_b", nargs="?", default=None)
-    s.add_argument("--model", default=None, help="a Hugging Face BERT-family or GPT-2 folder")
-    s.add_argument("--layer", type=int, default=None)
-    s.add_argument("--head", type=int, default=None)
-    s.add_argument("--out", default="attention.html", help="FILE.html or FILE.png")
+    s.add_argument("text", help="the text to run the model on")
+    s.add_argument(
+        "text_b",
+        nargs="?",
+        default=None,
+        help="a second text, read as a pair (BERT-family encoders only)",
+    )
+    s.add_argument(
+        "--model",
+        default=None,
+        help="a Hugging Face BERT-family or GPT-2 folder (default all-MiniLM-L6-v2)",
+    )
+    s.add_argument("--layer", type=int, default=None, help="layer to show or open at (from 0)")
+    s.add_argument("--head", type=int, default=None, help="head to show or open at (from 0)")
+    s.add_argument(
+        "--out",
+        default="attention.html",
+        help="FILE.html: the viewer of every layer and head (default attention.html); "
+        "FILE.png, .svg or .pdf: one head with --layer and --head, else a grid of heads",
+    )
 
     lab = sub.add_parser("lab", help="reproduce one claim about attention")
     lab.add_argument("name", help="one of: " + ", ".join(_LABS))
@@ -132,8 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="corpora")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     dl = dsub.add_parser("download", help="fetch a public corpus into the local cache")
-    dl.add_argument("name")
-    dl.add_argument("--cache", default=None)
+    dl.add_argument("name", help="the corpus to fetch (an unknown name lists the known ones)")
+    dl.add_argument(
+        "--cache", default=None, help="cache folder (default $XDG_CACHE_HOME/qkv or ~/.cache/qkv)"
+    )
     dl.add_argument("--base-url", default=None, help=argparse.SUPPRESS)
     return p
 

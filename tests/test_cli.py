@@ -39,3 +39,31 @@ def test_a_file_where_an_output_folder_goes_is_named_as_such(out, says, tmp_path
     err = capsys.readouterr().err
     assert err == f"qkv lab: error: {tmp_path}/{says}\n"
     assert taken.read_text() == "not a folder"
+
+
+def _subcommands(parser):
+    """(name, parser) of every command and subcommand below ``parser``."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from _subcommands(sub)
+
+
+def test_every_argument_says_what_it_is_in_help():
+    """``qkv show --help`` listed TEXT, TEXT_B, --layer and --head with no word on them;
+    so did train's CONFIG and --set, and translate's CHECKPOINT, --beam and --batch-size."""
+    import argparse
+
+    from qkv.cli import build_parser
+
+    bare = [
+        f"{name} {action.dest}"
+        for name, sub in _subcommands(build_parser())
+        for action in sub._actions
+        if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+        and not action.help
+    ]
+    assert bare == []
