@@ -390,10 +390,11 @@ def run_cli(args) -> int:
     if result.already_done:
         print(f"nothing to do: {result.out_dir / 'last.safetensors'} {result.done_because}")
         return 0
+    bleu = recipe.train.valid_bleu_sentences  # without it, the lowest loss picks the best
+    best = f"best valid BLEU {result.best_bleu:.2f}" if bleu else "lowest valid loss"
     print(
         f"trained {result.steps} steps in {result.seconds:.0f} s "
         f"({result.target_tokens_per_s:.0f} target tokens/s{', bf16 autocast' * result.bf16}); "
-        f"best valid BLEU {result.best_bleu:.2f} at step {result.best_step}; "
-        f"checkpoints in {result.out_dir}"
+        f"{best} at step {result.best_step}; checkpoints in {result.out_dir}"
     )
     return 0

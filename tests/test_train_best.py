@@ -55,3 +55,19 @@ def test_a_checkpoint_without_best_loss_still_resumes(tmp_path):
     del header["extra"]["train"]["best_loss"]
     save_file(tensors, str(path), metadata={"qkv": json.dumps(header)})
     assert train(tiny_recipe(tmp_path, steps=6), resume=True, progress=False).steps == 6
+
+
+def test_the_summary_line_names_what_picked_the_best(tmp_path, capsys):
+    """Without BLEU sentences the last line said 'best valid BLEU 0.00 at step N'."""
+    from train_helpers import tiny_dict
+
+    from qkv.cli import main
+
+    config = tmp_path / "tiny.yaml"
+    out = tmp_path / "run"
+    config.write_text(json.dumps(tiny_dict(out, steps=4, eval_every=2, valid_bleu_sentences=0)))
+    assert main(["train", str(config)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    best = load_checkpoint(out / "best.safetensors").extra["train"]["step"]
+    assert f"; lowest valid loss at step {best}; checkpoints in {out}" in line
+    assert "BLEU" not in line
