@@ -28,7 +28,7 @@ def find_root() -> Path:
 def update_markdown(root: Path, results_dir: Path) -> Path:
     """Replace the measured part of BENCHMARKS.md (below MARK) with the JSON results."""
     from benchmarks.common import render_markdown
-    from qkv.lab.common import write_text_atomic
+    from qkv._files import write_text_atomic
 
     path = root / "BENCHMARKS.md"
     # UTF-8 whatever the locale: the file holds "×", "≤" and "✓"

@@ -227,7 +227,7 @@ def run_demo(out: Path, *, quick: bool = False, progress: bool = True) -> dict:
         "translations": pictures,
         "test_sentences": len(test),
     }
-    from qkv.lab.common import write_text_atomic  # UTF-8 whatever the locale
+    from qkv._files import write_text_atomic  # UTF-8 whatever the locale
 
     write_text_atomic(out / "results.json", json.dumps(summary, indent=2, ensure_ascii=False))
     return summary

@@ -6,7 +6,10 @@ still shows the bar, and the file holds only the summary line).
 
 from __future__ import annotations
 
-__all__ = ["LogProgress", "TrainingProgress", "console"]
+import contextlib
+from collections.abc import Callable, Iterator
+
+__all__ = ["LogProgress", "TrainingProgress", "console", "steps_progress"]
 
 
 def console(**kwargs):
@@ -29,6 +32,40 @@ def _stderr():
     return console(stderr=True)
 
 
+def _bar(*fields: str, **options):
+    """A rich ``Progress`` on stderr: the label, the bar, steps done of all, ``fields``
+    (rich column formats), the time so far and the time left."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        *(TextColumn(f) for f in fields), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(), console=_stderr(), **options,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def steps_progress(label: str, total: int) -> Iterator[Callable[[], None]]:
+    """A bar of ``total`` steps; yields the function that advances it. It is redrawn at
+    each step, not by a thread ten times a second, so it does not disturb timed code."""
+    with _bar(auto_refresh=False) as bar:
+        task = bar.add_task(label, total=total)
+        bar.refresh()
+
+        def advance() -> None:
+            bar.advance(task)
+            bar.refresh()
+
+        yield advance
+
+
 class TrainingProgress:
     """Context manager around a rich progress bar; does nothing when ``enabled`` is False."""
 
@@ -39,26 +76,7 @@ class TrainingProgress:
 
     def __enter__(self) -> TrainingProgress:
         if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]:.3f}"),
-                TextColumn("{task.fields[rate]:.0f} tok/s"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=_stderr(),
-            )
+            self._progress = _bar("loss {task.fields[loss]:.3f}", "{task.fields[rate]:.0f} tok/s")
             self._progress.start()
             self._task = self._progress.add_task(
                 self.label, total=self.total, completed=self.start, loss=float("nan"), rate=0.0

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qkv._files import write_text_atomic
 from qkv.data.prepare import Prepared
 from qkv.models.checkpoint import CheckpointError, load_checkpoint, model_kind, restore_rng
 from qkv.recipe import ConfigError, Recipe
@@ -373,9 +373,4 @@ def trim_log(path: Path, step: int) -> None:
         at = row.get("step", 0)
         if not isinstance(at, (int, float)) or isinstance(at, bool) or at <= step:
             kept.append(line)
-    tmp = path.with_name(f".{path.name}.tmp")  # then renamed: an interrupt keeps the log
-    try:
-        tmp.write_text("".join(r + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, "".join(r + "\n" for r in kept))  # an interrupt keeps the log

@@ -95,7 +95,7 @@ def run_cli(args) -> int:
     if name not in EXPERIMENTS:
         raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(EXPERIMENTS)}")
     out = Path(args.out) if args.out else Path("runs/lab") / name
-    from qkv.lab.training import progress_bars
+    from qkv.lab.common import progress_bars
 
     try:
         with progress_bars():  # a bar per trained model: the full runs train for minutes

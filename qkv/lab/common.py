@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import platform
 import random
 import shlex
@@ -25,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from qkv._files import replacing, write_text_atomic
 
 __all__ = [
     "LabRun",
@@ -41,7 +42,6 @@ __all__ = [
     "steps_bar",
     "versions",
     "write_result",
-    "write_text_atomic",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,28 +119,15 @@ def steps_bar(label: str, total: int) -> Iterator[Callable[[], None]]:
     if not _SHOW["bars"]:
         yield lambda: None
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from qkv.progress import steps_progress
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip
-    # redrawn at each step, not by a thread 10 times a second: parallelism times code
-    with Progress(*columns, console=Console(stderr=True), auto_refresh=False) as bar:
-        task = bar.add_task(label, total=total)
-        bar.refresh()
-
-        def advance() -> None:
-            bar.advance(task)
-            bar.refresh()
-
+    with steps_progress(label, total) as advance:
         yield advance
+
+
+def bars_shown() -> bool:
+    """Whether the code runs inside :func:`progress_bars`."""
+    return _SHOW["bars"]
 
 
 def versions() -> dict[str, str]:
@@ -207,29 +194,6 @@ def write_result(out: Path, run: LabRun, seconds: float) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` that replaces it when the block ends without error.
-
-    An interrupted write (Ctrl-C, a full disk) leaves the previous file whole and no
-    temporary file behind; a reader never sees half a file.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` as UTF-8 (whatever the locale), atomically."""
-    path = Path(path)
-    with _replacing(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return path
-
-
 def print_table(table: Table) -> None:
     """Print ``table`` with rich (the command line's output, never library logging).
 
@@ -262,7 +226,7 @@ def new_figure(width: float = 6.4, height: float = 4.8, **kwargs: Any):
 def save_figure(fig, path: Path) -> str:
     """Save ``fig`` as PNG at ``path`` (atomically); return the path as a string."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _replacing(path) as tmp:
+    with replacing(path) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
     log.info("wrote %s", path)
     return str(path)

@@ -41,7 +41,7 @@ SPLITS = ("train", "valid", "test")
 def _training_bar(name: str, out_dir: Path, max_seconds: float) -> Iterator[None]:
     """A bar that follows the run's ``log.jsonl`` (step, loss, seconds of its time budget)
     from a second thread while the block trains; nothing unless :func:`progress_bars`."""
-    if not common._SHOW["bars"]:
+    if not common.bars_shown():
         yield
         return
     from qkv.progress import LogProgress

@@ -1,0 +1,34 @@
+"""Writing files so that an interruption never leaves half of one (below every layer)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["replacing", "write_text_atomic"]
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` that replaces it when the block ends without error.
+
+    An interrupted write (Ctrl-C, a full disk) leaves the previous file whole and no
+    temporary file behind; a reader never sees half a file.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` as UTF-8 (whatever the locale), atomically."""
+    path = Path(path)
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return path
