@@ -155,14 +155,9 @@ class _SentenceBar:
 
     def __enter__(self) -> _SentenceBar:
         if sys.stderr is not None and sys.stderr.isatty() and self.total:
-            import rich.progress as rp
-            from rich.console import Console
+            from qkv.progress import stderr_bar
 
-            self._progress = rp.Progress(
-                rp.TextColumn("[bold]translate"), rp.BarColumn(), rp.MofNCompleteColumn(),
-                rp.TextColumn("sentences"), rp.TimeElapsedColumn(), rp.TextColumn("ETA"),
-                rp.TimeRemainingColumn(), console=Console(stderr=True),
-            )  # fmt: skip
+            self._progress = stderr_bar("sentences")
             self._progress.start()
             self._task = self._progress.add_task("translate", total=self.total)
         return self

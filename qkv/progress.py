@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-__all__ = ["LogProgress", "TrainingProgress", "console", "steps_progress"]
+__all__ = ["LogProgress", "TrainingProgress", "console", "stderr_bar", "steps_progress"]
 
 
 def console(**kwargs):
@@ -32,7 +32,7 @@ def _stderr():
     return console(stderr=True)
 
 
-def _bar(*fields: str, **options):
+def stderr_bar(*fields: str, **options):
     """A rich ``Progress`` on stderr: the label, the bar, steps done of all, ``fields``
     (rich column formats), the time so far and the time left."""
     from rich.progress import (
@@ -55,7 +55,7 @@ def _bar(*fields: str, **options):
 def steps_progress(label: str, total: int) -> Iterator[Callable[[], None]]:
     """A bar of ``total`` steps; yields the function that advances it. It is redrawn at
     each step, not by a thread ten times a second, so it does not disturb timed code."""
-    with _bar(auto_refresh=False) as bar:
+    with stderr_bar(auto_refresh=False) as bar:
         task = bar.add_task(label, total=total)
         bar.refresh()
 
@@ -76,7 +76,8 @@ class TrainingProgress:
 
     def __enter__(self) -> TrainingProgress:
         if self.enabled:
-            self._progress = _bar("loss {task.fields[loss]:.3f}", "{task.fields[rate]:.0f} tok/s")
+            fields = ("loss {task.fields[loss]:.3f}", "{task.fields[rate]:.0f} tok/s")
+            self._progress = stderr_bar(*fields)
             self._progress.start()
             self._task = self._progress.add_task(
                 self.label, total=self.total, completed=self.start, loss=float("nan"), rate=0.0
