@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="sacreBLEU and chrF of a checkpoint on a test set")
     e.add_argument("checkpoint", help="a .safetensors checkpoint written by qkv train")
-    e.add_argument("--src", default=None, help="source sentences, one per line")
-    e.add_argument("--ref", default=None, help="reference translations, one per line")
+    e.add_argument("--src", default=None, help="source sentences, one per line ('-': stdin)")
+    e.add_argument("--ref", default=None, help="reference translations, one per line ('-': stdin)")
     e.add_argument(
         "--split",
         choices=("valid", "test"),

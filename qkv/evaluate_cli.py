@@ -253,8 +253,16 @@ def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
 
 
 def run_evaluate(args) -> int:
-    """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF."""
+    """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF.
+
+    ``-`` as ``--src`` or ``--ref`` (not both) reads those lines from stdin, as
+    ``qkv translate`` reads its sentences.
+    """
     _check_search_args(args)
+    if args.src == "-" and args.ref == "-":
+        from qkv.cli import UserError
+
+        raise UserError("--src - and --ref -: only one of them can be read from stdin")
     tokenize = getattr(args, "tokenize", None)
     _check_tokenize(tokenize)
     model, src_tok, tgt_tok, extra = _load(args.checkpoint)
@@ -286,7 +294,6 @@ def _check_tokenize(name: str | None) -> None:
 def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
     """Source and reference lines: two files, or a split of the recipe stored at training."""
     from qkv.cli import UserError
-    from qkv.data.corpus import CorpusError, read_lines
 
     split = getattr(args, "split", None)
     if split is not None:
@@ -295,16 +302,31 @@ def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
         return _recipe_split(args.checkpoint, extra, split)
     if not (args.src and args.ref):
         raise UserError("give --src FILE and --ref FILE, or --split valid|test")
+    src, ref = _read_text(args.src), _read_text(args.ref)
+    src_name, ref_name = _text_name(args.src), _text_name(args.ref)
+    for name, lines in ((src_name, src), (ref_name, ref)):
+        if not any(line.strip() for line in lines):
+            raise UserError(f"{name}: is empty (no sentence to evaluate)")
+    if len(src) != len(ref):
+        raise UserError(f"line counts differ: {src_name} has {len(src)}, {ref_name} has {len(ref)}")
+    return src, ref
+
+
+def _read_text(path: str) -> list[str]:
+    """The lines of file ``path``, or of stdin for ``-``."""
+    from qkv.cli import UserError
+    from qkv.data.corpus import CorpusError, read_lines
+
+    if path == "-":
+        return _read_stdin()
     try:
-        src, ref = read_lines(args.src), read_lines(args.ref)
+        return read_lines(path)
     except CorpusError as err:
         raise UserError(str(err)) from None
-    for path, lines in ((args.src, src), (args.ref, ref)):
-        if not any(line.strip() for line in lines):
-            raise UserError(f"{path}: is empty (no sentence to evaluate)")
-    if len(src) != len(ref):
-        raise UserError(f"line counts differ: {args.src} has {len(src)}, {args.ref} has {len(ref)}")
-    return src, ref
+
+
+def _text_name(path: str) -> str:
+    return "stdin" if path == "-" else path
 
 
 def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], list[str]]:
