@@ -17,7 +17,7 @@ from torch import Tensor
 
 from qkv.backends.base import AttentionRequest, any_visible
 
-__all__ = ["BLOCK_Q", "KeyRanges", "key_ranges"]
+__all__ = ["BLOCK_Q", "KeyRanges", "key_ranges", "prefix_key_lengths"]
 
 BLOCK_Q = 256  # query rows per block (the granularity of the key ranges)
 
@@ -90,3 +90,16 @@ def _block_range(block: Tensor, tk: int) -> tuple[int, int, bool]:
     lo, hi = int(seen[0]), int(seen[-1]) + 1
     keys = visible[..., lo:hi] if visible.shape[-1] > 1 else visible
     return lo, hi, block.dtype == torch.bool and bool(keys.view(torch.uint8).amin())
+
+
+def prefix_key_lengths(mask: Tensor, batch: int, tk: int) -> Tensor | None:
+    """Per-sequence key lengths if ``mask`` is a boolean key-padding prefix mask, else None.
+
+    Shape: mask ``(B or 1, 1, 1, Tk or 1)`` -> lengths ``(B,)``.
+    """
+    if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        return None
+    keys = mask[:, 0, 0, :].expand(batch, tk)  # (B, Tk)
+    lengths = keys.sum(dim=-1)
+    prefix = torch.arange(tk, device=mask.device) < lengths[:, None]
+    return lengths if torch.equal(keys, prefix) else None

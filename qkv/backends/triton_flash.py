@@ -34,6 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from qkv.backends.base import AttentionRequest, AttentionResult, Backend, shape_problem
+from qkv.backends.ranges import prefix_key_lengths
 from qkv.backends.reference import reference_attention
 from qkv.backends.triton_bwd import flash_backward
 from qkv.backends.triton_split import launch_split_len, merge_splits
@@ -81,11 +82,9 @@ def flash_attention_reference(
 ) -> tuple[Tensor, Tensor]:
     """What :func:`flash_attention` computes, in plain PyTorch (qkv's reference backend).
 
-    Computes in the dtype of the inputs: pass float64 copies for an exact reference, or
-    the kernel's dtype for "plain PyTorch math" of the same precision.
-
-    Args:
-        as :func:`flash_attention` (any dtype and device).
+    Takes :func:`flash_attention`'s arguments (any dtype and device) and computes in the
+    inputs' dtype: float64 copies give an exact reference, the kernel's dtype gives "plain
+    PyTorch math" of the same precision.
 
     Returns:
         ``(out, lse)``, shaped ``(B, H, Tq, Dv)`` and ``(B, H, Tq)``.
@@ -359,19 +358,6 @@ def _input_problems(q: Tensor, k: Tensor, v: Tensor) -> list[str]:
 # --- backend --------------------------------------------------------------------------------
 
 
-def _key_lengths_from_mask(mask: Tensor, batch: int, tk: int) -> Tensor | None:
-    """Per-sequence key lengths if ``mask`` is a boolean key-padding prefix mask, else None.
-
-    Shape: mask ``(B or 1, 1, 1, Tk or 1)`` -> lengths ``(B,)``.
-    """
-    if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
-        return None
-    keys = mask[:, 0, 0, :].expand(batch, tk)  # (B, Tk)
-    lengths = keys.sum(dim=-1)
-    prefix = torch.arange(tk, device=mask.device) < lengths[:, None]
-    return lengths if torch.equal(keys, prefix) else None
-
-
 class TritonBackend(Backend):
     """FlashAttention-2 in Triton: causal or not, key padding, GQA; the lse; weights beside."""
 
@@ -410,4 +396,4 @@ class TritonBackend(Backend):
 def _lengths(req: AttentionRequest) -> Tensor | None:
     """The request's key lengths, worked out (one device sync) once per request."""
     b, tk = req.q.shape[0], req.k.shape[2]
-    return req.remember("key_lengths", lambda: _key_lengths_from_mask(req.mask, b, tk))
+    return req.remember("key_lengths", lambda: prefix_key_lengths(req.mask, b, tk))
