@@ -44,7 +44,13 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
     ``config.json`` gives the model (the first that applies). Padding uses the folder's
     ``pad_token`` (no padding when it has none). ``tokenizer_config.json``'s
     ``padding_side`` and ``truncation_side`` (default ``"right"``) say where padding goes
-    and which end is cut, as in ``transformers``.
+    and which end is cut, as in ``transformers``. When ``transformers`` would load the folder
+    with a BERT-family tokenizer class (``BertTokenizer``, ``MPNetTokenizer``, ...: named by
+    ``tokenizer_config.json``'s ``tokenizer_class``, else by ``config.json``'s
+    ``model_type``), the text options ``do_lower_case``, ``strip_accents`` and
+    ``tokenize_chinese_chars`` of ``tokenizer_config.json`` (with BERT's defaults) replace
+    ``tokenizer.json``'s normaliser, and its pre-tokenizer becomes BERT's, as that class
+    rebuilds both.
 
     Returns:
         a ``tokenizers.Tokenizer``; ``encode_batch(texts)`` gives ids, attention masks and
@@ -60,6 +66,10 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
             tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
         except Exception as err:  # the Rust library raises a bare Exception
             raise ValueError(f"{file}: not a tokenizers file ({err})") from None
+        if _rebuilds_bert_text(folder, tok_config):
+            tk = _need("tokenizers")
+            tokenizer.normalizer = _bert_normalizer(given)
+            tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     elif (folder / "vocab.txt").is_file():
         options = {"pad_token": "[PAD]", **options}  # BertTokenizer's default
         tokenizer = _wordpiece(folder / "vocab.txt", options)
@@ -158,12 +168,7 @@ def _wordpiece(vocab: Path, config: dict[str, Any]):
     # special tokens stay whole ("[MASK]" is one token, not "[", "mask", "]")
     known = [t for t in names.values() if tokenizer.token_to_id(t) is not None]
     tokenizer.add_special_tokens(known)
-    tokenizer.normalizer = tk.normalizers.BertNormalizer(
-        clean_text=True,
-        handle_chinese_chars=config.get("tokenize_chinese_chars", True),
-        strip_accents=config.get("strip_accents"),  # None: strip when lower-casing
-        lowercase=config.get("do_lower_case", True),
-    )
+    tokenizer.normalizer = _bert_normalizer(config)
     tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     ids = {key: tokenizer.token_to_id(names[key]) for key in ("sep", "cls")}
     if None in ids.values():
@@ -173,6 +178,38 @@ def _wordpiece(vocab: Path, config: dict[str, Any]):
     )
     tokenizer.decoder = tk.decoders.WordPiece(prefix="##")
     return tokenizer
+
+
+# transformers 5's tokenizer classes that build their own BertNormalizer from
+# tokenizer_config.json's options, ignoring tokenizer.json's (the "Fast" names are aliases)
+_BERT_TEXT_CLASSES = {"BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer",
+                      "MobileBertTokenizer", "SqueezeBertTokenizer", "MPNetTokenizer"}  # fmt: skip
+# AutoTokenizer's class of a model_type when tokenizer_config.json names none
+_MODEL_TYPE_CLASSES = {"bert": "BertTokenizer", "distilbert": "BertTokenizer",
+                       "electra": "BertTokenizer", "mpnet": "MPNetTokenizer"}  # fmt: skip
+
+
+def _rebuilds_bert_text(folder: Path, tok_config: dict[str, Any]) -> bool:
+    """``transformers`` loads the folder with a class that rebuilds BERT's normaliser.
+
+    The class is ``tokenizer_config.json``'s ``tokenizer_class``, else the one registered
+    for ``config.json``'s ``model_type``; another class (``PreTrainedTokenizerFast``, a
+    byte-level BPE one) keeps ``tokenizer.json`` as it is.
+    """
+    name = tok_config.get("tokenizer_class")
+    if not name:
+        name = _MODEL_TYPE_CLASSES.get(read_json(folder / "config.json").get("model_type"))
+    return isinstance(name, str) and name.removesuffix("Fast") in _BERT_TEXT_CLASSES
+
+
+def _bert_normalizer(config: dict[str, Any]):
+    """``BertNormalizer`` from ``tokenizer_config.json``'s options, with BERT's defaults."""
+    return _need("tokenizers").normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=config.get("tokenize_chinese_chars", True),
+        strip_accents=config.get("strip_accents"),  # None: strip when lower-casing
+        lowercase=config.get("do_lower_case", True),
+    )
 
 
 def minilm_path() -> Path:
