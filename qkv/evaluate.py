@@ -143,14 +143,7 @@ def translate_texts(
     Returns:
         For each input text, ``n_best`` translations, best first.
     """
-    from qkv.search import beam as beam_search
-    from qkv.search import greedy
-
-    if beam < 1 or not 1 <= n_best <= beam or batch_size < 1:
-        raise ValueError(
-            f"need beam >= 1, 1 <= n_best <= beam and batch_size >= 1, "
-            f"got beam={beam}, n_best={n_best}, batch_size={batch_size}"
-        )
+    _check_search_sizes(beam, n_best, batch_size)
     model.eval()
     device = next(model.parameters()).device
     config = getattr(model, "config", None)
@@ -158,39 +151,64 @@ def translate_texts(
     results: list[list[Translation]] = [
         [] if i else [Translation("", [], 0.0, None, eos=True)] for i in ids
     ]
+    # shortest first, so that each batch pads little; blank texts need no search
     order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
     pad, max_len = model.pad_id, getattr(config, "max_target_len", None)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        longest = max(len(ids[i]) for i in chunk)
-        src = torch.full((len(chunk), longest), pad, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            src[row, : len(ids[i])] = torch.tensor(ids[i])
-        src = src.to(device)
-        if beam == 1 and n_best == 1:
-            hyps = [[h] for h in greedy(model, src, max_len=max_len)]
-        else:
-            hyps = beam_search(
-                model, src, beam_size=beam, n_best=n_best, length_penalty=length_penalty,
-                max_len=max_len,
-            )  # fmt: skip
+        src = _padded([ids[i] for i in chunk], pad).to(device)
+        hyps = _search_batch(model, src, beam, n_best, length_penalty, max_len)
         for i, nbest in zip(chunk, hyps):
-            results[i] = [
-                Translation(
-                    tgt_tokenizer.decode(h.tokens),
-                    [tgt_tokenizer.id_to_token(t) for t in h.tokens],
-                    h.score,
-                    h.alignment,
-                    h.eos,
-                    h.normalized_score,
-                    list(h.tokens),
-                )
-                for h in nbest
-            ]
+            results[i] = [_translation(h, tgt_tokenizer) for h in nbest]
         if progress is not None:
             progress(len(texts) - len(order) + start + len(chunk))
     filler = Translation("", [], float("-inf"), None, eos=False)
     return [r + [filler] * (n_best - len(r)) for r in results]
+
+
+def _check_search_sizes(beam: int, n_best: int, batch_size: int) -> None:
+    if beam < 1 or not 1 <= n_best <= beam or batch_size < 1:
+        raise ValueError(
+            f"need beam >= 1, 1 <= n_best <= beam and batch_size >= 1, "
+            f"got beam={beam}, n_best={n_best}, batch_size={batch_size}"
+        )
+
+
+def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:
+    """Token ids of several sources as one ``(B, Tk)`` batch, padded at the end with ``pad``."""
+    src = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)  # (B, Tk)
+    for row, tokens in enumerate(rows):
+        src[row, : len(tokens)] = torch.tensor(tokens)
+    return src
+
+
+def _search_batch(
+    model: nn.Module, src: torch.Tensor, beam: int, n_best: int, length_penalty: float, max_len
+) -> list:
+    """For each row of ``src`` ``(B, Tk)``, its ``n_best`` hypotheses: greedy search for one
+    hypothesis of a beam of one, else beam search."""
+    from qkv.search import beam as beam_search
+    from qkv.search import greedy
+
+    if beam == 1 and n_best == 1:
+        return [[h] for h in greedy(model, src, max_len=max_len)]
+    return beam_search(
+        model, src, beam_size=beam, n_best=n_best, length_penalty=length_penalty,
+        max_len=max_len,
+    )  # fmt: skip
+
+
+def _translation(hyp, tgt_tokenizer) -> Translation:
+    """A search hypothesis as a :class:`Translation`, its tokens decoded."""
+    return Translation(
+        tgt_tokenizer.decode(hyp.tokens),
+        [tgt_tokenizer.id_to_token(t) for t in hyp.tokens],
+        hyp.score,
+        hyp.alignment,
+        hyp.eos,
+        hyp.normalized_score,
+        list(hyp.tokens),
+    )
 
 
 def _fit_sources(ids: list[list[int]], config) -> list[list[int]]:
