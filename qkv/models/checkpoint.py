@@ -190,13 +190,26 @@ class Checkpoint:
     path: Path | None = None
 
 
-def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoint:
+def load_checkpoint(
+    path: str | Path, *, map_location: str = "cpu", check_finite: bool = True
+) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` (no pickle involved).
+
+    Training stops at the first non-finite loss, before anything is saved, so a model
+    weight that is NaN or infinite means a corrupt or foreign file: it would translate to
+    garbage (or resume to a NaN loss) without saying why, and is refused.
+
+    Args:
+        path: the ``.safetensors`` file.
+        map_location: the device the tensors are read onto.
+        check_finite: refuse model weights that hold NaN or inf (one ``isfinite`` pass
+            over the floating-point weights; the optimiser's tensors are not checked).
 
     Raises:
         CheckpointError: missing file, not safetensors, not a qkv checkpoint, a model
-            config that is invalid, or weights that do not fit the model it describes (one
-            line naming the file). Weights come back in the dtype they were saved in.
+            config that is invalid, weights that do not fit the model it describes, or
+            (``check_finite``) a weight that is not finite (one line naming the file and
+            the first such tensor). Weights come back in the dtype they were saved in.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -220,6 +233,8 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
     except (KeyError, json.JSONDecodeError):
         raise CheckpointError(f"{path}: not a qkv checkpoint (no '{FORMAT}' header)") from None
     _check_header(path, header, tensors)
+    if check_finite:
+        _check_finite(path, tensors)
     model = _build(path, header, tensors)
     return Checkpoint(
         model=model,
@@ -232,6 +247,24 @@ def load_checkpoint(path: str | Path, *, map_location: str = "cpu") -> Checkpoin
         if "rng.torch" in tensors
         else None,
         path=path,
+    )
+
+
+def _check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse model weights that hold NaN or inf, naming the first such tensor."""
+    bad = [
+        name
+        for name, t in sorted(tensors.items())
+        if name.startswith("model.") and t.is_floating_point() and not torch.isfinite(t).all()
+    ]
+    if not bad:
+        return
+    t = tensors[bad[0]]
+    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    held = " and ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+    more = f"; {len(bad) - 1} more tensor(s) are not finite either" if len(bad) > 1 else ""
+    raise CheckpointError(
+        f"{path}: corrupt weights: {bad[0]} holds {held} of {t.numel()} values{more}"
     )
 
 

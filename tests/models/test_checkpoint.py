@@ -134,6 +134,29 @@ def test_a_bad_config_or_weight_is_one_line_naming_the_file(
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize("kind", ["rnn", "transformer"])
+def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path, kind, bad):
+    """A NaN or infinite weight loaded silently and translated to garbage."""
+    model = build_model(kind, RNN_OPTIONS if kind == "rnn" else TRANSFORMER_OPTIONS)
+    name, weight = random.choice(list(model.named_parameters()))
+    with torch.no_grad():
+        weight.view(-1)[random.randrange(weight.numel())] = bad
+    optimizer = torch.optim.AdamW(model.parameters())
+    path = save_checkpoint(tmp_path / "bad.safetensors", model, optimizer=optimizer,
+                           rng=checkpoint.rng_state())  # fmt: skip
+    saved = sorted(f"model.{k}" for k, v in model.state_dict().items() if not v.isfinite().all())
+    assert f"model.{name}" in saved  # more than one when the weight is tied
+    what = "NaN" if bad != bad else "inf"
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    line = f"{path}: corrupt weights: {saved[0]} holds 1 {what} of {weight.numel()} values"
+    assert str(err.value).startswith(line) and "\n" not in str(err.value)
+    assert ("more tensor" in str(err.value)) == (len(saved) > 1)
+    kept = load_checkpoint(path, check_finite=False).model.get_parameter(name)
+    assert torch.equal(kept.isfinite(), weight.isfinite())  # asked for, it loads as saved
+
+
 @pytest.mark.parametrize("name", ["Adam", "SGD", "Rprop"])
 def test_the_optimizer_state_comes_back_as_it_was_saved(tmp_path, name):
     """Adam's betas and Rprop's etas came back as lists (JSON), not the tuples saved."""
