@@ -41,7 +41,16 @@ from qkv.lab.common import (
     steps_bar,
 )
 
-__all__ = ["Setting", "QUICK", "FULL", "jacobian_norms", "run", "table"]
+__all__ = [
+    "Setting",
+    "QUICK",
+    "FULL",
+    "jacobian_norms",
+    "measure",
+    "reported_distance",
+    "run",
+    "table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +68,32 @@ class Setting:
     heads: int
     seeds: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        if self.steps < 3:  # distances 1 .. T-1 must hold a near one and a farther one
+            raise ValueError(f"Setting.steps: must be >= 3, got {self.steps}")
+        if not self.seeds:
+            raise ValueError("Setting.seeds: give at least one seed")
+
 
 QUICK = Setting(steps=60, hidden=32, input_dim=16, input_scale=0.5, heads=4, seeds=(0, 1, 2))
 FULL = Setting(steps=200, hidden=64, input_dim=16, input_scale=0.5, heads=4, seeds=tuple(range(10)))
+
+CLAIM_K = 50  # the distance the verdict reports, where the setting reaches it
+NEAR, FAR = 10, 20  # far/near ratio: the last FAR distances over distances 1 .. NEAR
+
+
+def reported_distance(steps: int) -> int:
+    """The distance the verdict reports: :data:`CLAIM_K`, or the longest of a shorter
+    setting (distances run ``0 .. steps - 1``)."""
+    return min(CLAIM_K, steps - 1)
+
+
+def _windows(steps: int) -> tuple[range, range]:
+    """The near distances ``1 .. NEAR`` and the last ``FAR`` distances, both shrunk for a
+    short setting so that they stay apart (``steps >= 3``: one distance each at least)."""
+    near = min(NEAR, (steps - 1) // 2)
+    far = min(FAR, steps - 1 - near)
+    return range(1, near + 1), range(steps - far, steps)
 
 
 class TanhRNN(nn.Module):
@@ -156,8 +188,8 @@ def measure(setting: Setting) -> dict[str, dict]:
                 runs.append(jacobian_norms(kind, setting, seed, rho).numpy())
                 advance()
             results[label] = _quartiles(np.stack(runs), kind, rho, setting.steps)
-            log.info("%s: median norm at k=50 %.3g", label,
-                     results[label]["median"][min(50, setting.steps - 1)])  # fmt: skip
+            k = reported_distance(setting.steps)
+            log.info("%s: median norm at k=%d %.3g", label, k, results[label]["median"][k])
     return results
 
 
@@ -170,19 +202,23 @@ def _quartiles(runs: np.ndarray, kind: str, rho: float | None, steps: int) -> di
         "median": median,
         "q25": q25,
         "q75": q75,
-        "per_seed_at_50": runs[:, min(50, steps - 1)],
+        f"per_seed_at_{reported_distance(steps)}": runs[:, reported_distance(steps)],
     }
 
 
 def _summary(results: dict[str, dict], steps: int) -> dict[str, dict]:
-    """Norms at a few distances and, for attention, far/near ratio."""
-    ks = [k for k in (1, 10, 50, 100, 199) if k < steps]
+    """Norms at a few distances (those under ``steps``, and the reported one) and the
+    far/near ratio, under names that give the windows (``near_1_10``, ``far_last_20``)."""
+    ks = sorted({k for k in (1, 10, CLAIM_K, 100, 199) if k < steps} | {reported_distance(steps)})
+    near_ks, far_ks = _windows(steps)
     out = {}
     for label, r in results.items():
         med = r["median"]
         row = {f"k={k}": float(med[k]) for k in ks}
-        near, far = float(np.median(med[1:11])), float(np.median(med[steps - 20 :]))
-        row.update(near_1_10=near, far_last_20=far, far_over_near=far / near)
+        near = float(np.median(med[near_ks.start : near_ks.stop]))
+        far = float(np.median(med[far_ks.start : far_ks.stop]))
+        row.update({f"near_1_{len(near_ks)}": near, f"far_last_{len(far_ks)}": far,
+                    "far_over_near": far / near})  # fmt: skip
         out[label] = row
     return out
 
@@ -226,20 +262,21 @@ def _distance_effect(far_over_near: float) -> str:
     return "it decays with distance" if far_over_near < 0.5 else "it grows with distance"
 
 
-def run(out: Path, *, quick: bool = False) -> LabRun:
-    """Measure, draw ``gradient-norms.png`` and return every number."""
-    setting = QUICK if quick else FULL
+def run(out: Path, *, quick: bool = False, setting: Setting | None = None) -> LabRun:
+    """Measure, draw ``gradient-norms.png`` and return every number.
+
+    Args:
+        out: the folder of the figure.
+        quick: :data:`QUICK` rather than :data:`FULL`.
+        setting: any other sizes (``quick`` is then only recorded). With fewer than 51
+            steps the verdict reports the longest distance measured, not 50, and says so.
+    """
+    if setting is None:
+        setting = QUICK if quick else FULL
     with num_threads(1):  # tiny matrices: threads only add synchronisation
         results = measure(setting)
     summary = _summary(results, setting.steps)
     figure = _figure(results, out)
-    decay_05 = summary["tanh ρ=0.5"]["k=50"]
-    far_near = summary["self-attention"]["far_over_near"]
-    verdict = (
-        f"tanh ρ=0.5 keeps {decay_05:.1e} of the gradient after 50 steps, ρ=1.5 keeps "
-        f"{summary['tanh ρ=1.5']['k=50']:.1e}; self-attention's far/near ratio is "
-        f"{far_near:.2f} ({_distance_effect(far_near)})"
-    )
     return LabRun(
         name="gradients",
         quick=quick,
@@ -247,7 +284,25 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         seeds=list(setting.seeds),
         results={"summary": summary, "curves": results},
         figures=[figure],
-        verdict=verdict,
+        verdict=_verdict(summary, setting.steps),
+    )
+
+
+def _verdict(summary: dict[str, dict], steps: int) -> str:
+    """One line: what tanh RNNs keep at the reported distance, and attention's far/near."""
+    k = reported_distance(steps)
+    far_near = summary["self-attention"]["far_over_near"]
+    verdict = (
+        f"tanh ρ=0.5 keeps {summary['tanh ρ=0.5'][f'k={k}']:.1e} of the gradient after {k} "
+        f"steps, ρ=1.5 keeps {summary['tanh ρ=1.5'][f'k={k}']:.1e}; self-attention's "
+        f"far/near ratio is {far_near:.2f} ({_distance_effect(far_near)})"
+    )
+    near_ks, far_ks = _windows(steps)
+    if k == CLAIM_K and len(near_ks) == NEAR and len(far_ks) == FAR:
+        return verdict
+    return (
+        f"{verdict} [a setting of {steps} steps: distance {k} reported, not {CLAIM_K}; far/near "
+        f"is distances {far_ks.start}-{far_ks.stop - 1} over 1-{len(near_ks)}]"
     )
 
 

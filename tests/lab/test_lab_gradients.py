@@ -70,3 +70,44 @@ def test_the_figure_spans_the_measured_norms_and_not_much_more():
     values = values[values > 0]
     assert lo < values.min() and values.max() < hi
     assert math.log10(values.min() / lo) <= 3 and math.log10(hi / values.max()) <= 3
+
+
+@pytest.mark.parametrize(
+    "steps, near, far, ks",
+    [(3, "near_1_1", "far_last_1", [1, 2]), (12, "near_1_5", "far_last_6", [1, 10, 11])],
+    ids=["3-steps", "12-steps"],
+)
+def test_a_short_custom_setting_reports_the_distances_it_has(tmp_path, steps, near, far, ks):
+    """Fewer than 51 steps: k=50 was a KeyError and med[steps-20:] a wrong window; the
+    verdict reports the longest distance measured and the windows used, which stay apart."""
+    import numpy as np
+
+    from qkv.lab.gradients import Setting, run, table
+
+    setting = Setting(steps=steps, hidden=8, input_dim=4, input_scale=0.5, heads=2, seeds=(0, 1))
+    lab = run(tmp_path, setting=setting)
+    summary, curves = lab.results["summary"], lab.results["curves"]
+    k = steps - 1
+    for label, row in summary.items():
+        med = curves[label]["median"]
+        assert len(med) == steps and len(curves[label][f"per_seed_at_{k}"]) == 2
+        assert [c for c in row if c.startswith("k=")] == [f"k={d}" for d in ks]
+        assert row[f"k={k}"] == med[k]
+        n_near, n_far = int(near.rsplit("_", 1)[1]), int(far.rsplit("_", 1)[1])
+        assert 1 + n_near <= steps - n_far  # near 1..n_near, far the last n_far: apart
+        assert row[near] == pytest.approx(np.median(med[1 : 1 + n_near]))
+        assert row[far] == pytest.approx(np.median(med[steps - n_far :]))
+        assert row["far_over_near"] == pytest.approx(row[far] / row[near])
+    assert f"{summary['tanh ρ=0.5'][f'k={k}']:.1e} of the gradient after {k} steps" in lab.verdict
+    assert f"distance {k} reported, not 50" in lab.verdict
+    assert f"far/near is distances {steps - n_far}-{steps - 1} over 1-{n_near}" in lab.verdict
+    assert table(lab).columns == ["model", *(f"k={d}" for d in ks), "far/near"]
+    assert lab.config["steps"] == steps
+
+
+@pytest.mark.parametrize("steps", [-1, 0, 1, 2])
+def test_a_setting_too_short_for_a_near_and_a_far_distance_is_refused(steps):
+    from qkv.lab.gradients import Setting
+
+    with pytest.raises(ValueError, match=f"Setting.steps: must be >= 3, got {steps}"):
+        Setting(steps=steps, hidden=8, input_dim=4, input_scale=0.5, heads=2, seeds=(0,))
