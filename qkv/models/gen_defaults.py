@@ -14,9 +14,9 @@ model (an ``IndexError`` once some row finished before the others), is dropped t
 way, so the first end token pads. A value that is not a token id (a string, a float, a
 bool) is a ``ValueError`` that names the file and the key.
 
-Unlike transformers, qkv does not infer an attention mask from pad tokens in a prompt
-given without one (transformers does when the pad token is not an end token): pass
-``attention_mask`` with padded prompts.
+These defaults also decide the attention mask of prompts given without one: their pad
+tokens are masked when the pad token is not an end token, as transformers does
+(:func:`qkv.models.generation.prompt_mask`).
 """
 
 from __future__ import annotations

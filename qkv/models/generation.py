@@ -26,7 +26,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DecodingRules", "adjust_logits", "decode", "filter_logits", "sample_next"]
+__all__ = [
+    "DecodingRules",
+    "adjust_logits",
+    "decode",
+    "filter_logits",
+    "prompt_mask",
+    "sample_next",
+]
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,23 @@ class DecodingRules:
         """The id of a finished row's later tokens."""
         ends = self.end_ids
         return self.pad_token_id if self.pad_token_id is not None or not ends else ends[0]
+
+
+def prompt_mask(input_ids: Tensor, rules: DecodingRules) -> Tensor | None:
+    """The attention mask of prompts given without one, by transformers' ``generate`` rule.
+
+    When the pad token (:attr:`DecodingRules.padding`: ``pad_token_id``, else the first
+    end id) occurs in the prompts and is not an end token, the prompts' pad tokens are
+    masked; otherwise every token is real (``None``: no mask needed).
+
+    Shape:
+        input_ids ``(B, T)``; returns ``(B, T)`` boolean, ``True`` on real tokens, or ``None``.
+    """
+    pad = rules.padding
+    if pad is None or pad in rules.end_ids:
+        return None
+    mask = input_ids != pad  # (B, T)
+    return None if bool(mask.all()) else mask
 
 
 def adjust_logits(

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.gen_defaults import GenerationDefaults, read_generation_defaults, with_defaults
-from qkv.models.generation import DecodingRules, decode
+from qkv.models.generation import DecodingRules, decode, prompt_mask
 from qkv.models.hf import (
     HF_ACTIVATIONS,
     base_weights,
@@ -285,7 +285,9 @@ class GPT(nn.Module):
                 whose probability reaches p (Holtzman et al. 2020).
             seed: seed of a private random generator (reproducible sampling).
             use_cache: reuse cached keys/values (``False`` recomputes: same tokens, slower).
-            attention_mask: ``(B, T)``, 0 on the prompts' padding.
+            attention_mask: ``(B, T)``, 0 on the prompts' padding; ``None``: 0 on the
+                prompts' pad tokens when the pad token (below) is not an end token, as in
+                transformers (:func:`~qkv.models.generation.prompt_mask`).
             eos_token_id: token id(s) that end a row; ``None``: the loaded folder's, as in
                 transformers (none for a model built from a :class:`GPTConfig`); ``[]``: no
                 end token. A finished row continues with ``pad_token_id`` (``None``: the
@@ -318,6 +320,8 @@ class GPT(nn.Module):
             temperature, top_k, top_p, repetition_penalty, no_repeat_ngram_size,
             min_new_tokens, *with_defaults(self.generation_defaults, eos_token_id, pad_token_id),
         )  # fmt: skip
+        if attention_mask is None:
+            attention_mask = prompt_mask(input_ids, rules)
         if num_beams != 1:
             return beam_decode(
                 self, input_ids, max_new_tokens, num_beams, rules, length_penalty=length_penalty,

@@ -1,0 +1,100 @@
+"""GPT.generate without an attention mask infers one from pad tokens, as transformers does.
+
+transformers' ``generate`` masks the prompt tokens equal to the pad token when the pad
+token is set, occurs in the prompts, and is not an end token; otherwise every token is
+real. Each case decodes the same left-padded prompts, given without a mask, with qkv and
+with transformers, greedily, and compares the tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from qkv.models import GPT  # noqa: E402
+
+VOCAB, T, N = 500, 15, 24
+PAD = 7
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=128,
+        initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("gpt2_mask")
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def _prompts(pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh random prompts (4, T) left-padded with ``pad`` (0, 4, 8 and 2 pads), and the
+    mask of their real tokens (which never equal ``pad``)."""
+    ids = torch.randint(0, VOCAB - 1, (4, T))
+    ids = ids + (ids >= pad).long()  # every id but the pad
+    mask = torch.ones_like(ids)
+    for row, n_pad in enumerate([0, 4, 8, 2]):
+        ids[row, :n_pad], mask[row, :n_pad] = pad, 0
+    return ids, mask
+
+
+def _both(path):
+    peer = transformers.GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager")
+    return GPT.from_pretrained(path), peer.eval()
+
+
+def _hf(peer, ids, **options):
+    with torch.no_grad():
+        return peer.generate(ids, max_new_tokens=N, do_sample=False, **options)
+
+
+@pytest.mark.parametrize("beams", [1, 3], ids=["greedy", "beams3"])
+def test_pad_tokens_of_the_call_are_masked_as_transformers(base, beams):
+    ours, peer = _both(base)
+    ids, mask = _prompts(PAD)
+    ref = _hf(peer, ids, pad_token_id=PAD, num_beams=beams)
+    out = ours.generate(ids, N, pad_token_id=PAD, num_beams=beams)
+    assert torch.equal(out, ref), (out[:, T:] != ref[:, T:]).nonzero()[:5]
+    # the same as with the mask given; and not what an unmasked prompt gives
+    assert torch.equal(out, ours.generate(ids, N, attention_mask=mask, pad_token_id=PAD,
+                                          num_beams=beams))  # fmt: skip
+    assert not torch.equal(out, ours.generate(ids, N, attention_mask=torch.ones_like(ids),
+                                              pad_token_id=PAD, num_beams=beams))  # fmt: skip
+
+
+def test_the_folders_pad_token_is_masked_as_transformers(base, tmp_path):
+    ours, peer = _both(base)
+    plain = ours.generate(_prompts(PAD)[0], N, pad_token_id=PAD)
+    end = int(plain[1, T + 5])  # an end token that a row emits: finished rows pad with PAD
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((base / name).read_bytes())
+    generation = {"pad_token_id": PAD, "eos_token_id": end}
+    (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    ours, peer = _both(tmp_path)
+    ids, _ = _prompts(PAD)
+    ref, out = _hf(peer, ids), ours.generate(ids, N)
+    assert torch.equal(out, ref), (out.shape, ref.shape)
+
+
+@pytest.mark.parametrize(
+    "case", ["pad_is_an_end_token", "no_pad_but_an_end_token", "pad_not_in_the_prompts"]
+)
+def test_no_mask_is_inferred_where_transformers_infers_none(base, case):
+    ours, peer = _both(base)
+    ids, mask = _prompts(PAD)
+    options = {
+        "pad_is_an_end_token": dict(pad_token_id=PAD, eos_token_id=[3, PAD]),
+        "no_pad_but_an_end_token": dict(eos_token_id=PAD),  # then the end token pads
+        "pad_not_in_the_prompts": dict(pad_token_id=PAD),
+    }[case]
+    if case == "pad_not_in_the_prompts":
+        ids = ids.masked_fill(mask == 0, PAD + 1)
+    ref, out = _hf(peer, ids, **options), ours.generate(ids, N, **options)
+    assert torch.equal(out, ref), (out.shape, ref.shape)
+    everything = ours.generate(ids, N, attention_mask=torch.ones_like(ids), **options)
+    assert torch.equal(out, everything)  # every prompt token was attended
