@@ -66,13 +66,13 @@ def _check_search_args(args) -> None:
         raise UserError(f"--batch-size: must be >= 1, got {args.batch_size}")
 
 
-def _read_stdin() -> list[str]:
+def _read_stdin(what: str = "the sentences") -> list[str]:
     """stdin as UTF-8 lines; bytes that are not UTF-8 are an error naming line and byte."""
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError, decode_lines
 
     if sys.stdin is None:  # started with stdin closed (<&-)
-        raise UserError("stdin: is closed; give the sentences on stdin, one per line")
+        raise UserError(f"stdin: is closed; give {what} on stdin, one per line")
     stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
     data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
     try:
@@ -302,7 +302,8 @@ def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
         return _recipe_split(args.checkpoint, extra, split)
     if not (args.src and args.ref):
         raise UserError("give --src FILE and --ref FILE, or --split valid|test")
-    src, ref = _read_text(args.src), _read_text(args.ref)
+    src = _read_text(args.src, "the source sentences")
+    ref = _read_text(args.ref, "the reference translations")
     src_name, ref_name = _text_name(args.src), _text_name(args.ref)
     for name, lines in ((src_name, src), (ref_name, ref)):
         if not any(line.strip() for line in lines):
@@ -312,13 +313,13 @@ def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
     return src, ref
 
 
-def _read_text(path: str) -> list[str]:
-    """The lines of file ``path``, or of stdin for ``-``."""
+def _read_text(path: str, what: str) -> list[str]:
+    """The lines of file ``path``, or of stdin for ``-`` (``what`` they are: for errors)."""
     from qkv.cli import UserError
     from qkv.data.corpus import CorpusError, read_lines
 
     if path == "-":
-        return _read_stdin()
+        return _read_stdin(what)
     try:
         return read_lines(path)
     except CorpusError as err:

@@ -57,3 +57,20 @@ def test_stdin_problems_name_stdin(ckpt, tmp_path, monkeypatch, capsys):  # noqa
         code, out, err = _cli(monkeypatch, capsys, "evaluate", ckpt, *args, stdin=stdin)
         _one_line_error(code, err, match)
         assert out == ""
+
+
+def test_a_closed_stdin_names_the_lines_it_should_hold(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import sys
+
+    from qkv.cli import main
+
+    src, ref = _files(tmp_path)
+    monkeypatch.setattr(sys, "stdin", None)
+    for args, wanted in (
+        (["--src", "-", "--ref", str(ref)], "give the source sentences on stdin"),
+        (["--src", str(src), "--ref", "-"], "give the reference translations on stdin"),
+    ):
+        code = main(["evaluate", str(ckpt), *args])
+        out, err = capsys.readouterr()
+        _one_line_error(code, err, f"stdin: is closed; {wanted}")
+        assert out == ""
