@@ -27,16 +27,9 @@ from torch import Tensor, nn
 
 from qkv.models.gen_defaults import GenerationDefaults, read_generation_defaults, with_defaults
 from qkv.models.generation import DecodingRules, decode, prompt_mask
-from qkv.models.hf import (
-    HF_ACTIVATIONS,
-    base_weights,
-    check_values,
-    config_errors,
-    load_into,
-    load_state_dict,
-    read_config,
-)
-from qkv.models.inputs import check_token_ids
+from qkv.models.gpt_hf import gpt2_config_values, gpt2_weights
+from qkv.models.hf import check_values, config_errors, load_into, load_state_dict, read_config
+from qkv.models.inputs import check_position_ids, check_token_ids
 from qkv.models.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
@@ -106,46 +99,7 @@ class GPTConfig:
         ``reorder_and_upcast_attn`` is accepted: it changes how half-precision scores are
         rounded (Hugging Face then computes them in float32), not what is computed.
         """
-        kind = config.get("model_type", "gpt2")
-        if kind != "gpt2":
-            raise ValueError(
-                f"model_type {kind!r} is not GPT-2 format (GPT reads model_type 'gpt2')"
-            )
-        missing = [
-            k
-            for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
-            if k not in config
-        ]
-        if missing:
-            raise ValueError(f"GPT-2 config.json lacks {', '.join(missing)}")
-        check_values(config, _HF_KINDS)
-        if config.get("add_cross_attention"):
-            raise ValueError("GPT-2 option add_cross_attention=true is not supported")
-        act = config.get("activation_function", "gelu_new")
-        if act not in HF_ACTIVATIONS:
-            raise ValueError(f"activation_function {act!r} not supported: {list(HF_ACTIVATIONS)}")
-        drops = {config.get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
-        if len(drops) > 1:  # only while training; qkv has one dropout rate
-            log.warning("GPT-2 dropouts %s differ: resid_pdrop is used for all", sorted(drops))
-        return cls(
-            vocab_size=config["vocab_size"], max_len=config["n_positions"],
-            num_layers=config["n_layer"], num_heads=config["n_head"], dim=config["n_embd"],
-            ff_dim=config.get("n_inner"), activation=HF_ACTIVATIONS[act],
-            layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
-            dropout=config.get("resid_pdrop", 0.1),
-            tie_embeddings=config.get("tie_word_embeddings", True),
-            scale_by_head_dim=config.get("scale_attn_weights", True),
-            scale_by_layer=config.get("scale_attn_by_inverse_layer_idx", False),
-        )  # fmt: skip
-
-
-_HF_KINDS = {  # GPT-2 config.json key -> kind of value (see qkv.models.hf.check_values)
-    **dict.fromkeys(("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"), "count"),
-    "n_inner": "count?", "layer_norm_epsilon": "positive", "activation_function": "name",
-    **dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), "probability"),
-    **dict.fromkeys(("tie_word_embeddings", "scale_attn_weights", "add_cross_attention",
-                     "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"), "flag"),
-}  # fmt: skip
+        return cls(**gpt2_config_values(config))
 
 
 @dataclass
@@ -219,19 +173,23 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         need_weights: bool = False,
+        position_ids: Tensor | None = None,
     ) -> GPTOutput:
         """Next-token logits for every position.
 
-        Positions count real tokens only: with ``attention_mask``, token ``t`` of a row is at
-        position ``(number of real tokens up to t) - 1``, so a left-padded prompt starts at
-        position 0 (as Hugging Face ``generate`` does); without it, positions are
-        ``cache.length + arange(T)``.
+        Positions, unless ``position_ids`` gives them, count real tokens only: with
+        ``attention_mask``, token ``t`` of a row is at position ``(number of real tokens up
+        to t) - 1``, so a left-padded prompt starts at position 0 (as Hugging Face
+        ``generate`` does); without it, positions are ``cache.length + arange(T)``.
 
         Args:
             input_ids: token ids ``(B, T)`` (only the new ones when ``cache`` is given).
             attention_mask: ``(B, cache.length + T)``, 1/True for real tokens.
             cache: from :meth:`new_cache`; updated in place and returned.
             need_weights: also return every layer's attention weights.
+            position_ids: ``(B, T)`` or ``(1, T)`` (shared by the rows), the position of
+                each token of ``input_ids`` in ``0 .. max_len - 1``, as Hugging Face
+                ``GPT2LMHeadModel`` takes them.
         """
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
@@ -243,14 +201,17 @@ class GPT(nn.Module):
                     f"got {tuple(attention_mask.shape)}"
                 )
             key_mask = attention_mask.bool()  # (B, Tk)
-            positions = (key_mask.long().cumsum(-1) - 1).masked_fill(~key_mask, 0)[:, past:]
+        if position_ids is None:
+            if past + t > self.config.max_len:
+                raise ValueError(
+                    f"sequence length {past + t} exceeds max_len {self.config.max_len}"
+                )
+            position_ids = _real_token_positions(key_mask, past, b, t, input_ids.device)
         else:
-            positions = torch.arange(past, past + t, device=input_ids.device).expand(b, t)
-        if past + t > self.config.max_len:
-            raise ValueError(f"sequence length {past + t} exceeds max_len {self.config.max_len}")
+            check_position_ids(position_ids, b, t, self.config.max_len)
         check_token_ids(input_ids, self.config.vocab_size)
 
-        x = self.tok_emb(input_ids) + F.embedding(positions, self.pos_emb.weight)  # (B, T, E)
+        x = self.tok_emb(input_ids) + F.embedding(position_ids, self.pos_emb.weight)  # (B, T, E)
         out = self.decoder(self.drop(x), key_mask=key_mask, need_weights=need_weights, cache=cache)
         logits = self.lm_head(out.hidden)  # (B, T, V)
         return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
@@ -342,7 +303,8 @@ class GPT(nn.Module):
         pad tokens that :meth:`generate` takes by default (:mod:`qkv.models.gen_defaults`).
 
         GPT-2 stores its linear layers transposed (``Conv1D``: ``(in, out)``) and packs the
-        query, key and value projections in one ``c_attn``; both are converted. Names may
+        query, key and value projections in one ``c_attn``; both are converted
+        (:mod:`qkv.models.gpt_hf`). Names may
         carry the ``transformer.`` prefix, and then other heads than ``lm_head``
         (``score.*`` of ``GPT2ForSequenceClassification``) are ignored; the causal-mask
         buffers of old checkpoints (``attn.bias``, ``attn.masked_bias``) are ignored, and so
@@ -354,52 +316,17 @@ class GPT(nn.Module):
         with config_errors(path):
             config = GPTConfig.from_hf(raw)
         model = cls(config)
-        state = _convert_gpt2(load_state_dict(path), config)
+        state = gpt2_weights(load_state_dict(path), config.tie_embeddings)
         load_into(model, state, what=str(path), dtype=dtype, config=raw)
         model.generation_defaults = read_generation_defaults(path, config.vocab_size)
         return model.eval()
 
 
-def _convert_gpt2(hf: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
-    """Rename (and transpose, split) Hugging Face GPT-2 weights into qkv names."""
-    state: dict[str, Tensor] = {}
-    hf = base_weights(hf, "transformer.", keep=["lm_head.weight"])
-    top = {
-        "wte.weight": "tok_emb.weight",
-        "wpe.weight": "pos_emb.weight",
-        "ln_f.weight": "decoder.final_norm.weight",
-        "ln_f.bias": "decoder.final_norm.bias",
-    }
-    for name, tensor in hf.items():
-        if name == "lm_head.weight":
-            if not config.tie_embeddings:
-                state["lm_head.weight"] = tensor
-            continue  # tied: the same tensor as wte
-        if name in top:
-            state[top[name]] = tensor
-            continue
-        parts = name.split(".", 2)  # h, i, rest
-        if len(parts) != 3 or parts[0] != "h":
-            state[name] = tensor  # unknown: reported by the name check
-            continue
-        prefix, rest = f"decoder.layers.{parts[1]}.", parts[2]
-        if rest in ("attn.bias", "attn.masked_bias"):
-            continue  # causal-mask buffers of old checkpoints
-        for new_name, value in _convert_block_weight(rest, tensor).items():
-            state[prefix + new_name] = value
-    return state
-
-
-def _convert_block_weight(rest: str, tensor: Tensor) -> dict[str, Tensor]:
-    """One weight of a GPT-2 block: ``Conv1D`` ``(in, out)`` -> ``nn.Linear`` ``(out, in)``."""
-    simple = {"ln_1": "norm1", "ln_2": "norm3", "attn.c_proj": "self_attn.out_proj",
-              "mlp.c_fc": "ff.linear1", "mlp.c_proj": "ff.linear2"}  # fmt: skip
-    module, _, kind = rest.rpartition(".")
-    if module == "attn.c_attn":
-        value = tensor.t() if kind == "weight" else tensor  # (3E, E) or (3E,)
-        q, k, v = value.chunk(3, dim=0)
-        return {f"self_attn.{p}_proj.{kind}": x.contiguous() for p, x in zip("qkv", (q, k, v))}
-    if module in simple:
-        is_conv = kind == "weight" and not module.startswith("ln_")
-        return {f"{simple[module]}.{kind}": tensor.t().contiguous() if is_conv else tensor}
-    return {rest: tensor}  # unknown: reported by the name check
+def _real_token_positions(
+    key_mask: Tensor | None, past: int, b: int, t: int, device: torch.device
+) -> Tensor:
+    """``(B, T)``: the positions of the new tokens, counting the real tokens of ``key_mask``
+    ``(B, past + T)`` (padding at 0), or ``past + arange(T)`` without a mask."""
+    if key_mask is None:
+        return torch.arange(past, past + t, device=device).expand(b, t)
+    return (key_mask.long().cumsum(-1) - 1).masked_fill(~key_mask, 0)[:, past:]
