@@ -3,6 +3,7 @@
 from qkv.models.bert import BertConfig, BertModel, BertOutput, encode
 from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.gen_defaults import GenerationDefaults
 from qkv.models.generation import DecodingRules, sample_next
 from qkv.models.gpt import GPT, GPTConfig, GPTOutput
 from qkv.models.hf_tokenizer import load_tokenizer, minilm_path, sentence_options
@@ -31,6 +32,7 @@ __all__ = [
     "GPT",
     "GPTConfig",
     "GPTOutput",
+    "GenerationDefaults",
     "encode",
     "load_tokenizer",
     "minilm_path",

@@ -123,6 +123,12 @@ class GPT(nn.Module):
     Args:
         config: a :class:`GPTConfig`.
 
+    Attributes:
+        generation_defaults: the end and pad tokens that :meth:`generate` takes when given
+            none (a :class:`~qkv.models.GenerationDefaults`): the folder's after
+            :meth:`from_pretrained`, ``None`` (no end token) for a model built from a
+            config; may be set.
+
     Shape:
         input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
         1/True for real tokens. Returns :class:`GPTOutput`.

@@ -221,3 +221,22 @@ def test_generation_config_json_that_is_not_an_object_is_refused(base, tmp_path)
     path = _folder(base, tmp_path, generation=[1, 2])
     with pytest.raises(ValueError, match="generation_config.json: expected a JSON object"):
         GPT.from_pretrained(path)
+
+
+def test_defaults_given_to_a_built_gpt_decode_as_the_folder_in_transformers(
+    base, prompts, plain, tmp_path
+):
+    import qkv.models
+
+    ids, mask = prompts
+    end, pad = int(plain[2, 4]), int(plain[0, 1])
+    path = _folder(base, tmp_path, generation={"eos_token_id": end, "pad_token_id": pad})
+    loaded = GPT.from_pretrained(path)
+    built = GPT(loaded.config).eval()
+    built.load_state_dict(loaded.state_dict())
+    assert "GenerationDefaults" in qkv.models.__all__
+    built.generation_defaults = qkv.models.GenerationDefaults(eos_token_id=(end,), pad_token_id=pad)
+    out, ref = built.generate(ids, N, attention_mask=mask), _hf(_peer(path), ids, mask)
+    assert torch.equal(out, ref), (out.shape, ref.shape)
+    first = int((out[2, T:] == end).nonzero()[0])  # row 2 ended, then continued with pad
+    assert first <= 4 and (out[2, T + first + 1 :] == pad).all()
