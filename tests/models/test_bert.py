@@ -218,3 +218,26 @@ def test_wrong_weight_names_are_listed(folder, tmp_path):
     assert "unexpected (1)" in message and "rotary" in message
     with pytest.raises(FileNotFoundError, match="no weights"):
         BertModel.from_pretrained(tmp_path / "..")
+
+
+@pytest.mark.parametrize("need_weights", [True, False], ids=["with_maps", "fast_path"])
+def test_a_row_of_only_padding_matches_transformers_default(folder, ours, batch, need_weights):
+    """A sequence whose mask is all 0 sees no key. transformers' default (sdpa) then
+    attends to nothing, as qkv does (zeros, never NaN), so even that row's states agree;
+    its eager path attends uniformly instead, and differs from its own default there."""
+    _, ids, mask, types = batch
+    empty = random.randrange(ids.shape[0])
+    mask = mask.clone()
+    mask[empty] = 0
+    sdpa = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        out = ours(ids, attention_mask=mask, token_type_ids=types, need_weights=need_weights)
+        ref = sdpa(ids, attention_mask=mask, token_type_ids=types)
+    assert out.last_hidden_state.isfinite().all()
+    compared = mask.bool()
+    compared[empty] = True  # the real tokens of every row, and all of the empty row
+    diff = (out.last_hidden_state - ref.last_hidden_state)[compared].abs().max()
+    assert diff <= 1e-5
+    torch.testing.assert_close(out.pooler_output, ref.pooler_output, atol=1e-5, rtol=0)
+    if need_weights:  # the empty row's maps hold no attention at all
+        assert all((w[empty] == 0).all() for w in out.attentions)
