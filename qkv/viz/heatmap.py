@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qkv.viz._maps import _to_numpy, prepare
+from qkv.viz._write import writing
 from qkv.viz.fonts import font_chain
 
 if TYPE_CHECKING:
@@ -99,8 +100,8 @@ def _save(fig: Figure, path: str | os.PathLike[str] | None) -> None:
     path = Path(path)
     if path.suffix.lower() not in _FORMATS:
         raise ValueError(f"{path}: unsupported image format, use one of {', '.join(_FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    with writing(path) as tmp:  # whole or not at all; the suffix names the format
+        fig.savefig(tmp, dpi=150, format=path.suffix[1:].lower())
     log.info("wrote %s", path)
 
 

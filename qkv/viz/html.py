@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from qkv.viz._maps import AttentionMaps, prepare, summarize, summarize_map
+from qkv.viz._write import writing
 from qkv.viz.page import PER_LAYER, Summary, fill_page
 from qkv.viz.payload import decode_payload, encode_payload, extract_payload
 
@@ -247,8 +248,8 @@ class AttentionView:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the page to ``path`` (UTF-8, ``.html`` or ``.htm``) and return the path."""
         path = _html_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.html, encoding="utf-8")
+        with writing(path) as tmp:  # whole or not at all: an interrupt keeps the old page
+            tmp.write_text(self.html, encoding="utf-8")
         log.info("wrote %s (%d bytes)", path, len(self.html.encode("utf-8")))
         return path
 
