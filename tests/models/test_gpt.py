@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from gpt_helpers import random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -23,13 +24,9 @@ VOCAB = 1000
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    config = transformers.GPT2Config(
-        n_layer=4, n_head=4, n_embd=128, vocab_size=VOCAB, n_positions=256,
-        initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("gpt2")
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return path
+    return random_gpt2_folder(
+        tmp_path_factory.mktemp("gpt2"), layers=4, heads=4, dim=128, vocab=VOCAB, positions=256
+    )
 
 
 @pytest.fixture(scope="module")

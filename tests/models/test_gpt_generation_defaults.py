@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 import torch
+from gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,14 +25,10 @@ VOCAB, T, N = 1000, 17, 40
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    config = transformers.GPT2Config(
-        n_layer=3, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=128,
-        initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("plain")
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return path
+    return random_gpt2_folder(
+        tmp_path_factory.mktemp("plain"), layers=3, heads=4, dim=64, vocab=VOCAB, positions=128
+    )
 
 
 @pytest.fixture(scope="module")

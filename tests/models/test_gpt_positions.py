@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from gpt_helpers import random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -19,12 +20,14 @@ VOCAB, B, T, POSITIONS = 400, 3, 13, 64
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    config = transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=POSITIONS,
-        initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("gpt2_positions")
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    path = random_gpt2_folder(
+        tmp_path_factory.mktemp("gpt2_positions"),
+        layers=2,
+        heads=4,
+        dim=64,
+        vocab=VOCAB,
+        positions=POSITIONS,
+    )
     peer = transformers.GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager")
     return GPT.from_pretrained(path), peer.eval()
 

@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,13 +24,9 @@ PAD = 7
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    config = transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=128,
-        initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("gpt2_mask")
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return path
+    return random_gpt2_folder(
+        tmp_path_factory.mktemp("gpt2_mask"), layers=2, heads=4, dim=64, vocab=VOCAB, positions=128
+    )
 
 
 def _prompts(pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from gpt_helpers import random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -34,13 +35,15 @@ def bert_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt_folder(tmp_path_factory):
-    config = transformers.GPT2Config(
-        n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=32,
-        bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("gpt2")
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return path
+    return random_gpt2_folder(
+        tmp_path_factory.mktemp("gpt2"),
+        layers=2,
+        heads=2,
+        dim=16,
+        vocab=VOCAB,
+        positions=32,
+        init=0.02,
+    )
 
 
 def _copy(folder, to, **config):
