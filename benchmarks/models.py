@@ -34,6 +34,7 @@ from benchmarks.common import cli, measure, report, result  # noqa: E402
 from qkv.models import GPT, BertModel, encode, load_tokenizer, minilm_path  # noqa: E402
 
 NEWS = Path(__file__).resolve().parents[2] / "shared/data/ko-en/ntrex128/newstest2019-src.eng.txt"
+PAD = 3  # the pad token both generators are given (beam search fills ended rows with it)
 BATCH, MAX_TOKENS = 32, 128
 
 
@@ -136,16 +137,16 @@ def generation_rows(new_tokens: int) -> list[dict]:
     same = torch.equal(ours.generate(prompt, new_tokens), peer_generate(peer, prompt, new_tokens))
     case = f"GPT (6×384) greedy, {new_tokens} new tokens, prompt 16"
     beam = dict(num_beams=4, eos_token_id=int(peer_generate(peer, prompt, 8)[0, -1]))
-    prompts = torch.randint(0, 8000, (2, 16))
+    prompts = torch.randint(PAD + 1, 8000, (2, 16))  # no pad token: nothing to mask
     beam_s, hf_beam_s = _paired(
         [
-            lambda: ours.generate(prompts, new_tokens, **beam, pad_token_id=3),
+            lambda: ours.generate(prompts, new_tokens, **beam, pad_token_id=PAD),
             lambda: peer_generate(peer, prompts, new_tokens, **beam),
         ],
         repeat=3,
     )
     same_beam = torch.equal(
-        ours.generate(prompts, new_tokens, **beam, pad_token_id=3),
+        ours.generate(prompts, new_tokens, **beam, pad_token_id=PAD),
         peer_generate(peer, prompts, new_tokens, **beam),
     )
     return [*long_rows, *[
@@ -180,7 +181,7 @@ def peer_generate(peer, prompt: torch.Tensor, new_tokens: int, **options) -> tor
     with torch.inference_mode():
         return peer.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-            do_sample=False, pad_token_id=3, **exact, **options,
+            do_sample=False, pad_token_id=PAD, **exact, **options,
         )  # fmt: skip
 
 
