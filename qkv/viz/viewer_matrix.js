@@ -237,7 +237,10 @@ function showCell(c) {
   lightLabels(c ? surface.labels(c) : []);
   if (!c) { tooltip.hidden = true; return null; }
   const w = weight(state.layer, state.matrixHead, c.i, c.j);
-  tooltip.textContent = `${data.queryTokens[c.i]} → ${data.keyTokens[c.j]}: ${shown(w)}`;
+  // each token isolated (<bdi>): two right-to-left tokens would otherwise make one
+  // right-to-left run, shown as "WEIGHT :KEY → QUERY"
+  tooltip.replaceChildren(el("bdi", {}, data.queryTokens[c.i]), " → ",
+    el("bdi", {}, data.keyTokens[c.j]), `: ${shown(w)}`);
   Object.assign(tooltip.dataset, { query: c.i, key: c.j, weight: String(w) });
   tooltip.hidden = false;
   const r = surface.rect(c);
