@@ -80,7 +80,39 @@ def decoder_attention(model: GPT, tokenizer: Any, text: str) -> tuple[Tensor, li
     with torch.no_grad():
         out = model(ids, need_weights=True)
     maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (L, H, T, T)
-    return maps, [tokenizer.decode([i], skip_special_tokens=False) for i in enc.ids]
+    return maps, [_piece_text(tokenizer, i) for i in enc.ids]
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte, reversed."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # shown as themselves
+    others = [b for b in range(256) if b not in printable]  # shifted to 256, 257, ...
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + k): b for k, b in enumerate(others)})
+    return table
+
+
+_BYTE_OF_CHAR = _byte_of_char()
+
+
+def _piece_text(tokenizer: Any, token_id: int) -> str:
+    """The text a token stands for. A byte-level piece that holds part of a character
+    (a Hangul syllable or an emoji split over tokens) decodes alone to U+FFFD, the same
+    for every such piece; its bytes are shown instead, e.g. ``'‹ED 95›'``."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    piece = tokenizer.id_to_token(token_id)
+    if "\ufffd" not in text or piece is None or not set(piece) <= _BYTE_OF_CHAR.keys():
+        return text
+    raw, out = bytes(_BYTE_OF_CHAR[c] for c in piece), []
+    while raw:
+        try:
+            out.append(raw.decode("utf-8"))
+            break
+        except UnicodeDecodeError as err:  # the text before the bad bytes, then the bytes
+            out.append(raw[: err.start].decode("utf-8"))
+            out.append(f"‹{raw[err.start : err.end].hex(' ').upper()}›")
+            raw = raw[err.end :]
+    return "".join(out)
 
 
 @dataclass(frozen=True)

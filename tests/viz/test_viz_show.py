@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,23 @@ def test_output_is_utf8_whatever_the_locale(minilm, tmp_path):
     )
     assert run.returncode == 0 and b"Traceback" not in run.stderr
     assert run.stdout.decode("utf-8").startswith(f"wrote {out}\n")
+
+
+def _bytes_of(label: str) -> bytes:
+    """A token label as bytes: text as UTF-8, each '‹ED 95›' as the bytes it spells."""
+    parts = re.split(r"‹((?:[0-9A-F]{2} ?)+)›", label)
+    return b"".join(bytes.fromhex(p) if k % 2 else p.encode("utf-8") for k, p in enumerate(parts))
+
+
+def test_gpt2_pieces_of_a_character_are_told_apart(small_gpt, tmp_path):
+    """A byte-level piece that holds part of a character ('학', an emoji split over several
+    tokens) was decoded alone to '\ufffd': a row of identical '\ufffd' tokens on the page."""
+    text = "cat 학교 🐈"
+    page = tmp_path / "gpt.html"
+    run = qkv(text, "--model", str(small_gpt), "--out", str(page))
+    assert run.returncode == 0, run.stderr
+    tokens = extract_payload(page.read_text(encoding="utf-8"))["queryTokens"]
+    assert len(tokens) > len(text.split()) + 4  # the characters are split into pieces
+    assert not any("\ufffd" in t for t in tokens), tokens
+    assert b"".join(_bytes_of(t) for t in tokens) == text.encode("utf-8")
+    assert tokens[0] == "cat"  # whole characters stay text
