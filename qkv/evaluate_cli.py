@@ -236,18 +236,19 @@ def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
     from qkv.cli import UserError
     from qkv.viz.translations import save_translations
 
-    entries = []
-    for text, nbest in zip(lines, out):
+    entries, numbers = [], []  # images are numbered by input line: blank lines leave gaps
+    for number, (text, nbest) in enumerate(zip(lines, out), start=1):
         best = nbest[0]
         if best.alignment is not None:
             ids = src_tok.encode(text.strip())[: best.alignment.shape[-1]]  # a long line was cut
             entries.append((text, ids, [src_tok.id_to_token(i) for i in ids], best))
+            numbers.append(number)
     if not entries:
         if not any(src_tok.encode(text.strip()) for text in lines):
             raise UserError("--show-attention: the input has no sentence to show")
         raise UserError("--show-attention: this model has no attention to show")
     try:
-        return save_translations(model, entries, path)
+        return save_translations(model, entries, path, numbers=numbers)
     except ValueError as err:
         raise UserError(f"--show-attention {path}: {err}") from None
 

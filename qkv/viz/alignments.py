@@ -152,6 +152,7 @@ def save_alignments(
     title: str | None = None,
     quantization: str = "uint16",
     map_label: str | None = None,
+    numbers: Sequence[int] | None = None,
 ) -> list[Path]:
     """Write the cross-attention alignment of each translated sentence.
 
@@ -171,6 +172,8 @@ def save_alignments(
         map_label: what each single alignment map is (HTML), e.g. from
             :func:`describe_alignment`; ``"alignment"`` when None and every item is one
             map (items with several layers or heads keep their numbers).
+        numbers: the number of each item's image (e.g. its input line, so that a skipped
+            blank line leaves a gap); default ``1, 2, ...``.
 
     Returns:
         the files written.
@@ -188,12 +191,15 @@ def save_alignments(
         )
     if not items:
         raise ValueError(f"{path}: no alignments to show (does the model attend?)")
+    numbers = list(range(1, len(items) + 1)) if numbers is None else list(numbers)
+    if len(numbers) != len(items) or len(set(numbers)) != len(numbers):
+        raise ValueError(f"{path}: need one distinct image number per item, got {numbers}")
     maps, labels, titles = _prepare_items(items)
     if suffix in _HTML:
         if map_label is None and all(am.weights.shape[:2] == (1, 1) for am in maps):
             map_label = "alignment"
         return [_save_page(path, maps, labels, title, quantization, map_label)]
-    return _save_images(path, maps, titles)
+    return _save_images(path, maps, titles, numbers)
 
 
 def _save_page(
@@ -222,12 +228,14 @@ def _save_page(
     return AttentionView(page).save(path)
 
 
-def _save_images(path: Path, maps: list[AttentionMaps], labels: list[str]) -> list[Path]:
+def _save_images(
+    path: Path, maps: list[AttentionMaps], labels: list[str], numbers: list[int]
+) -> list[Path]:
     """One heatmap per sentence: the alignment, or a grid when it has several heads."""
     from qkv.viz.heatmap import _fonts_for, _plain, _save, plot_alignment, plot_heads
 
     written = []
-    for k, (am, label) in enumerate(zip(maps, labels), start=1):
+    for k, am, label in zip(numbers, maps, labels):
         out = _numbered(path, k)
         if am.weights.shape[:2] == (1, 1):
             with _fonts_for([*am.key_tokens, *am.query_tokens, label]):

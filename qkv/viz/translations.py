@@ -121,6 +121,7 @@ def save_translations(
     path: str | os.PathLike[str],
     *,
     budget_mib: float = 48.0,
+    numbers: Sequence[int] | None = None,
 ) -> list[Path]:
     """Write the attention of translated sentences: every map of a Transformer on an HTML
     page (within ``budget_mib``), else each sentence's alignment (:func:`save_alignments`).
@@ -131,6 +132,8 @@ def save_translations(
             translation has ``ids``, ``eos``, ``target_labels`` and ``alignment``.
         path: an ``.html`` page or an image name (images show the alignments).
         budget_mib: the largest page of every map, in MiB of weights.
+        numbers: each sentence's image number (its input line), as in
+            :func:`save_alignments`.
 
     Returns:
         the files written.
@@ -153,4 +156,4 @@ def save_translations(
     items = [
         (best.alignment, tokens, best.target_labels, text) for text, _, tokens, best in entries
     ]
-    return save_alignments(items, path, map_label=describe_alignment(model))
+    return save_alignments(items, path, map_label=describe_alignment(model), numbers=numbers)

@@ -1,0 +1,30 @@
+"""``qkv translate --show-attention out.png`` numbers its images by input line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_evaluate import _cli, ckpt  # noqa: F401 (ckpt: a fixture)
+
+from qkv.viz.alignments import save_alignments
+
+
+def test_images_are_numbered_by_input_line(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811
+    lines = ["고양이가 쥐를 잡았다", "", "개가 잤다", "  ", "고양이가 잤다"]
+    stdin = ("\n".join(lines) + "\n").encode()
+    code, out, err = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention",
+                          tmp_path / "al.png", stdin=stdin)  # fmt: skip
+    assert code == 0, err
+    assert len(out.splitlines()) == len(lines)
+    wanted = [tmp_path / f"al-{n}.png" for n in (1, 3, 5)]  # the blank lines 2 and 4 have none
+    assert sorted(tmp_path.glob("al-*.png")) == wanted
+    assert err.strip().splitlines()[-1] == "attention: " + ", ".join(map(str, wanted))
+
+
+def test_image_numbers_must_be_one_distinct_number_per_item(tmp_path):
+    item = (torch.rand(2, 3).softmax(-1), ["a", "b", "c"], ["x", "y"], "a b c")
+    (one,) = save_alignments([item], tmp_path / "o.svg", numbers=[7])
+    assert one == tmp_path / "o-7.svg" and one.read_text().startswith("<?xml")
+    for numbers in ([1], [2, 2], [1, 2, 3]):
+        with pytest.raises(ValueError, match="one distinct image number per item"):
+            save_alignments([item, item], tmp_path / "o.svg", numbers=numbers)
