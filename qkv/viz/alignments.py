@@ -189,6 +189,7 @@ def save_alignments(
             f"{path}: unknown output type {suffix or '(none)'!r}; "
             f"use one of {', '.join(_HTML + _IMAGES)}"
         )
+    items = list(items)  # any iterable: a generator is read once, here
     if not items:
         raise ValueError(f"{path}: no alignments to show (does the model attend?)")
     numbers = list(range(1, len(items) + 1)) if numbers is None else list(numbers)
