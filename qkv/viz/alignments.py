@@ -13,6 +13,7 @@ the last decoder layer's cross-attention), and the page names it so.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import unicodedata
@@ -251,4 +252,19 @@ def _save_images(
         fig.clear()  # free the figure's memory before the next sentence
         written.append(out)
     log.info("wrote %d alignment images %s ... %s", len(written), written[0], written[-1])
+    _warn_of_older_images(path, written)
     return written
+
+
+def _warn_of_older_images(path: Path, written: list[Path]) -> None:
+    """Say which numbered images beside ``written`` this call did not write (an earlier
+    run's, of more sentences): they are left alone, but must not pass for this run's."""
+    older = sorted(
+        (p for p in path.parent.glob(f"{glob.escape(path.stem)}-*{path.suffix}")
+         if p.stem[len(path.stem) + 1 :].isdigit() and p not in written),
+        key=lambda p: int(p.stem[len(path.stem) + 1 :]),
+    )  # fmt: skip
+    if older:
+        names = ", ".join(p.name for p in older[:5]) + (", ..." if len(older) > 5 else "")
+        log.warning("%s: %d older image(s) beside this run's, not from it: %s",
+                    path.parent / f"{path.stem}-N{path.suffix}", len(older), names)  # fmt: skip
