@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from qkv.lab.common import LabRun, Table, print_table, write_result
+from qkv.lab.common import LabRun, Table, check_writable, print_table, write_result
 
 __all__ = ["EXPERIMENTS", "run_experiment", "run_cli"]
 
@@ -48,11 +48,13 @@ def run_experiment(name: str, out: Path | None = None, *, quick: bool = False) -
 
     Raises:
         KeyError: for an unknown name.
+        OutputFolderError: ``out`` cannot be written (checked before the run starts).
     """
     if name not in EXPERIMENTS:
         raise KeyError(name)
     out = Path(out) if out is not None else Path("runs/lab") / name
     out.mkdir(parents=True, exist_ok=True)
+    check_writable(out)
     earlier = _earlier_figures(out)
     module = importlib.import_module(EXPERIMENTS[name])
     started = time.perf_counter()

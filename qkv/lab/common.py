@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import platform
 import random
 import shlex
@@ -25,11 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv._files import replacing, write_text_atomic
+from qkv.viz._write import writing
 
 __all__ = [
     "LabRun",
+    "OutputFolderError",
     "Table",
+    "check_writable",
     "corpus_folder",
     "fonts_for",
     "num_threads",
@@ -77,6 +80,25 @@ class LabRun:
     results: dict[str, Any]
     figures: list[str] = field(default_factory=list)
     verdict: str = ""
+
+
+class OutputFolderError(OSError):
+    """The output folder cannot be written (raised before an experiment runs)."""
+
+
+def check_writable(out: Path) -> None:
+    """Raise :class:`OutputFolderError` unless a file can be made in the folder ``out``.
+
+    An experiment writes its figures and ``result.json`` only at the end: without this
+    check a read-only folder failed after the whole run (minutes of training, lost).
+    """
+    probe = out / f".qkv-lab-probe.{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise OutputFolderError(f"{out}: cannot write in this folder ({why})") from None
+    probe.unlink(missing_ok=True)
 
 
 def seed_all(seed: int) -> torch.Generator:
@@ -189,7 +211,8 @@ def write_result(out: Path, run: LabRun, seconds: float) -> Path:
         "results": run.results,
     }
     path = out / "result.json"
-    write_text_atomic(path, json.dumps(_clean(doc), indent=2, ensure_ascii=False) + "\n")
+    with writing(path) as tmp:  # atomic; an error names result.json, not the temporary
+        tmp.write_text(json.dumps(_clean(doc), indent=2, ensure_ascii=False) + "\n", "utf-8")
     log.info("wrote %s", path)
     return path
 
@@ -224,9 +247,11 @@ def new_figure(width: float = 6.4, height: float = 4.8, **kwargs: Any):
 
 
 def save_figure(fig, path: Path) -> str:
-    """Save ``fig`` as PNG at ``path`` (atomically); return the path as a string."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path) as tmp:
+    """Save ``fig`` as PNG at ``path`` (atomically); return the path as a string.
+
+    An error (a full disk) names ``path``, not the temporary file beside it.
+    """
+    with writing(path) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
     log.info("wrote %s", path)
     return str(path)

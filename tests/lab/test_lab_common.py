@@ -214,3 +214,59 @@ def test_table_cells_print_as_written_not_as_rich_markup(capsys):
     out = capsys.readouterr().out
     for text in ("t [/a]", "[b]model", "x[/y]", "[red]1.0"):
         assert text in out
+
+
+def _unwritable_folder(tmp_path):
+    """A folder the OS refuses to create files in: read-only, or /sys when run as root."""
+    from pathlib import Path
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    for folder in (locked, Path("/sys")):
+        try:
+            (folder / ".probe").write_bytes(b"")
+        except OSError:
+            return folder
+        (folder / ".probe").unlink()
+    pytest.skip("no folder here refuses writes")
+
+
+def test_an_unwritable_output_folder_exits_2_before_the_experiment_runs(
+    tmp_path, monkeypatch, capsys
+):
+    """A read-only --out folder failed only when the figure was saved, after the whole run
+    (minutes of training for bottleneck), and named the hidden temporary file."""
+    from qkv.lab import gradients
+
+    folder = _unwritable_folder(tmp_path)
+    ran = []
+    monkeypatch.setattr(gradients, "run", lambda out, *, quick: ran.append(out))
+    assert main(["lab", "gradients", "--quick", "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"qkv lab: error: {folder}: cannot write in this folder (Permission denied)\n"
+    assert ran == []
+    assert not any(p.name.startswith(".qkv-lab") for p in tmp_path.rglob("*"))
+
+
+def test_a_full_disk_names_the_figure_and_result_json_not_the_temporary(tmp_path, monkeypatch):
+    """Saving went through a hidden temporary file, and an error (disk full) named it:
+    'No space left on device: out/.gradient-norms.png.4242.tmp'."""
+    import errno
+    from pathlib import Path
+
+    from qkv.lab.common import new_figure, save_figure
+
+    def full(target, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    fig = new_figure(1, 1)
+    monkeypatch.setattr(type(fig), "savefig", lambda self, target, **kw: full(target))
+    with pytest.raises(OSError) as caught:
+        save_figure(fig, tmp_path / "f.png")
+    assert caught.value.filename == str(tmp_path / "f.png")
+    monkeypatch.setattr(Path, "write_text", lambda self, *a, **kw: full(self))
+    with pytest.raises(OSError) as caught:
+        write_result(tmp_path, LabRun("gradients", True, {}, [0], {}), 1.0)
+    assert caught.value.filename == str(tmp_path / "result.json")
+    assert list(tmp_path.iterdir()) == []
