@@ -20,7 +20,7 @@ __all__ = ["PER_LAYER", "Summary", "fill_page"]
 
 log = logging.getLogger(__name__)
 
-_SIZE_BUDGET = 2_000_000  # bytes; a larger page still works but is slow to open
+SIZE_BUDGET = 2_000_000  # bytes; a larger page still works but is slow to open
 
 
 def _asset(name: str) -> str:
@@ -146,7 +146,7 @@ def fill_page(
         js=_script(),
     )
     size = len(page.encode("utf-8"))
-    if size > _SIZE_BUDGET:  # advice that applies: 8-bit weights, else fewer tokens
+    if size > SIZE_BUDGET:  # advice that applies: 8-bit weights, else fewer tokens
         hint = (
             "quantization='uint8' halves the weights"
             if encodings[0]["dtype"] != "uint8"

@@ -9,8 +9,9 @@ included). Each sentence then has four entries, listed under it in the page's se
 the alignment (as search kept it), the cross-attention of every layer and head, and the
 encoder's and the decoder's self-attention.
 
-A page of every map grows as layers x heads x tokens² per sentence; above
-``budget_mib`` the page falls back to the alignments, with a warning.
+A page of every map grows as layers x heads x tokens² per sentence; past the size that
+opens quickly (:data:`qkv.viz.page.SIZE_BUDGET`) it stores 8-bit weights instead of
+16-bit, and above ``budget_mib`` it falls back to the alignments, with a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from qkv.viz import page
 from qkv.viz._maps import prepare
 from qkv.viz.alignments import (
     _HTML,
@@ -106,6 +108,14 @@ def _full_size_mib(model: Any, entries: Sequence[TranslationEntry]) -> float:
     return 2 * total / 2**20
 
 
+def _quantization(weights_mib: float) -> str:
+    """16-bit weights while the page stays within the size that opens quickly, else 8-bit
+    (half the size; the page states the larger error): the command line has no option for
+    it, so the choice is made here rather than left to the page's size warning."""
+    base64_bytes = weights_mib * 2**20 * 4 / 3
+    return "uint16" if base64_bytes <= page.SIZE_BUDGET else "uint8"
+
+
 def _has_every_map(model: Any) -> bool:
     """A translator whose forward pass returns encoder, decoder and cross maps per layer."""
     config = getattr(model, "config", None)
@@ -147,7 +157,8 @@ def save_translations(
             maps, labels, names, groups = (list(column) for column in zip(*views))
             n = len(entries)
             title = f"Attention: {n} translated sentence{'s' if n != 1 else ''}"
-            return [_save_page(path, maps, labels, title, "uint16", names, groups)]
+            quantization = _quantization(size)
+            return [_save_page(path, maps, labels, title, quantization, names, groups)]
         log.warning(
             "%s shows the alignments only: every layer and head of %d sentences would be "
             "%.0f MiB (more than %.0f); give fewer lines to see them",

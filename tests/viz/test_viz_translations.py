@@ -143,3 +143,25 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
     p.page.click("#qkv-tab-model")
     assert p.page.locator(".qkv-thumb").count() == 2 * 3
     assert p.requests == [p.url] and not p.errors and not p.dialogs
+
+
+def test_a_page_past_the_quick_size_stores_8_bit_weights(translator, tmp_path, monkeypatch, caplog):
+    """The command line cannot ask for 8-bit weights, so a page of every map that would be
+    slow to open takes them itself instead of advising quantization='uint8'."""
+    from qkv.viz import page
+
+    model = translator[0]
+    entries = _entries(translator, 1)
+    (small,) = save_translations(model, entries, tmp_path / "small.html")
+    items = extract_payload(small.read_text(encoding="utf-8"))["items"]
+    assert {item["encoding"]["dtype"] for item in items} == {"uint16"}
+    monkeypatch.setattr(page, "SIZE_BUDGET", 1000)  # bytes: every page is past it now
+    with caplog.at_level(logging.WARNING):
+        (large,) = save_translations(model, entries, tmp_path / "large.html")
+    assert "quantization='uint8'" not in caplog.text
+    assert "fewer tokens or layers" in caplog.text
+    eight = extract_payload(large.read_text(encoding="utf-8"))["items"]
+    assert len(eight) == len(items) and {i["encoding"]["dtype"] for i in eight} == {"uint8"}
+    for got, want in zip(eight, items):  # the same maps, within the coarser step
+        diff = np.abs(decode_payload(got) - decode_payload(want)).max()
+        assert diff <= got["encoding"]["maxError"] + want["encoding"]["maxError"] + 1e-12
