@@ -199,13 +199,6 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         with num_threads(n):
             results[label] = measure(setting, device)
     figure = _figure(results, out)
-    cpu = results["cpu-1thread"]
-    verdict = (
-        f"CPU (1 thread): time grows as T^{cpu['gru_slope']:.2f} for "
-        f"the GRU and T^{cpu['attention_slope']:.2f} for self-attention; sequential steps "
-        f"{cpu['rows'][-1]['gru_steps']} vs {cpu['rows'][-1]['attention_steps']} at "
-        f"T={cpu['rows'][-1]['length']}" + ("" if "cuda" in results else "; no GPU here")
-    )
     return LabRun(
         name="parallelism",
         quick=quick,
@@ -213,8 +206,28 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         seeds=[setting.seed],
         results=results,
         figures=[figure],
-        verdict=verdict,
+        verdict=_verdict(results),
     )
+
+
+def _growth(label: str, r: dict) -> str:
+    """How the times of one device grow with T, and their ratio at the longest T."""
+    last = r["rows"][-1]
+    return (f"{label}: time grows as T^{r['gru_slope']:.2f} for the GRU and "
+            f"T^{r['attention_slope']:.2f} for self-attention, GRU/attention "
+            f"{last['time_ratio_gru_over_attention']:.2f} at T={last['length']}")  # fmt: skip
+
+
+def _verdict(results: dict[str, dict]) -> str:
+    """One line: the 1-thread CPU growth, the sequential steps, and the GPU's growth (the
+    measurement that can show the parallel speed-up) when one was timed."""
+    cpu = results["cpu-1thread"]
+    last = cpu["rows"][-1]
+    verdict = (f"{_growth('CPU (1 thread)', cpu)}; sequential steps {last['gru_steps']} vs "
+               f"{last['attention_steps']} at T={last['length']}")  # fmt: skip
+    if "cuda" in results:
+        return f"{verdict}; {_growth('GPU', results['cuda'])}"
+    return f"{verdict}; no GPU here"
 
 
 def table(run: LabRun) -> Table:
