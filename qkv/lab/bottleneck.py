@@ -351,15 +351,19 @@ def _rows(results: dict[str, dict], width: int) -> list[list[str]]:
     return rows
 
 
+def _bucket_names(results: dict[str, dict]) -> list[str]:
+    """The bucket names of the first model's scores (none without models)."""
+    first = next(iter(results.values()), None)
+    return [b["bucket"] for b in first["buckets"]] if first else []
+
+
 def table(run: LabRun) -> Table:
     """BLEU per length bucket, parameters, steps and the relative drop, per model and corpus."""
     toy, multi30k = run.results["toy"], run.results["multi30k"]
-    buckets = [b["bucket"] for b in next(iter(toy.values()))["buckets"]]
-    width = len(buckets)
+    buckets, other = _bucket_names(toy), _bucket_names(multi30k.get("models", {}))
+    width = max(len(buckets), len(other))  # every row as wide, whichever part has more buckets
     rows = _rows(toy, width)
     if "models" in multi30k:
-        other = [b["bucket"] for b in next(iter(multi30k["models"].values()))["buckets"]]
-        width = max(width, len(other))
         rows.append(["Multi30k de→en", "", "", *other, *[""] * (width - len(other)), "", ""])
         rows += _rows(multi30k["models"], width)
     else:

@@ -88,3 +88,25 @@ def test_multi30k_test_lines_end_at_line_feeds_only(tmp_path, monkeypatch):
     (folder / "test_2016_flickr.en").write_text("a dog\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=r"line counts differ: .*test_2016_flickr\.de has 2"):
         multi30k_part(tmp_path / "out", setting)
+
+
+def _scored(buckets: list[str], bleu_all: float) -> dict:
+    rows = [{"bucket": b, "bleu": 10.0 + i} for i, b in enumerate(buckets)]
+    return {"parameters": 1e6, "steps": 7, "buckets": rows, "bleu_all": bleu_all,
+            "relative_drop": 0.5}  # fmt: skip
+
+
+def test_the_table_lines_up_when_multi30k_has_more_buckets_than_the_toy_part():
+    """The toy rows were cut to the toy's bucket count: with more Multi30k buckets their
+    'BLEU all' and 'drop' fell under Multi30k bucket columns."""
+    from qkv.lab.bottleneck import table
+    from qkv.lab.common import LabRun
+
+    toy = {"rnn-none": _scored(["2-5"], 33.3)}
+    multi30k = {"models": {"rnn-none": _scored(["4-7", "8-9", "10-30"], 44.4)}}
+    shown = table(LabRun("bottleneck", False, {}, [0], {"toy": toy, "multi30k": multi30k}))
+    assert all(len(row) == len(shown.columns) for row in shown.rows)
+    assert shown.columns[-2:] == ["BLEU all", "drop"]
+    toy_row, header, m30k_row = shown.rows
+    assert toy_row[-2:] == ["33.3", "50%"] and m30k_row[-2:] == ["44.4", "50%"]
+    assert header[3:6] == ["4-7", "8-9", "10-30"]
