@@ -26,7 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-from qkv.lab.common import LabRun, Table, check_writable, print_table, write_result
+from qkv.lab.common import (
+    LabRun,
+    Table,
+    check_writable,
+    print_table,
+    staged_figures,
+    write_result,
+)
 
 __all__ = ["EXPERIMENTS", "run_experiment", "run_cli"]
 
@@ -58,8 +65,10 @@ def run_experiment(name: str, out: Path | None = None, *, quick: bool = False) -
     earlier = _earlier_figures(out)
     module = importlib.import_module(EXPERIMENTS[name])
     started = time.perf_counter()
-    run = module.run(out, quick=quick)
-    write_result(out, run, time.perf_counter() - started)
+    with staged_figures(out) as publish:  # an interrupted run leaves the earlier one whole
+        run = module.run(out, quick=quick)
+        publish()
+        write_result(out, run, time.perf_counter() - started)
     for stale in earlier - {Path(f).name for f in run.figures}:
         (out / stale).unlink(missing_ok=True)
     return run

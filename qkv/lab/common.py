@@ -16,6 +16,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ __all__ = [
     "save_figure",
     "seed_all",
     "shared_data",
+    "staged_figures",
     "steps_bar",
     "versions",
     "write_result",
@@ -246,13 +248,59 @@ def new_figure(width: float = 6.4, height: float = 4.8, **kwargs: Any):
     return fig
 
 
+# while an experiment runs: its folder, the hidden folder its figures wait in, their names
+_STAGED: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def staged_figures(out: Path) -> Iterator[Callable[[], None]]:
+    """Figures saved into ``out`` inside this block wait in a hidden folder of ``out``; the
+    function it yields moves them into place.
+
+    A rerun that stops half-way (Ctrl-C during bottleneck's Multi30k training) left the
+    new toy figure beside the earlier run's ``result.json`` and its other figures, numbers
+    and pictures from two runs; now the folder keeps the earlier run whole.
+    """
+    stage = out / f".qkv-lab-figures.{os.getpid()}"
+    before = dict(_STAGED)
+    _STAGED.update(root=out.resolve(), stage=stage, names={})
+
+    def publish() -> None:
+        for name in _STAGED["names"]:
+            try:
+                os.replace(stage / name, out / name)
+            except OSError as err:  # a folder of that name in the way: name the figure
+                raise type(err)(err.errno, err.strerror, str(out / name)) from None
+        _STAGED["names"].clear()
+
+    try:
+        yield publish
+    finally:
+        _STAGED.clear()
+        _STAGED.update(before)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def save_figure(fig, path: Path) -> str:
     """Save ``fig`` as PNG at ``path`` (atomically); return the path as a string.
 
-    An error (a full disk) names ``path``, not the temporary file beside it.
+    Inside :func:`staged_figures` a figure of its folder is written to the hidden folder
+    and moved to ``path`` when the run is published. An error (a full disk) names
+    ``path``, never a temporary or staged file.
     """
-    with writing(path) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")
+    path = Path(path)
+    target = path
+    if _STAGED and path.parent.resolve() == _STAGED["root"]:
+        target = _STAGED["stage"] / path.name
+    try:
+        with writing(target) as tmp:
+            fig.savefig(tmp, dpi=130, format="png")
+    except OSError as err:
+        if target == path or err.filename != str(target):
+            raise
+        raise type(err)(err.errno, err.strerror, str(path)) from None
+    if target != path:
+        _STAGED["names"][path.name] = None
     log.info("wrote %s", path)
     return str(path)
 

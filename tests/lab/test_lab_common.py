@@ -270,3 +270,43 @@ def test_a_full_disk_names_the_figure_and_result_json_not_the_temporary(tmp_path
         write_result(tmp_path, LabRun("gradients", True, {}, [0], {}), 1.0)
     assert caught.value.filename == str(tmp_path / "result.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def _drawing_then(stop: Exception | None):
+    """A fake experiment run that draws a.png (new content) and then raises ``stop``."""
+    from qkv.lab.common import new_figure, save_figure
+
+    def fake_run(out, *, quick):
+        fig = new_figure(1, 1)
+        fig.subplots().plot([0, 1], [0, 1] if stop else [1, 0])
+        drawn = save_figure(fig, out / "a.png")
+        if stop is not None:
+            raise stop
+        return LabRun("gradients", quick, {}, [0], {"x": 2}, figures=[drawn])
+
+    return fake_run
+
+
+def test_a_rerun_stopped_half_way_leaves_the_earlier_result_and_figures(tmp_path, monkeypatch):
+    """Figures were saved in place as each part finished: a rerun stopped later (Ctrl-C in
+    bottleneck's Multi30k training) left the new figure beside the earlier result.json."""
+    from qkv.lab import gradients
+
+    monkeypatch.setattr(gradients, "run", _drawing_then(None))
+    run_experiment("gradients", tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["a.png", "result.json"]
+    monkeypatch.setattr(gradients, "run", _drawing_then(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("gradients", tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_finished_run_publishes_its_figures_and_leaves_no_staging(tmp_path, monkeypatch):
+    from qkv.lab import gradients
+
+    monkeypatch.setattr(gradients, "run", _drawing_then(None))
+    run = run_experiment("gradients", tmp_path / "out")
+    assert run.figures == [str(tmp_path / "out" / "a.png")]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.png", "result.json"]
+    assert (tmp_path / "out" / "a.png").read_bytes()[:4] == b"\x89PNG"
