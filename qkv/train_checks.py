@@ -334,12 +334,14 @@ def check_not_a_run(out: Path, resume: bool = False) -> None:
 def prepare_out_dir(out: Path, step: int) -> None:
     """Make ``out`` ready for a run that starts at ``step`` (0: a new run): the log cut
     back to that step, what killed checkpoint writes left removed, and for a new run the
-    best checkpoint of an earlier one too (it is not this run's)."""
+    checkpoints of an earlier one too (they are not this run's: an old last.safetensors
+    left until the first save would be what ``--resume`` continues, beside the new log)."""
     out.mkdir(parents=True, exist_ok=True)
     trim_log(out / "log.jsonl", step)
     remove_partial_checkpoints(out)
     if step == 0:
-        (out / "best.safetensors").unlink(missing_ok=True)
+        for name in ("last", "best"):
+            (out / f"{name}.safetensors").unlink(missing_ok=True)
 
 
 def remove_partial_checkpoints(out: Path) -> None:
