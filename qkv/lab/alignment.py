@@ -66,6 +66,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SHOWN = ["고양이가 쥐를 잡았다"]  # plus the two longest test sentences of at most 10 words
+# the heatmap of a multi-head model shows one map of many (Hypothesis.alignment): say which;
+# the AER table's "best map" is another one
+SHOWN_MAP = {"transformer": "\n(mean of the last layer's heads)"}
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ def _heatmaps(
             for ax, (name, tr) in zip(axes, trained_models.items()):
                 best = translate_texts(tr.model, tr.src_tok, tr.tgt_tok, [text])[0][0]
                 # the model's own greedy output, not the reference (AER uses the reference)
-                title = f"{name}, greedy output:\n→ {_wrap(best.text)}"
+                title = f"{name}, greedy output{SHOWN_MAP.get(name, '')}:\n→ {_wrap(best.text)}"
                 src = tr.src_tok.tokens(text)  # words for the toy, BPE pieces for Tatoeba
                 plot_alignment(best.alignment.numpy(), src, best.target_labels, title=title, ax=ax)
             paths.append(save_figure(fig, out / f"{prefix}-{k + 1}.png"))

@@ -48,3 +48,21 @@ def test_missing_tatoeba_is_skipped_with_a_reason(tmp_path):
     part = tatoeba_part(tmp_path / "out", setting)
     assert "models" not in part
     assert "absent.txt" in part["skipped"] and "not run" in part["skipped"]
+
+
+def test_a_transformer_heatmap_says_which_of_its_maps_it_shows(result, lab_out, monkeypatch):
+    """The heatmap of the Transformer shows the mean of its last layer's heads, but its
+    title did not say so, beside a table whose 'best map' is another one (e.g. L1H2)."""
+    from qkv.data.tokenizers import tokenizer_from_json
+    from qkv.lab import alignment
+    from qkv.lab.training import Trained
+    from qkv.models.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(lab_out / "alignment" / "models" / "transformer" / "last.safetensors")
+    tok = {side: tokenizer_from_json(ckpt.tokenizers[side]) for side in ("src", "tgt")}
+    trained = Trained(ckpt.model.eval(), tok["src"], tok["tgt"], 1, 1.0, 1)
+    figures = []
+    monkeypatch.setattr(alignment, "save_figure", lambda fig, path: figures.append(fig))
+    alignment._heatmaps({"transformer": trained}, ["고양이가 쥐를 잡았다"], lab_out)
+    title = figures[0].axes[0].get_title()
+    assert title.startswith("transformer, greedy output\n(mean of the last layer's heads):\n→ ")
