@@ -45,6 +45,7 @@ from qkv.train_checks import (
     finished,
     prepare_out_dir,
     restore,
+    summary,
 )
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
@@ -65,7 +66,8 @@ class TrainResult:
     target_tokens_per_s: float
     bf16: bool = False  # whether the forward passes ran under bf16 autocast
     already_done: bool = False  # resumed a finished run: nothing was trained
-    done_because: str = ""  # why it was finished, for the user
+    done_because: str = ""  # why it was finished, or stopped before train.steps
+    first_step: int = 0  # where this process started: a resumed run's checkpoint step
 
 
 @dataclass
@@ -219,7 +221,7 @@ class _Loop:
         self.state, self.dist, self.out = state, dist, recipe.out_dir
         self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
         self.tokens_seen, self.started = 0, time.perf_counter()
-        self.before = state.seconds  # trained before this process, when resumed
+        self.before, self.first_step = state.seconds, state.step  # from the checkpoint
         self.bf16 = uses_bf16(self.cfg.bf16, dist.device)
         if self.bf16 and dist.device.type == "cpu":
             bound_onednn_caches()  # else they grow with every new batch shape (qkv/memory.py)
@@ -368,6 +370,8 @@ class _Loop:
             seconds,
             self.tokens_seen / max(seconds, 1e-9),
             self.bf16,
+            done_because=(finished(st, self.cfg) or "") if st.step < self.cfg.steps else "",
+            first_step=self.first_step,
         )
 
 
@@ -387,14 +391,5 @@ def run_cli(args) -> int:
         result = train(recipe, resume=args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None
-    if result.already_done:
-        print(f"nothing to do: {result.out_dir / 'last.safetensors'} {result.done_because}")
-        return 0
-    bleu = recipe.train.valid_bleu_sentences  # without it, the lowest loss picks the best
-    best = f"best valid BLEU {result.best_bleu:.2f}" if bleu else "lowest valid loss"
-    print(
-        f"trained {result.steps} steps in {result.seconds:.0f} s "
-        f"({result.target_tokens_per_s:.0f} target tokens/s{', bf16 autocast' * result.bf16}); "
-        f"{best} at step {result.best_step}; checkpoints in {result.out_dir}"
-    )
+    print(summary(result, recipe))
     return 0

@@ -33,6 +33,7 @@ __all__ = [
     "finished",
     "remove_partial_checkpoints",
     "restore",
+    "summary",
     "trim_log",
 ]
 
@@ -307,10 +308,29 @@ def finished(state, cfg) -> str | None:
                 f"better {better} and train.patience is {cfg.patience}; raise train.patience "
                 f"to train further")  # fmt: skip
     if cfg.max_seconds > 0 and state.seconds >= cfg.max_seconds:
-        return (f"has trained {state.seconds:.0f} s, its train.max_seconds of "
-                f"{cfg.max_seconds:g}, by step {state.step}; raise train.max_seconds to "
+        return (f"stopped at step {state.step} after {state.seconds:.0f} s of training and "
+                f"train.max_seconds is {cfg.max_seconds:g}; raise train.max_seconds to "
                 f"train further")  # fmt: skip
     return None
+
+
+def summary(result, recipe: Recipe) -> str:
+    """The last line of ``qkv train``: the steps this process trained (a resumed run's
+    from its checkpoint's step on), the best checkpoint, and why the run stopped before
+    ``train.steps`` if it did."""
+    if result.already_done:
+        return f"nothing to do: {result.out_dir / 'last.safetensors'} {result.done_because}"
+    steps = f"{result.steps - result.first_step} steps"
+    if result.first_step:
+        steps += f" (from step {result.first_step} to {result.steps})"
+    bleu = recipe.train.valid_bleu_sentences  # without it, the lowest loss picks the best
+    best = f"best valid BLEU {result.best_bleu:.2f}" if bleu else "lowest valid loss"
+    stopped = f"; {result.done_because}" if result.done_because else ""
+    return (
+        f"trained {steps} in {result.seconds:.0f} s ({result.target_tokens_per_s:.0f} target "
+        f"tokens/s{', bf16 autocast' * result.bf16}); {best} at step {result.best_step}; "
+        f"checkpoints in {result.out_dir}{stopped}"
+    )
 
 
 def check_not_a_run(out: Path, resume: bool = False) -> None:

@@ -3,7 +3,9 @@ after a resume or an early stop, and which evaluation counts as better."""
 
 from __future__ import annotations
 
-from train_helpers import logged_rows, tiny_recipe, train_until_interrupted
+import json
+
+from train_helpers import logged_rows, tiny_dict, tiny_recipe, train_until_interrupted
 
 from qkv.train import train
 
@@ -22,3 +24,34 @@ def test_a_new_run_interrupted_before_its_first_checkpoint_leaves_no_old_one(tmp
                   progress=False)  # fmt: skip
     assert again.steps == 3 and not again.already_done
     assert [r["step"] for r in logged_rows(tmp_path) if "loss" in r] == [1, 2, 3]
+
+
+def _summary(capsys, config, *flags) -> str:
+    from qkv.cli import main
+
+    assert main(["train", str(config), *flags]) == 0
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_the_summary_after_a_resume_counts_the_steps_this_run_trained(tmp_path, capsys):
+    """Resumed at step 4 to step 6, the last line said 'trained 6 steps in S s' with the
+    seconds and tokens/s of the 2 steps this process trained."""
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=4)))
+    assert _summary(capsys, config).startswith("trained 4 steps in ")
+    config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=6)))
+    line = _summary(capsys, config, "--resume")
+    assert line.startswith("trained 2 steps (from step 4 to 6) in "), line
+
+
+def test_the_summary_says_why_a_run_stopped_before_train_steps(tmp_path, capsys):
+    """A run stopped by train.patience or train.max_seconds said only 'trained N steps',
+    as if train.steps were N."""
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=400, max_seconds=0.5)))
+    line = _summary(capsys, config)
+    steps = int(line.split()[1])
+    assert steps < 400, "the run was not stopped by its time budget: the test shows nothing"
+    assert f"; stopped at step {steps} after " in line and "train.max_seconds is 0.5" in line
+    config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=4)))
+    assert "stopped" not in _summary(capsys, config, "--overwrite")
