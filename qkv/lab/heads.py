@@ -219,6 +219,7 @@ def _figures(features: dict, labels: np.ndarray, link: np.ndarray, change, out: 
     tree = dendrogram(link, labels=names, ax=ax_d, orientation="left", leaf_font_size=5,
                       color_threshold=link[-(labels.max() - 1), 2])  # fmt: skip
     ax_d.set_title("Ward clusters of the head features")
+    ax_d.set_xlabel("Ward linkage distance (standardised features)")
     order = tree["leaves"][::-1]  # the dendrogram draws its first leaf at the bottom
     im = ax_js.imshow(features["js"][np.ix_(order, order)], cmap="magma")
     ax_js.set_xticks(range(len(order)), [names[i] for i in order], rotation=90, fontsize=4)

@@ -38,3 +38,29 @@ def test_js_divergence_is_a_symmetric_matrix_with_zero_diagonal(result):
 def test_ablation_changes_embeddings(result):
     change = np.array(result["results"]["ablation_change"])
     assert change.shape == (6, 12) and change.max() > 0
+
+
+def test_the_divergence_matrix_follows_the_dendrogram_and_the_axes_are_labelled(
+    monkeypatch, tmp_path
+):
+    """Synthetic features of 3 layers x 4 heads: the JS matrix's rows read top-down in the
+    dendrogram's leaf order (top-down), and the dendrogram's distance axis has a label."""
+    from qkv.lab import heads
+
+    rng = np.random.default_rng(0)
+    features = {f: rng.random((3, 4)) for f in heads.FEATURES}
+    js = rng.random((12, 12))
+    features["js"] = (js + js.T) / 2 * (1 - np.eye(12))
+    labels, link = heads.clusters(features, 3)
+    figures = []
+    monkeypatch.setattr(heads, "save_figure", lambda fig, path: figures.append(fig) or str(path))
+    heads._figures(features, labels, link, rng.random((3, 4)), tmp_path)
+    ax_d, ax_js = figures[1].axes[:2]
+    assert ax_d.get_xlabel().startswith("Ward linkage distance")
+    leaves = [t.get_text() for t in ax_d.get_yticklabels()]  # bottom-up
+    rows = [t.get_text() for t in ax_js.get_yticklabels()]  # top-down (imshow)
+    names = [f"L{i // 4}H{i % 4}" for i in range(12)]
+    assert rows == leaves[::-1] and sorted(rows) == sorted(names)
+    order = [names.index(r) for r in rows]
+    shown = ax_js.get_images()[0].get_array()
+    assert np.allclose(shown, features["js"][np.ix_(order, order)])
