@@ -15,13 +15,18 @@ def replacing(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` that replaces it when the block ends without error.
 
     An interrupted write (Ctrl-C, a full disk) leaves the previous file whole and no
-    temporary file behind; a reader never sees half a file.
+    temporary file behind; a reader never sees half a file. An ``OSError`` about the
+    temporary file is raised again naming ``path``, the file the user knows of.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename not in (str(tmp), tmp):
+            raise
+        raise type(err)(err.errno, err.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -24,17 +24,11 @@ def writing(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     The parent folders are made first. A folder at ``path`` is an
     :class:`IsADirectoryError` naming ``path``; other errors on the temporary file are
-    raised again naming ``path``.
+    raised again naming ``path`` (:func:`qkv._files.replacing`).
     """
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    try:
-        with replacing(path) as tmp:
-            yield tmp
-    except OSError as err:
-        if tmp is None or err.filename not in (str(tmp), tmp):
-            raise
-        raise type(err)(err.errno, err.strerror, str(path)) from None
+    with replacing(path) as tmp:
+        yield tmp
