@@ -376,4 +376,22 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     try:
         return recipe_from_dict(apply_overrides(d, overrides or []))
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{_origin(path, d, overrides or [], err)}: {err}") from None
+
+
+def _origin(path: Path, d: dict, overrides: list[str], err: ConfigError) -> str:
+    """Where the value that ``err`` refuses was given: the file, when the file alone has
+    the same error, else the ``--set`` of that key (or the file with all the ``--set``s)."""
+    if not overrides or str(err).startswith("--set "):
+        return str(path)
+    try:
+        recipe_from_dict(d)
+    except ConfigError as alone:
+        if str(alone) == str(err):
+            return str(path)
+    key = str(err).split(":", 1)[0].split("[", 1)[0]  # "train.betas[0]" -> "train.betas"
+    for item in reversed(overrides):  # the last --set of a key is the one that holds
+        name = item.split("=", 1)[0].strip()
+        if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+            return f"--set {item}"
+    return f"{path} with --set {' --set '.join(overrides)}"

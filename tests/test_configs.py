@@ -81,25 +81,32 @@ def _train_error(capsys, tmp_path, content, *sets):
         (TOY, ["train.clip_norm=-1"], "train.clip_norm: must be >= 0 (0: no clipping), got -1"),
         (TOY, ["train.max_seconds=.nan"], "train.max_seconds: must be >= 0, got nan"),
         (TOY, ["data.max_ratio=0.5"], "data.max_ratio: must be >= 1 (a pair's ratio is), got 0.5"),
-        (TOY, ["train=5"], "c.yaml: train: expected a mapping, got int"),
+        (TOY, ["train=5"], "--set train=5: train: expected a mapping, got int"),
         ("data: [toy]\n", [], "c.yaml: data: expected a mapping, got list"),
         # a second section replaced the first, silently: the lr of 0.1 was lost
         ("train: {lr: 0.1}\n" + TOY, [], "c.yaml: not valid YAML: line 3, column 1: "
          "duplicate key 'train', first at line 1, column 1"),
         ("data: {kind: toy, kind: files}\n", [], "line 1, column 19: duplicate key 'kind'"),
         # a vocabulary of the special tokens alone: every word <unk>, a model that learns nothing
-        (TOY, ["tokenizer.vocab_size=4"], "c.yaml: tokenizer.vocab_size: must be > 4 (the special"),
+        (TOY, ["tokenizer.vocab_size=4"], "--set tokenizer.vocab_size=4:"
+         " tokenizer.vocab_size: must be > 4"),
         # out of what torch and the BPE trainer take: tracebacks, or a Rust abort (2**31)
         (TOY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=1000000000000000000000"],
-         "c.yaml: tokenizer.vocab_size: must be <= 1048576 for bpe"),
+         "--set tokenizer.vocab_size=1000000000000000000000: tokenizer.vocab_size: must be <= "
+         "1048576 for bpe"),
         (TOY, ["train.seed=18446744073709551616"], "train.seed: must be in [-2**63, 2**64)"),
-        (TOY, ["train.threads=100000000000"], "c.yaml: train.threads: must be <= 2147483647"),
+        (TOY, ["train.threads=100000000000"], "--set train.threads=100000000000:"
+         " train.threads: must be <="),
         # toy-only keys did nothing for files: no pair was dropped for being long
-        (FILES, ["data.max_len=50"], "c.yaml: data.max_len: read only with kind 'toy', "
+        (FILES, ["data.max_len=50"], "--set data.max_len=50: "
+         "data.max_len: read only with kind 'toy', "
          "not 'files' (data.max_tokens drops long pairs of files)"),
-        (TSV, ["data.n_train=500"], "c.yaml: data.n_train: read only with kind 'toy', not 'tsv'"),
-        (TSV, ["data.src_column=-1"], "c.yaml: data.src_column: must be >= 0, got -1"),
-        (TSV, ["data.src_column=0"], "c.yaml: data.tgt_column: must differ from data.src_column"),
+        (TSV, ["data.n_train=500"], "--set data.n_train=500: "
+         "data.n_train: read only with kind 'toy'"),
+        (TSV, ["data.src_column=-1"], "--set data.src_column=-1: "
+         "data.src_column: must be >= 0, got -1"),
+        (TSV, ["data.src_column=0"], "c.yaml with --set "
+         "data.src_column=0: data.tgt_column: must differ"),
     ],
     ids=["list", "scalar", "set-yaml", "betas-type", "betas-short", "betas-long", "min-max",
          "toy-files", "one-test-file", "file-types", "yaml-location", "beta-over-1",

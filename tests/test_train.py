@@ -40,7 +40,7 @@ def test_yaml_overrides(tmp_path):
     path.write_text(yaml.safe_dump(TINY))
     r = load_yaml(path, ["train.lr=0.5", "model.d_model=64", "name=other"])
     assert r.train.lr == 0.5 and r.model["d_model"] == 64 and r.name == "other"
-    with pytest.raises(ConfigError, match="c.yaml: train.nope: unknown key"):
+    with pytest.raises(ConfigError, match=r"--set train.nope=1: train.nope: unknown key"):
         load_yaml(path, ["train.nope=1"])
 
 

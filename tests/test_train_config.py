@@ -66,3 +66,37 @@ def test_a_section_left_empty_takes_its_defaults(tmp_path):
     config.write_text("data: 5\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="data: expected a mapping, got int"):
         load_yaml(config)
+
+
+@pytest.mark.parametrize(
+    "content, sets, where",
+    [
+        ("train: {lr: 0.01}\n", ["train.lr=abc"], "--set train.lr=abc: train.lr: expected float"),
+        ("train: {lr: 0.01}\n", ["train.steps=2", "train.betas=[a, 1]"],
+         "--set train.betas=[a, 1]: train.betas[0]: expected float, got 'a'"),
+        ("model: {type: rnn}\n", ["model.dropout=2"], "--set model.dropout=2: model: "),
+        ("data: {kind: toy, max_len: 6}\n", ["data.min_len=7", "train.lr=1"],
+         "--set data.min_len=7: data.min_len: the toy corpus needs"),
+        # another key's check that this --set fails: the file and every --set are named
+        ("data: {kind: toy, min_len: 4}\n", ["data.max_len=3"],
+         "c.yaml with --set data.max_len=3: data.min_len: the toy corpus needs"),
+        # the file alone is wrong: the --set of another key in its section is not blamed
+        ("model: {type: transformer, num_heads: 3}\n", ["model.dropout=0.2"], "c.yaml: model: "),
+        ("train: {lr: -1}\n", ["train.lr=-2", "train.lr=0.5", "train.steps=0"],
+         "--set train.steps=0: train.steps: must be > 0"),
+    ],
+    ids=["value", "one-of-two", "model-field", "cross-key-own", "cross-key-other",
+         "file-error", "last-set-wins"],
+)  # fmt: skip
+def test_a_bad_value_given_by_set_is_named_as_the_set(tmp_path, content, sets, where):
+    """Every error was prefixed with the YAML file's name, also for a value that came from
+    --set: 'c.yaml: train.lr: expected float, got 'abc'' sent the user to a file whose
+    train.lr was fine."""
+    from qkv.recipe import load_yaml
+
+    config = tmp_path / "c.yaml"
+    config.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_yaml(config, sets)
+    message = str(err.value).replace(str(config), "c.yaml")
+    assert message.startswith(where), message
