@@ -333,6 +333,8 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
         key, raw = item.split("=", 1)
         node = d
         parts = key.strip().split(".")
+        if not all(parts):  # "=3", "train..lr=1", "train.=1": no key to set
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.lr=3e-4")
         for part in parts[:-1]:
             if node.get(part) is None:  # absent, or left empty in the YAML (``data:``)
                 node[part] = {}

@@ -100,3 +100,16 @@ def test_a_bad_value_given_by_set_is_named_as_the_set(tmp_path, content, sets, w
         load_yaml(config, sets)
     message = str(err.value).replace(str(config), "c.yaml")
     assert message.startswith(where), message
+
+
+@pytest.mark.parametrize("item", ["=3", "train..lr=1", "train.=1", ".lr=1", " =1"])
+def test_a_set_without_a_key_is_named(tmp_path, item):
+    """'--set =3' said 'c.yaml: : unknown key', '--set train..lr=1' 'train.: unknown key'."""
+    from qkv.recipe import load_yaml
+
+    config = tmp_path / "c.yaml"
+    config.write_text("train: {lr: 0.01}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_yaml(config, ["train.steps=3", item])
+    expected = f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.lr=3e-4"
+    assert str(err.value).endswith(expected)
