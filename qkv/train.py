@@ -313,11 +313,8 @@ class _Loop:
         st = self.state
         if self.dist.is_main:
             st.valid_loss, score = validate(self.model, self.data, self.recipe, self.dist.device)
-            if (  # no BLEU sentences: every score is 0, and the lower loss is the better
-                st.valid_loss < st.best_loss
-                if self.cfg.valid_bleu_sentences == 0
-                else score > st.best_bleu
-            ):
+            # at equal BLEU (all 0 early on, and without BLEU sentences) the lower loss
+            if score > st.best_bleu or (score == st.best_bleu and st.valid_loss < st.best_loss):
                 st.best_bleu, st.best_loss, st.best_step, st.bad_evals = (
                     score, st.valid_loss, st.step, 0)  # fmt: skip
                 self.save("best.safetensors")

@@ -7,6 +7,7 @@ import json
 
 from train_helpers import logged_rows, tiny_dict, tiny_recipe, train_until_interrupted
 
+from qkv.models.checkpoint import load_checkpoint
 from qkv.train import train
 
 
@@ -55,3 +56,19 @@ def test_the_summary_says_why_a_run_stopped_before_train_steps(tmp_path, capsys)
     assert f"; stopped at step {steps} after " in line and "train.max_seconds is 0.5" in line
     config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=4)))
     assert "stopped" not in _summary(capsys, config, "--overwrite")
+
+
+def test_at_equal_bleu_the_lower_validation_loss_is_better(tmp_path, monkeypatch):
+    """Early in a run every greedy BLEU is 0.00: the first evaluation stayed the best
+    checkpoint (the least trained model) and train.patience stopped the run while its
+    validation loss still fell. Validations scripted: (loss, BLEU) at steps 2, 4, ..."""
+    import qkv.train
+
+    scores = iter([(3.0, 0.0), (2.5, 0.0), (2.9, 1.0), (2.8, 1.0), (2.85, 1.0), (2.9, 1.0)])
+    monkeypatch.setattr(qkv.train, "validate", lambda *args: next(scores))
+    recipe = tiny_recipe(tmp_path, steps=14, eval_every=2, patience=2)
+    result = train(recipe, progress=False)
+    assert (result.steps, result.best_step, result.best_bleu) == (12, 8, 1.0)
+    assert "2 evaluations without a better BLEU" in result.done_because
+    best = load_checkpoint(tmp_path / "best.safetensors").extra["train"]
+    assert (best["step"], best["best_loss"]) == (8, 2.8)

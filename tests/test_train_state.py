@@ -62,8 +62,10 @@ def test_resuming_a_run_that_stopped_early_trains_nothing(tmp_path):
     from train_helpers import run_cli, tiny_dict
 
     patience = random.randint(1, 2)
-    recipe = tiny_recipe(tmp_path, steps=40, eval_every=2, patience=patience, lr=1e-5)
-    stopped = train(recipe, progress=False)  # lr 1e-5: BLEU stays put, so it stops early
+    # lr 1e-12: steps below float32's resolution leave the weights as they are, so every
+    # validation gives the same loss and BLEU, and patience stops the run early
+    recipe = tiny_recipe(tmp_path, steps=40, eval_every=2, patience=patience, lr=1e-12)
+    stopped = train(recipe, progress=False)
     assert stopped.steps < 40
     log, ckpt = (tmp_path / "log.jsonl").read_text(), (tmp_path / "last.safetensors").read_bytes()
     again = train(recipe, resume=True, progress=False)
@@ -72,13 +74,13 @@ def test_resuming_a_run_that_stopped_early_trains_nothing(tmp_path):
     assert (tmp_path / "log.jsonl").read_text() == log
     assert (tmp_path / "last.safetensors").read_bytes() == ckpt
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps(tiny_dict(tmp_path, steps=40, eval_every=2, lr=1e-5,
+    config.write_text(json.dumps(tiny_dict(tmp_path, steps=40, eval_every=2, lr=1e-12,
                                            patience=patience)))  # fmt: skip
     proc = run_cli("train", str(config), "--resume")
     assert proc.returncode == 0 and "nothing to do" in proc.stdout, proc.stderr
     assert f"stopped early at step {stopped.steps}" in proc.stdout
     more = train(tiny_recipe(tmp_path, steps=40, eval_every=2, patience=patience + 5,
-                             lr=1e-5), resume=True, progress=False)  # fmt: skip
+                             lr=1e-12), resume=True, progress=False)  # fmt: skip
     assert not more.already_done and more.steps > stopped.steps
 
 
