@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Callable
@@ -175,16 +176,24 @@ def _fetch(url: str, part: Path, progress: Progress | None) -> None:
             raise DownloadError(f"{url}: HTTP {err.code} {err.reason}") from None
         except (OSError, http.client.HTTPException) as err:  # refused, reset, IncompleteRead
             if _lasting(url, err):
-                reason = getattr(err, "reason", None) or err
-                raise DownloadError(
-                    f"{url}: {getattr(reason, 'strerror', None) or reason}"
-                ) from None
+                raise DownloadError(f"{url}: {_why(url, err)}") from None
             log.info("%s: attempt %d failed (%s), resuming", url, attempt, err)
             last = err
             if attempt < RETRIES:
                 time.sleep(BACKOFF_S * attempt)
-    reason = getattr(last, "reason", None) or last
-    raise DownloadError(f"{url}: failed after {RETRIES} attempts: {reason}")
+    raise DownloadError(f"{url}: failed after {RETRIES} attempts: {_why(url, last)}")
+
+
+def _why(url: str, err: Exception | None) -> str:
+    """Why a request failed, in words: a host name that cannot be looked up says that the
+    machine is probably offline (the resolver's 'Name or service not known' alone does not)."""
+    reason = getattr(err, "reason", None) or err
+    text = getattr(reason, "strerror", None) or reason
+    if isinstance(reason, socket.gaierror):
+        host = urllib.parse.urlsplit(url).hostname
+        return (f"cannot look up the host {host} ({text}); this machine seems to be offline, "
+                "or its DNS or proxy settings are wrong")  # fmt: skip
+    return str(text)
 
 
 def _decompress(part: Path, spec: RemoteFile, target_part: Path) -> str:

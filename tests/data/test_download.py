@@ -236,3 +236,25 @@ def test_an_unknown_host_fails_at_once(monkeypatch, tmp_path, code, tries):
     with pytest.raises(dl.DownloadError, match="lookup failed"):
         dl.download("multi30k", cache_dir=tmp_path, base_url="https://no.such.host/")
     assert len(calls) == tries
+
+
+@pytest.mark.parametrize("code, tries", [(socket.EAI_NONAME, 1), (socket.EAI_AGAIN, dl.RETRIES)])
+def test_offline_the_message_says_the_host_cannot_be_looked_up(monkeypatch, tmp_path, code,
+                                                               tries):  # fmt: skip
+    """Offline, the message was the URL and the resolver's words alone ('Name or service
+    not known', 'Temporary failure in name resolution'): it now names the host and says
+    that the machine seems offline."""
+    monkeypatch.setattr(dl, "BACKOFF_S", 0.0)
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError(socket.gaierror(code, "Name or service not known"))
+
+    monkeypatch.setattr(dl.urllib.request, "urlopen", offline)
+    with pytest.raises(dl.DownloadError) as err:
+        dl.download("multi30k", cache_dir=tmp_path, base_url="https://no.such.host/x/")
+    assert str(err.value).startswith("https://no.such.host/x/train.en.gz: ")
+    assert str(err.value).endswith(
+        "cannot look up the host no.such.host (Name or service not known); this machine "
+        "seems to be offline, or its DNS or proxy settings are wrong"
+    )
+    assert ("failed after" in str(err.value)) == (tries > 1)
