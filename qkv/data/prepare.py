@@ -55,6 +55,7 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
         )  # fmt: skip
         if not len(train):
             raise CorpusError(f"data.train: {_nothing_left(train.report, data)}")
+        _warn_if_filtered("data.train", train.report, data)
         return train.pairs(), _held_out_files(data, "valid"), _held_out_files(data, "test")
     corpus = _named(
         "data.path",
@@ -67,6 +68,7 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
     )
     if not len(corpus):
         raise CorpusError(f"data.path: {_nothing_left(corpus.report, data)}")
+    _warn_if_filtered("data.path", corpus.report, data)
     train, valid, test = split_held_out(corpus.pairs(), data.n_valid, data.n_test, data.seed)
     if not train:
         raise CorpusError(
@@ -108,6 +110,17 @@ def _nothing_left(report, data) -> str:
         f"({data.max_tokens}) words, {report.ratio} a length ratio over data.max_ratio "
         f"({data.max_ratio})"
     )
+
+
+def _warn_if_filtered(key: str, report, data) -> None:
+    """Warn when the length filters drop more than a tenth of the pairs, which only
+    ``--verbose`` showed: words are counted between spaces, so a Chinese or Japanese
+    sentence is one word, and most of its pairs fail the ratio test."""
+    if report.too_long + report.ratio > 0.1 * report.total:
+        log.warning(
+            "%s: %s; data.max_tokens (%d words) and data.max_ratio (%g) decide what is dropped",
+            key, report.summary(), data.max_tokens, data.max_ratio,
+        )  # fmt: skip
 
 
 def _toy_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
