@@ -320,7 +320,8 @@ def summary(result, recipe: Recipe) -> str:
     ``train.steps`` if it did."""
     if result.already_done:
         return f"nothing to do: {result.out_dir / 'last.safetensors'} {result.done_because}"
-    steps = f"{result.steps - result.first_step} steps"
+    count = result.steps - result.first_step
+    steps = f"{count} step{'s' * (count != 1)}"
     if result.first_step:
         steps += f" (from step {result.first_step} to {result.steps})"
     bleu = recipe.train.valid_bleu_sentences  # without it, the lowest loss picks the best

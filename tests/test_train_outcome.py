@@ -36,13 +36,16 @@ def _summary(capsys, config, *flags) -> str:
 
 def test_the_summary_after_a_resume_counts_the_steps_this_run_trained(tmp_path, capsys):
     """Resumed at step 4 to step 6, the last line said 'trained 6 steps in S s' with the
-    seconds and tokens/s of the 2 steps this process trained."""
+    seconds and tokens/s of the 2 steps this process trained (and '1 steps' for one)."""
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=4)))
     assert _summary(capsys, config).startswith("trained 4 steps in ")
     config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=6)))
     line = _summary(capsys, config, "--resume")
     assert line.startswith("trained 2 steps (from step 4 to 6) in "), line
+    config.write_text(json.dumps(tiny_dict(tmp_path / "run", steps=7)))
+    line = _summary(capsys, config, "--resume")
+    assert line.startswith("trained 1 step (from step 6 to 7) in "), line
 
 
 def test_the_summary_says_why_a_run_stopped_before_train_steps(tmp_path, capsys):
