@@ -218,26 +218,26 @@ class Recipe:
 
 def check_model_section(model: dict) -> None:
     """Validate the model section now (with placeholder vocabulary sizes)."""
-    from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+    from qkv.models.config import ConfigFieldError, RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 
     kinds = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
     if not isinstance(model, dict) or model.get("type") not in kinds:
         raise ConfigError("model.type: must be 'transformer' or 'rnn'")
     fields = {k: v for k, v in model.items() if k != "type"}
-    for reserved in ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
+    placeholders = {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+    for reserved in placeholders:
         if reserved in fields:
             raise ConfigError(f"model.{reserved}: set from the tokenizer, do not give it")
+    kind = kinds[model["type"]]
+    known = {f.name for f in dataclasses.fields(kind)} - set(placeholders)
+    for key in fields:
+        if key not in known:
+            raise ConfigError(f"model.{key}: unknown key for type {model['type']}; "
+                              f"known: {', '.join(sorted(known | {'type'}))}")  # fmt: skip
     try:
-        kinds[model["type"]].from_dict(
-            {
-                **fields,
-                "src_vocab_size": 8,
-                "tgt_vocab_size": 8,
-                "pad_id": 0,
-                "bos_id": 2,
-                "eos_id": 3,
-            }
-        )
+        kind.from_dict({**fields, **placeholders})
+    except ConfigFieldError as err:  # named by its YAML key, not the config class's field
+        raise ConfigError(f"model.{err.field}: {err.why}, got {err.value!r}") from None
     except ValueError as err:
         raise ConfigError(f"model: {err}") from None
 

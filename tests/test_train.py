@@ -25,8 +25,14 @@ def test_unknown_keys_and_bad_values_name_the_key():
         recipe_from_dict({"train": {"lrr": 1}})
     with pytest.raises(ConfigError, match="train.lr: must be > 0"):
         recipe_from_dict({"train": {"lr": -1.0}})
-    with pytest.raises(ConfigError, match="model: .*num_heads"):
+    with pytest.raises(ConfigError, match=r"^model.num_heads: must divide d_model=30, got 4$"):
         recipe_from_dict({"model": {"type": "transformer", "d_model": 30, "num_heads": 4}})
+    with pytest.raises(ConfigError, match=r"^model.d_model: must be >= 1, got -1$"):
+        recipe_from_dict({"model": {"type": "transformer", "d_model": -1}})
+    with pytest.raises(ConfigError, match=r"^model.d_modl: unknown key for type rnn; known: "):
+        recipe_from_dict({"model": {"type": "rnn", "d_modl": 4}})
+    with pytest.raises(ConfigError, match=r"^model.pad_id: set from the tokenizer"):
+        recipe_from_dict({"model": {"type": "rnn", "pad_id": 4}})
     with pytest.raises(ConfigError, match="model.type"):
         recipe_from_dict({"model": {"type": "lstm"}})
     with pytest.raises(ConfigError, match="data.kind"):

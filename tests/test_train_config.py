@@ -74,14 +74,16 @@ def test_a_section_left_empty_takes_its_defaults(tmp_path):
         ("train: {lr: 0.01}\n", ["train.lr=abc"], "--set train.lr=abc: train.lr: expected float"),
         ("train: {lr: 0.01}\n", ["train.steps=2", "train.betas=[a, 1]"],
          "--set train.betas=[a, 1]: train.betas[0]: expected float, got 'a'"),
-        ("model: {type: rnn}\n", ["model.dropout=2"], "--set model.dropout=2: model: "),
+        ("model: {type: rnn}\n", ["model.dropout=2"],
+         "--set model.dropout=2: model.dropout: must be in [0, 1), got 2"),
         ("data: {kind: toy, max_len: 6}\n", ["data.min_len=7", "train.lr=1"],
          "--set data.min_len=7: data.min_len: the toy corpus needs"),
         # another key's check that this --set fails: the file and every --set are named
         ("data: {kind: toy, min_len: 4}\n", ["data.max_len=3"],
          "c.yaml with --set data.max_len=3: data.min_len: the toy corpus needs"),
         # the file alone is wrong: the --set of another key in its section is not blamed
-        ("model: {type: transformer, num_heads: 3}\n", ["model.dropout=0.2"], "c.yaml: model: "),
+        ("model: {type: transformer, num_heads: 3}\n", ["model.dropout=0.2"],
+         "c.yaml: model.num_heads: must divide d_model=256, got 3"),
         ("train: {lr: -1}\n", ["train.lr=-2", "train.lr=0.5", "train.steps=0"],
          "--set train.steps=0: train.steps: must be > 0"),
     ],

@@ -13,10 +13,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["RNNSeq2SeqConfig", "TransformerSeq2SeqConfig"]
+__all__ = ["ConfigFieldError", "RNNSeq2SeqConfig", "TransformerSeq2SeqConfig"]
 
 _C = TypeVar("_C", bound="_Config")
 _MAX_INT = 2**31 - 1  # any size or id beyond it is a typo, not a model
+
+
+class ConfigFieldError(ValueError):
+    """An impossible value of one field: ``field``, ``value`` and ``why`` it is refused
+    (the command line names the field by its YAML key)."""
+
+    def __init__(self, config: str, field: str, value: Any, why: str):
+        super().__init__(f"{config}.{field} = {value!r}: {why}")
+        self.field, self.value, self.why = field, value, why
 
 
 class _Config:
@@ -51,7 +60,7 @@ class _Config:
 
     def _fail(self, name: str, why: str) -> None:
         value = getattr(self, name)
-        raise ValueError(f"{type(self).__name__}.{name} = {value!r}: {why}")
+        raise ConfigFieldError(type(self).__name__, name, value, why)
 
     def _int(self, name: str, minimum: int) -> None:
         value = getattr(self, name)
