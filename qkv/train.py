@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,24 +30,11 @@ from qkv.data.prepare import Prepared, prepare
 from qkv.distributed import DeviceError, Dist, LaunchError, uses_bf16
 from qkv.evaluate import bleu, translate_texts
 from qkv.memory import bound_onednn_caches, reuse_freed_memory
-from qkv.models.checkpoint import (
-    CheckpointError,
-    rng_state,
-    save_checkpoint,
-)
+from qkv.models.checkpoint import CheckpointError, rng_state, save_checkpoint
 from qkv.recipe import ConfigError, Recipe, load_yaml
+from qkv.run_folder import check_not_a_run, check_out_dir, prepare_out_dir, resume_note
 from qkv.schedule import make_schedule
-from qkv.train_checks import (
-    check_lengths,
-    check_loss,
-    check_memory,
-    check_not_a_run,
-    check_out_dir,
-    finished,
-    prepare_out_dir,
-    restore,
-    summary,
-)
+from qkv.train_checks import check_lengths, check_loss, check_memory, finished, restore, summary
 
 __all__ = ["TrainResult", "make_schedule", "train", "run_cli"]
 
@@ -385,8 +373,16 @@ def run_cli(args) -> int:
             recipe = dataclasses.replace(recipe, out=args.out)
         if not args.overwrite:
             check_not_a_run(recipe.out_dir, resume=args.resume)
-        result = train(recipe, resume=args.resume)
+        result = _train_or_say_where_to_resume(recipe, args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None
     print(summary(result, recipe))
     return 0
+
+
+def _train_or_say_where_to_resume(recipe: Recipe, resume: bool) -> TrainResult:
+    try:
+        return train(recipe, resume=resume)
+    except KeyboardInterrupt:  # Ctrl-C: say what is left to continue from, then stop
+        print(f"qkv train: {resume_note(recipe.out_dir)}", file=sys.stderr)
+        raise

@@ -1,6 +1,6 @@
 """The checks :func:`qkv.train.train` makes before it trains, and resuming a run.
 
-Before any work: the output folder is a folder (or can be made), the model's training
+Before any work (the output folder: :mod:`qkv.run_folder`): the model's training
 state fits the device's free memory, and every training and validation pair fits the
 model's positions. On ``--resume``: the checkpoint was trained
 on the same data (the recipe's data and tokenizer sections, then the tokenizers
@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import math
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from qkv._files import write_text_atomic
 from qkv.data.prepare import Prepared
 from qkv.models.checkpoint import CheckpointError, load_checkpoint, model_kind, restore_rng
 from qkv.recipe import ConfigError, Recipe
@@ -29,29 +27,14 @@ from qkv.recipe import ConfigError, Recipe
 __all__ = [
     "check_lengths",
     "check_memory",
-    "check_out_dir",
     "finished",
-    "remove_partial_checkpoints",
     "restore",
     "summary",
-    "trim_log",
 ]
 
 log = logging.getLogger(__name__)
 
 _PATHS = {"data.train", "data.valid", "data.test", "data.path"}  # where files are, not what
-
-
-def check_out_dir(path: Path, name: str = "out") -> None:
-    """Refuse an output folder that is a file or lies under one, before any work is done."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{name} {path}: is a file, not a folder")
-    folder = path
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(f"{name} {path}: {folder} is a file, not a folder")
 
 
 def check_memory(build: Callable[[], nn.Module], device: torch.device) -> None:
@@ -332,68 +315,3 @@ def summary(result, recipe: Recipe) -> str:
         f"tokens/s{', bf16 autocast' * result.bf16}); {best} at step {result.best_step}; "
         f"checkpoints in {result.out_dir}{stopped}"
     )
-
-
-def check_not_a_run(out: Path, resume: bool = False) -> None:
-    """Refuse to start a new run in a folder that holds one: its checkpoints and log would
-    be replaced without a word (``qkv train`` asks for ``--resume`` or ``--overwrite``).
-    A folder with a best checkpoint but no last one (deleted to save space) has nothing
-    to resume from, and a new run there would delete that best model: refused as well."""
-    if (out / "last.safetensors").exists():
-        if not resume:
-            raise ConfigError(
-                f"out {out}: holds a run already (last.safetensors); --resume continues it, "
-                "--overwrite starts again and replaces its checkpoints and log"
-            )
-    elif (out / "best.safetensors").exists():
-        raise ConfigError(
-            f"out {out}: holds a run's best.safetensors but no last.safetensors to resume "
-            "from; --overwrite starts again and replaces it, or give another --out"
-        )
-
-
-def prepare_out_dir(out: Path, step: int) -> None:
-    """Make ``out`` ready for a run that starts at ``step`` (0: a new run): the log cut
-    back to that step, what killed checkpoint writes left removed, and for a new run the
-    checkpoints of an earlier one too (they are not this run's: an old last.safetensors
-    left until the first save would be what ``--resume`` continues, beside the new log)."""
-    out.mkdir(parents=True, exist_ok=True)
-    trim_log(out / "log.jsonl", step)
-    remove_partial_checkpoints(out)
-    if step == 0:
-        for name in ("last", "best"):
-            (out / f"{name}.safetensors").unlink(missing_ok=True)
-
-
-def remove_partial_checkpoints(out: Path) -> None:
-    """Delete what checkpoint writes that a kill cut short left: each write's private
-    folder (with safetensors' own temporary file inside, as big as a checkpoint), or the
-    file that earlier versions wrote. A resumed run is the only writer of its folder, so
-    these go at once (a later save would remove them only after 10 minutes)."""
-    for name in ("last", "best"):
-        for partial in out.glob(f".{name}.safetensors.*.tmp"):
-            if partial.is_dir():
-                shutil.rmtree(partial, ignore_errors=True)
-            else:
-                partial.unlink(missing_ok=True)
-
-
-def trim_log(path: Path, step: int) -> None:
-    """On resume, drop log rows written after the checkpoint's step, and a row that a
-    crash left half written (it is not JSON, and rows after it come from later steps).
-    A row whose step is not a number (not written by qkv) is kept as it is."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if step else []
-    kept = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(row, dict):
-            continue
-        at = row.get("step", 0)
-        if not isinstance(at, (int, float)) or isinstance(at, bool) or at <= step:
-            kept.append(line)
-    write_text_atomic(path, "".join(r + "\n" for r in kept))  # an interrupt keeps the log

@@ -116,7 +116,7 @@ def test_an_interrupt_while_the_log_is_cut_back_keeps_the_log(tmp_path, monkeypa
     the write left log.jsonl empty: the whole run's history was lost."""
     from pathlib import Path
 
-    from qkv.train_checks import trim_log
+    from qkv.run_folder import trim_log
 
     log = tmp_path / "log.jsonl"
     before = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 7))
@@ -140,7 +140,7 @@ def test_an_interrupt_while_the_log_is_cut_back_keeps_the_log(tmp_path, monkeypa
 def test_a_log_row_whose_step_is_not_a_number_is_kept(tmp_path):
     """A row added by hand or by another tool ({"step": "3"}, {"step": null}) ended the
     resume in a TypeError traceback (exit 1) while the log was cut back."""
-    from qkv.train_checks import trim_log
+    from qkv.run_folder import trim_log
 
     log = tmp_path / "log.jsonl"
     rows = [{"step": 2}, {"step": "3", "note": "by hand"}, {"step": None}, {"step": 5}, [1]]

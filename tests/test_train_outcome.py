@@ -75,3 +75,46 @@ def test_at_equal_bleu_the_lower_validation_loss_is_better(tmp_path, monkeypatch
     assert "2 evaluations without a better BLEU" in result.done_because
     best = load_checkpoint(tmp_path / "best.safetensors").extra["train"]
     assert (best["step"], best["best_loss"]) == (8, 2.8)
+
+
+def test_ctrl_c_says_which_step_resume_continues_from(tmp_path, monkeypatch, capsys):
+    """Ctrl-C printed 'interrupted' alone: not which step last.safetensors holds, nor that
+    --resume continues from it (or that nothing was saved yet)."""
+    import qkv.train
+    from qkv.cli import main
+
+    config = tmp_path / "c.yaml"
+    out = tmp_path / "run"
+    config.write_text(json.dumps(tiny_dict(out, steps=9, save_every=3)))
+    after_step = qkv.train._Loop.after_step
+
+    def interrupt_after(at: int):
+        def step(loop):
+            verdict = after_step(loop)
+            if loop.state.step == at:
+                raise KeyboardInterrupt
+            return verdict
+
+        return step
+
+    for at, flags in ((2, []), (5, ["--overwrite"])):  # before the first save, then after
+        monkeypatch.setattr(qkv.train._Loop, "after_step", interrupt_after(at))
+        assert main(["train", str(config), *flags]) == 130
+        err = capsys.readouterr().err.strip().splitlines()
+        if at == 2:
+            assert err[-2:] == [f"qkv train: no checkpoint in {out} yet: a new run starts "
+                                "from step 0", "interrupted"]  # fmt: skip
+        else:
+            saved = load_checkpoint(out / "last.safetensors").extra["train"]["step"]
+            assert saved == 3
+            assert err[-2:] == [f"qkv train: {out / 'last.safetensors'} holds step 3; --resume "
+                                "continues from it", "interrupted"]  # fmt: skip
+
+
+def test_the_resume_note_of_a_folder_whose_checkpoint_is_unreadable(tmp_path):
+    from qkv.run_folder import resume_note
+
+    (tmp_path / "last.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    assert resume_note(tmp_path) == (
+        f"{tmp_path / 'last.safetensors'} is not a qkv checkpoint that --resume can read"
+    )

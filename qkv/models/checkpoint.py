@@ -250,6 +250,19 @@ def load_checkpoint(
     )
 
 
+def saved_extra(path: str | Path) -> dict[str, Any] | None:
+    """The training state (``extra``: step, metrics...) of checkpoint ``path``, read from
+    its header without its tensors; ``None`` when it is not a readable qkv checkpoint."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = json.loads((f.metadata() or {})["qkv"])
+        return dict(header.get("extra") or {})
+    except (SafetensorError, OSError, KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def _check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Refuse model weights that hold NaN or inf, naming the first such tensor."""
     bad = [

@@ -1,0 +1,112 @@
+"""A run's output folder: checked before any work, made ready for a new or resumed run,
+and what an interrupted run leaves there to resume from."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from qkv._files import write_text_atomic
+from qkv.recipe import ConfigError
+
+__all__ = [
+    "check_not_a_run",
+    "check_out_dir",
+    "prepare_out_dir",
+    "remove_partial_checkpoints",
+    "resume_note",
+    "trim_log",
+]
+
+
+def check_out_dir(path: Path, name: str = "out") -> None:
+    """Refuse an output folder that is a file or lies under one, before any work is done."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name} {path}: is a file, not a folder")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{name} {path}: {folder} is a file, not a folder")
+
+
+def check_not_a_run(out: Path, resume: bool = False) -> None:
+    """Refuse to start a new run in a folder that holds one: its checkpoints and log would
+    be replaced without a word (``qkv train`` asks for ``--resume`` or ``--overwrite``).
+    A folder with a best checkpoint but no last one (deleted to save space) has nothing
+    to resume from, and a new run there would delete that best model: refused as well."""
+    if (out / "last.safetensors").exists():
+        if not resume:
+            raise ConfigError(
+                f"out {out}: holds a run already (last.safetensors); --resume continues it, "
+                "--overwrite starts again and replaces its checkpoints and log"
+            )
+    elif (out / "best.safetensors").exists():
+        raise ConfigError(
+            f"out {out}: holds a run's best.safetensors but no last.safetensors to resume "
+            "from; --overwrite starts again and replaces it, or give another --out"
+        )
+
+
+def prepare_out_dir(out: Path, step: int) -> None:
+    """Make ``out`` ready for a run that starts at ``step`` (0: a new run): the log cut
+    back to that step, what killed checkpoint writes left removed, and for a new run the
+    checkpoints of an earlier one too (they are not this run's: an old last.safetensors
+    left until the first save would be what ``--resume`` continues, beside the new log)."""
+    out.mkdir(parents=True, exist_ok=True)
+    trim_log(out / "log.jsonl", step)
+    remove_partial_checkpoints(out)
+    if step == 0:
+        for name in ("last", "best"):
+            (out / f"{name}.safetensors").unlink(missing_ok=True)
+
+
+def remove_partial_checkpoints(out: Path) -> None:
+    """Delete what checkpoint writes that a kill cut short left: each write's private
+    folder (with safetensors' own temporary file inside, as big as a checkpoint), or the
+    file that earlier versions wrote. A resumed run is the only writer of its folder, so
+    these go at once (a later save would remove them only after 10 minutes)."""
+    for name in ("last", "best"):
+        for partial in out.glob(f".{name}.safetensors.*.tmp"):
+            if partial.is_dir():
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)
+
+
+def trim_log(path: Path, step: int) -> None:
+    """On resume, drop log rows written after the checkpoint's step, and a row that a
+    crash left half written (it is not JSON, and rows after it come from later steps).
+    A row whose step is not a number (not written by qkv) is kept as it is."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if step else []
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict):
+            continue
+        at = row.get("step", 0)
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or at <= step:
+            kept.append(line)
+    write_text_atomic(path, "".join(r + "\n" for r in kept))  # an interrupt keeps the log
+
+
+def resume_note(out: Path) -> str:
+    """What an interrupted ``qkv train`` leaves: the step its ``last.safetensors`` holds
+    and how to continue from it, or that nothing was saved yet."""
+    from qkv.models.checkpoint import saved_extra
+
+    last = Path(out) / "last.safetensors"
+    if not last.is_file():
+        return f"no checkpoint in {out} yet: a new run starts from step 0"
+    extra = saved_extra(last)
+    if extra is None:
+        return f"{last} is not a qkv checkpoint that --resume can read"
+    step = (extra.get("train") or {}).get("step", "?")  # the loop state qkv.train saves
+    return f"{last} holds step {step}; --resume continues from it"
