@@ -3,6 +3,7 @@ reads its sentences; both from stdin is one line and exit code 2."""
 
 from __future__ import annotations
 
+import pytest
 from test_evaluate import _cli, _one_line_error, ckpt  # noqa: F401 (ckpt: a fixture)
 
 SOURCES = "고양이가 쥐를 잡았다\n개가 잤다\n고양이가 잤다\n"
@@ -16,26 +17,19 @@ def _files(tmp_path):
     return src, ref
 
 
-def test_src_dash_reads_the_sources_from_stdin(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811
+@pytest.mark.parametrize("side", ["--src", "--ref"])
+def test_a_dash_reads_those_lines_from_stdin(ckpt, tmp_path, monkeypatch, capsys, side):  # noqa: F811
     src, ref = _files(tmp_path)
     code, from_files, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1,
                                  "--src", src, "--ref", ref)  # fmt: skip
     assert code == 0, err
-    code, from_stdin, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1,
-                                 "--src", "-", "--ref", ref, stdin=SOURCES.encode())  # fmt: skip
+    files = {"--src": src, "--ref": ref}
+    stdin = (SOURCES if side == "--src" else REFERENCES).encode()
+    args = [x for option, path in files.items() for x in (option, "-" if option == side else path)]
+    code, from_stdin, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1, *args,
+                                 stdin=stdin)  # fmt: skip
     assert code == 0, err
-    assert "BLEU = " in from_stdin and from_stdin == from_files
-
-
-def test_ref_dash_reads_the_references_from_stdin(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811
-    src, ref = _files(tmp_path)
-    code, from_files, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1,
-                                 "--src", src, "--ref", ref)  # fmt: skip
-    assert code == 0, err
-    code, from_stdin, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1,
-                                 "--src", src, "--ref", "-", stdin=REFERENCES.encode())  # fmt: skip
-    assert code == 0, err
-    assert "chrF = " in from_stdin and from_stdin == from_files
+    assert "BLEU = " in from_stdin and "chrF = " in from_stdin and from_stdin == from_files
 
 
 def test_both_from_stdin_is_refused(ckpt, monkeypatch, capsys):  # noqa: F811
