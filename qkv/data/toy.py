@@ -54,6 +54,7 @@ __all__ = [
 MAX_DEPTH = 2  # relative clauses nest at most this deep
 MAX_CLAUSES = 3
 STALL = 3000  # make_splits gives up after this many duplicate draws in a row
+MAX_PAIRS = 1_000_000  # about 2 minutes of generation; a larger number is a typo or a job for files
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class ToyConfig:
         for name in ("n_train", "n_valid", "n_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ToyConfig.{name} must be >= 0, got {getattr(self, name)}")
+        total = self.n_train + self.n_valid + self.n_test
+        if total > MAX_PAIRS:
+            raise ValueError(
+                f"{total:,} toy pairs requested; at most {MAX_PAIRS:,} are made (a few "
+                "minutes of generation; more is a job for a corpus of files)"
+            )
         if not 2 <= self.min_len <= self.max_len:
             raise ValueError(
                 f"ToyConfig needs 2 <= min_len <= max_len, got {self.min_len}, {self.max_len}"

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.data.toy import (
+    MAX_PAIRS,
     NP,
     Clause,
     Nominal,
@@ -163,5 +164,12 @@ def test_config_validation_and_impossible_requests():
         ToyConfig(min_len=5, max_len=4)
     with pytest.raises(ValueError, match="n_valid"):
         ToyConfig(n_valid=-1)
+    # a typo of a few zeros generated for hours: refused before any work
+    largest = MAX_PAIRS - 1000
+    assert ToyConfig(n_train=largest, n_valid=500, n_test=500).n_train == largest
+    with pytest.raises(ValueError, match=f"^{MAX_PAIRS + 1:,} toy pairs requested; at most"):
+        ToyConfig(n_train=largest + 1)
+    with pytest.raises(ValueError, match="^100,001,000 toy pairs requested"):
+        make_splits(100_000_000, 500, 500)
     with pytest.raises(ValueError, match="distinct"):
         make_splits(3000, 0, 0, seed=0, min_len=2, max_len=2)
