@@ -14,6 +14,7 @@ __all__ = [
     "check_not_a_run",
     "check_out_dir",
     "prepare_out_dir",
+    "later_best",
     "remove_partial_checkpoints",
     "resume_note",
     "trim_log",
@@ -110,3 +111,15 @@ def resume_note(out: Path) -> str:
         return f"{last} is not a qkv checkpoint that --resume can read"
     step = (extra.get("train") or {}).get("step", "?")  # the loop state qkv.train saves
     return f"{last} holds step {step}; --resume continues from it"
+
+
+def later_best(out: Path, step: int) -> dict | None:
+    """The loop state saved with ``best.safetensors`` when that file is from a step after
+    ``step``: a run killed between saves (best at step 10, last at step 8) left it, and
+    a run resumed from ``last.safetensors`` must know what it holds. ``None`` otherwise."""
+    from qkv.models.checkpoint import saved_extra
+
+    best = Path(out) / "best.safetensors"
+    state = ((saved_extra(best) or {}).get("train") or {}) if best.is_file() else {}
+    saved_step = state.get("step")
+    return state if isinstance(saved_step, int) and saved_step > step else None

@@ -23,6 +23,7 @@ from torch import nn
 from qkv.data.prepare import Prepared
 from qkv.models.checkpoint import CheckpointError, load_checkpoint, model_kind, restore_rng
 from qkv.recipe import ConfigError, Recipe
+from qkv.run_folder import later_best
 
 __all__ = [
     "check_lengths",
@@ -146,6 +147,7 @@ def restore(
     model.load_state_dict(ckpt.model.state_dict())
     try:
         saved = _loop_state(ckpt.extra.get("train", {}))
+        _adopt_later_best(path.parent, saved)
         if ckpt.optimizer_state is not None:
             _check_optimizer_state(optimizer, ckpt.optimizer_state)
             optimizer.load_state_dict(ckpt.optimizer_state)
@@ -156,6 +158,24 @@ def restore(
     except (ValueError, TypeError, KeyError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: cannot resume: corrupt training state ({first})") from None
+
+
+def _adopt_later_best(out: Path, saved: dict[str, Any]) -> None:
+    """Take the best of ``best.safetensors`` when it is from a step after the checkpoint's
+    (a run killed between saves), so that the resumed run knows what that file holds: it
+    is replaced only when this run evaluates better. The checkpoint's own state names an
+    older best, which that file overwrote."""
+    later = later_best(out, saved.get("step", 0))
+    keys = ("best_bleu", "best_loss", "best_step")
+    try:
+        best = _loop_state({key: later[key] for key in keys}) if later is not None else None
+    except (KeyError, TypeError, ValueError):  # not a state qkv wrote: left as it is
+        best = None
+    if best is not None:
+        saved.update(best)
+        log.warning("best.safetensors holds step %d, after the resumed step %d: kept as the "
+                    "best so far (valid BLEU %.2f)", saved["best_step"], saved.get("step", 0),
+                    saved["best_bleu"])  # fmt: skip
 
 
 # The training loop's saved state (qkv.train._State) and the JSON type of each entry.

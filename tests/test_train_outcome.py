@@ -118,3 +118,21 @@ def test_the_resume_note_of_a_folder_whose_checkpoint_is_unreadable(tmp_path):
     assert resume_note(tmp_path) == (
         f"{tmp_path / 'last.safetensors'} is not a qkv checkpoint that --resume can read"
     )
+
+
+def test_a_resume_keeps_a_best_checkpoint_saved_after_its_last(tmp_path, caplog):
+    """Killed between saves (best at step 6, last at step 4), the resumed run took the best
+    of step 4's state, older than the file: with the lr near 0 (the weights of step 4) it
+    said 'best at step 4' while best.safetensors held step 6's model."""
+    from qkv.models.checkpoint import saved_extra
+
+    train_until_interrupted(tiny_recipe(tmp_path, steps=10, eval_every=2, save_every=4), step=6)
+    assert saved_extra(tmp_path / "last.safetensors")["train"]["step"] == 4
+    best = saved_extra(tmp_path / "best.safetensors")["train"]
+    assert best["step"] == 6 == best["best_step"]  # the step-6 evaluation was the best
+    frozen = tiny_recipe(tmp_path, steps=10, eval_every=2, save_every=4, lr=1e-12)
+    with caplog.at_level("WARNING", logger="qkv.train_checks"):
+        result = train(frozen, resume=True, progress=False)
+    assert "best.safetensors holds step 6, after the resumed step 4" in caplog.text
+    kept = saved_extra(tmp_path / "best.safetensors")["train"]
+    assert result.best_step == kept["best_step"] == 6 and result.best_bleu == kept["best_bleu"]
