@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["replacing", "write_text_atomic"]
+__all__ = ["replacing", "write_text_atomic", "writing"]
 
 
 @contextlib.contextmanager
@@ -37,3 +38,16 @@ def write_text_atomic(path: Path, text: str) -> Path:
     with replacing(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """:func:`replacing` for a file the user named (a page, an image, a lab result): its
+    folders are made first, and a folder at ``path`` is an :class:`IsADirectoryError`
+    naming ``path``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path) as tmp:
+        yield tmp

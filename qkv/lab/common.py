@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv.viz._write import writing
+from qkv._files import writing
 
 __all__ = [
     "LabRun",
