@@ -13,8 +13,8 @@ from qkv.recipe import ConfigError
 __all__ = [
     "check_not_a_run",
     "check_out_dir",
-    "prepare_out_dir",
     "later_best",
+    "prepare_out_dir",
     "remove_partial_checkpoints",
     "resume_note",
     "trim_log",
@@ -101,25 +101,29 @@ def trim_log(path: Path, step: int) -> None:
 def resume_note(out: Path) -> str:
     """What an interrupted ``qkv train`` leaves: the step its ``last.safetensors`` holds
     and how to continue from it, or that nothing was saved yet."""
-    from qkv.models.checkpoint import saved_extra
-
     last = Path(out) / "last.safetensors"
     if not last.is_file():
         return f"no checkpoint in {out} yet: a new run starts from step 0"
-    extra = saved_extra(last)
-    if extra is None:
+    state = _loop_state(last)
+    if state is None:
         return f"{last} is not a qkv checkpoint that --resume can read"
-    step = (extra.get("train") or {}).get("step", "?")  # the loop state qkv.train saves
-    return f"{last} holds step {step}; --resume continues from it"
+    return f"{last} holds step {state.get('step', '?')}; --resume continues from it"
 
 
 def later_best(out: Path, step: int) -> dict | None:
     """The loop state saved with ``best.safetensors`` when that file is from a step after
     ``step``: a run killed between saves (best at step 10, last at step 8) left it, and
     a run resumed from ``last.safetensors`` must know what it holds. ``None`` otherwise."""
+    best = Path(out) / "best.safetensors"
+    state = _loop_state(best) if best.is_file() else None
+    saved_step = None if state is None else state.get("step")
+    return state if isinstance(saved_step, int) and saved_step > step else None
+
+
+def _loop_state(checkpoint: Path) -> dict | None:
+    """The training loop's state that :mod:`qkv.train` saves with a checkpoint (its
+    ``extra["train"]``), read from the header alone; ``None`` for an unreadable file."""
     from qkv.models.checkpoint import saved_extra
 
-    best = Path(out) / "best.safetensors"
-    state = ((saved_extra(best) or {}).get("train") or {}) if best.is_file() else {}
-    saved_step = state.get("step")
-    return state if isinstance(saved_step, int) and saved_step > step else None
+    extra = saved_extra(checkpoint)
+    return None if extra is None else dict(extra.get("train") or {})

@@ -37,10 +37,6 @@ def check_position_ids(positions: Tensor, b: int, t: int, max_len: int) -> None:
             f"position_ids must be (B, T) = {(b, t)} or (1, T) = {(1, t)}, "
             f"got {tuple(positions.shape)}"
         )
-    if (
-        positions.dtype.is_floating_point
-        or positions.dtype.is_complex
-        or (positions.dtype == torch.bool)
-    ):
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"position_ids must hold integers, got {positions.dtype}")
     check_token_ids(positions, max_len, what="position id")
