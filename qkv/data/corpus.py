@@ -23,6 +23,10 @@ __all__ += ["read_tsv", "filter_pairs", "decode_lines"]
 log = logging.getLogger(__name__)
 
 
+CHARS_PER_WORD = 20
+"""With ``max_len`` words, a side may hold at most this many times as many characters."""
+
+
 class CorpusError(ValueError):
     """A corpus that cannot be used as it is; the message is one line naming file and line."""
 
@@ -36,7 +40,8 @@ class CorpusReport:
         total: pairs read.
         kept: pairs kept.
         empty: pairs dropped because a side was empty.
-        too_long: pairs dropped because a side had more than ``max_len`` words.
+        too_long: pairs dropped because a side had more than ``max_len`` words (or more
+            than ``CHARS_PER_WORD`` times as many characters).
         ratio: pairs dropped because their word-count ratio exceeded ``max_ratio``.
     """
 
@@ -129,16 +134,22 @@ def filter_pairs(
 ) -> ParallelCorpus:
     """Strip sentences and drop empty, over-long and length-ratio outlier pairs.
 
-    Lengths are counted in whitespace-separated words. The ratio test compares the
-    smoothed ratio ``(max(a, b) + 1) / (min(a, b) + 1)`` of the two word counts, so that
-    short pairs of an agglutinative language ("없다." / "I don't have any.") survive
-    while misaligned pairs ("@@" / a whole sentence) do not.
+    Lengths are counted in whitespace-separated words. A side with few spaces (a URL, a
+    run of junk, an unsegmented paragraph) is one long "word", so a side is also too long
+    when it has more than ``CHARS_PER_WORD × max_len`` characters: such a line would
+    otherwise pass, then take minutes in BPE training and make a batch of its own. The
+    bound is loose enough for Chinese or Japanese sentences (one "word" each).
+
+    The ratio test compares the smoothed ratio ``(max(a, b) + 1) / (min(a, b) + 1)`` of
+    the two word counts, so that short pairs of an agglutinative language ("없다." /
+    "I don't have any.") survive while misaligned pairs ("@@" / a whole sentence) do not.
 
     Args:
         src: source sentences.
         tgt: target sentences, aligned with ``src``.
         source: name of the input, for the report.
-        max_len: drop pairs with a side longer than this many words (None: no limit).
+        max_len: drop pairs with a side longer than this many words, or than
+            ``CHARS_PER_WORD`` times this many characters (None: no limit).
         max_ratio: drop pairs whose word-count ratio exceeds this (None: no test).
 
     Returns:
@@ -155,7 +166,9 @@ def filter_pairs(
             empty += 1
             continue
         ns, nt = len(s.split()), len(t.split())
-        if max_len is not None and max(ns, nt) > max_len:
+        if max_len is not None and (
+            max(ns, nt) > max_len or max(len(s), len(t)) > CHARS_PER_WORD * max_len
+        ):
             too_long += 1
             continue
         if max_ratio is not None and (max(ns, nt) + 1) / (min(ns, nt) + 1) > max_ratio:
@@ -180,7 +193,8 @@ def read_parallel(
     Args:
         src_path: source-language file, one sentence per line.
         tgt_path: target-language file with the same number of lines.
-        max_len: drop pairs with a side longer than this many words (None: no limit).
+        max_len: drop pairs with a side longer than this many words, or than
+            ``CHARS_PER_WORD`` times this many characters (None: no limit).
         max_ratio: drop pairs whose word-count ratio exceeds this (None: no test).
 
     Returns:
@@ -216,7 +230,8 @@ def read_tsv(
         path: the TSV file.
         src_column: 0-based column of the source sentence.
         tgt_column: 0-based column of the target sentence.
-        max_len: drop pairs with a side longer than this many words (None: no limit).
+        max_len: drop pairs with a side longer than this many words, or than
+            ``CHARS_PER_WORD`` times this many characters (None: no limit).
         max_ratio: drop pairs whose word-count ratio exceeds this (None: no test).
 
     Returns:

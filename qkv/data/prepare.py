@@ -6,7 +6,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from qkv.data.corpus import CorpusError, read_parallel, read_tsv
+from qkv.data.corpus import CHARS_PER_WORD, CorpusError, read_parallel, read_tsv
 from qkv.data.tokenizers import Tokenizer, train_tokenizers
 from qkv.data.toy import make_splits
 
@@ -107,8 +107,8 @@ def _nothing_left(report, data) -> str:
     return (
         f"{report.source}: no training pair left after filtering: of {report.total} pairs, "
         f"{report.empty} have an empty side, {report.too_long} more than data.max_tokens "
-        f"({data.max_tokens}) words, {report.ratio} a length ratio over data.max_ratio "
-        f"({data.max_ratio})"
+        f"({data.max_tokens}) words or {CHARS_PER_WORD}× as many characters, "
+        f"{report.ratio} a length ratio over data.max_ratio ({data.max_ratio})"
     )
 
 

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.data.corpus import CorpusError, filter_pairs, read_lines, read_parallel, read_tsv
+from qkv.data.corpus import (
+    CHARS_PER_WORD,
+    CorpusError,
+    filter_pairs,
+    read_lines,
+    read_parallel,
+    read_tsv,
+)
 
 
 def _write(path, lines, end="\n"):
@@ -45,6 +52,21 @@ def test_filters_are_counted(tmp_path):
     r = corpus.report
     assert (r.total, r.kept, r.empty, r.too_long, r.ratio) == (6, 2, 2, 1, 1)
     assert "kept 2 of 6" in r.summary()
+
+
+def test_a_side_without_spaces_is_too_long_by_its_characters():
+    """One 300,000-character "word" passed a 100-word limit, then took minutes in BPE
+    training; the character bound drops it, and keeps an unsegmented Chinese sentence."""
+    junk = "ab" * 150_000
+    chinese = "我们昨天在公园里看见了一只很大的狗" * 8  # 136 characters, no spaces
+    near = "x" * (CHARS_PER_WORD * 10)  # exactly at the bound for max_len 10
+    corpus = filter_pairs(
+        ["a dog", junk, chinese, near, near + "x"], [junk, "junk", "a big dog", "x", "y"],
+        source="t", max_len=10, max_ratio=None,
+    )  # fmt: skip
+    assert corpus.src == [chinese, near]
+    assert corpus.report.too_long == 3
+    assert len(filter_pairs([junk], ["y"], source="t", max_len=None).src) == 1
 
 
 def test_line_separators_inside_sentences_do_not_split(tmp_path):
