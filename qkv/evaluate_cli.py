@@ -8,6 +8,7 @@ by :func:`qkv.evaluate.translate_texts`, :func:`~qkv.evaluate.bleu` and
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -341,10 +342,30 @@ def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], 
     if "recipe" not in extra:
         raise UserError(f"{checkpoint}: holds no training recipe; give --src and --ref")
     try:
-        pairs = held_out_pairs(recipe_from_dict(extra["recipe"]).data, split)
+        recipe = dict(extra["recipe"])
+        recipe["data"] = _paths_from(extra.get("folder"), recipe.get("data") or {})
+        pairs = held_out_pairs(recipe_from_dict(recipe).data, split)
     except (ConfigError, CorpusError, OSError) as err:
         raise UserError(f"{checkpoint}: its recipe's data cannot be read: {err}") from None
     if not pairs:
         raise UserError(f"{checkpoint}: its recipe has no {split} split")
     print(f"{split} split of the training recipe: {len(pairs)} sentences", file=sys.stderr)
     return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def _paths_from(folder: str | None, data: dict) -> dict:
+    """The recipe's data section, each relative corpus path that the current folder lacks
+    read from ``folder`` (where training read it) when it is there: ``--split`` works
+    from any folder, while a corpus copied beside the current folder still comes first."""
+    if not isinstance(folder, str) or not isinstance(data, dict):
+        return data
+
+    def found(path):
+        if not isinstance(path, str) or not path or Path(path).is_absolute():
+            return path
+        there = Path(folder) / path
+        return str(there) if not Path(path).exists() and there.exists() else path
+
+    moved = {k: [found(p) for p in data[k]] for k in ("train", "valid", "test")
+             if isinstance(data.get(k), list)}  # fmt: skip
+    return {**data, **moved, **({"path": found(data["path"])} if "path" in data else {})}

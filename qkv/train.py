@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -325,6 +326,7 @@ class _Loop:
         st = self.state
         st.seconds = self.trained_seconds()
         extra = {"train": {k: getattr(st, k) for k in vars(st)}, "recipe": self.recipe_dict()}
+        extra["folder"] = os.getcwd()  # where the recipe's relative corpus paths were read
         tokenizers = {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
         save_checkpoint(
             self.out / name,

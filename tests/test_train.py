@@ -158,34 +158,6 @@ def _check_evaluate_split(tmp_path: Path, ckpt: Path) -> None:
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_evaluate_split_of_a_files_corpus_reads_only_that_split(tmp_path):
-    """``--split test`` of a ``files`` corpus read the training files too (and failed
-    once they were moved away after training); it now reads the test files alone."""
-    from qkv.data.prepare import load_pairs
-
-    train_pairs, valid, test = load_pairs(tiny_recipe(tmp_path).data)
-    test = [*test, ("개", "the dog that we saw in the park slept all day")]  # ratio 11: kept
-    pairs, files = (train_pairs, valid, test), {}
-    for name, split in zip(("train", "valid", "test"), pairs):
-        files[name] = [str(tmp_path / f"{name}.{lang}") for lang in ("ko", "en")]
-        for side, path in enumerate(files[name]):
-            Path(path).write_text("".join(pair[side] + "\n" for pair in split), encoding="utf-8")
-    recipe = tiny_dict(tmp_path / "run", steps=2)
-    recipe["data"] = {"kind": "files", **files}
-    train(recipe_from_dict(recipe), progress=False)
-    ckpt = str(tmp_path / "run" / "last.safetensors")
-    by_files = run_cli("evaluate", ckpt, "--src", files["test"][0], "--ref", files["test"][1])
-    for path in files["train"]:
-        Path(path).unlink()
-    by_split = run_cli("evaluate", ckpt, "--split", "test")
-    assert by_split.returncode == 0, by_split.stderr
-    assert by_split.stdout == by_files.stdout and "BLEU = " in by_split.stdout
-    assert f"{len(test)} sentences" in by_split.stderr
-    Path(files["test"][0]).unlink()
-    gone = run_cli("evaluate", ckpt, "--split", "test")
-    assert gone.returncode == 2 and "data.test" in gone.stderr and "Traceback" not in gone.stderr
-
-
 def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
     from safetensors.torch import load_file, save_file
 
