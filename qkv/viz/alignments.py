@@ -38,15 +38,32 @@ _END = ("</s>", "<eos>", "<EOS>", "[SEP]")
 def alignment_label(source_text: str, tgt_tokens: Sequence[Any], limit: int = 120) -> str:
     """One line for a sentence: ``source → translation`` (end token left out), cut to ``limit``.
 
+    When the line holds right-to-left text (Arabic, Hebrew, ...), each side is wrapped in
+    Unicode isolates (U+2068 … U+2069), which browsers honour: two right-to-left sides
+    would otherwise make one right-to-left run, shown as "TRANSLATION → SOURCE".
+
     Args:
         source_text: the input sentence.
         tgt_tokens: the output tokens, possibly ending with an end-of-sentence token.
-        limit: longest label, in characters.
+        limit: longest label, in characters (isolates not counted).
 
     Returns:
-        the label (plain text).
+        the label (plain text, for a page).
     """
-    return _cut(f"{' '.join(source_text.split())} → {_translation(tgt_tokens)}", limit)
+    src, tgt = " ".join(source_text.split()), _translation(tgt_tokens)
+    if not _has_right_to_left(src + tgt):
+        return _cut(f"{src} → {tgt}", limit)
+    if len(src) + 3 >= limit:  # the cut falls in the source: no translation is left
+        return _isolated(_cut(src, limit))
+    return f"{_isolated(src)} → {_isolated(_cut(tgt, limit - len(src) - 3))}"
+
+
+def _has_right_to_left(text: str) -> bool:
+    return any(unicodedata.bidirectional(c) in ("R", "AL") for c in text)
+
+
+def _isolated(text: str) -> str:
+    return f"\u2068{text}\u2069"  # FIRST STRONG ISOLATE ... POP DIRECTIONAL ISOLATE
 
 
 def _translation(tgt_tokens: Sequence[Any]) -> str:

@@ -68,6 +68,17 @@ def test_label_drops_end_token_and_cuts():
     assert len(long) == 50 and long.endswith("…")
 
 
+def test_a_right_to_left_label_isolates_each_side_and_cuts_like_a_plain_one():
+    fsi, pdi = "\u2068", "\u2069"
+    label = alignment_label("مرحبا  بالعالم", ["שלום", "עולם", "</s>"])
+    assert label == f"{fsi}مرحبا بالعالم{pdi} → {fsi}שלום עולם{pdi}"
+    for source, target, limit in [("مرحبا " * 5, ["x"] * 40, 50), ("مرحبا " * 20, ["x"], 40)]:
+        plain = alignment_label(source.replace("مرحبا", "hello"), target, limit=limit)
+        got = alignment_label(source, target, limit=limit)
+        assert len(got.replace(fsi, "").replace(pdi, "")) == len(plain) == limit
+        assert got.count(fsi) == got.count(pdi) >= 1 and got.endswith("…" + pdi)
+
+
 @pytest.mark.parametrize(
     "initial, match",
     [({"view": "graph"}, "initial view"), ({"layer": 2}, "layer 2 out of range"),

@@ -64,3 +64,48 @@ def test_tooltip_of_right_to_left_tokens_reads_query_arrow_key_weight(
         xs = _tooltip_order(p, tokens, decoded, i, j)
         assert None not in xs and xs == sorted(xs), (i, j, xs)
     assert not p.errors
+
+
+# Left edge on screen of the source, the arrow and the translation in the line above the
+# selector, found by text.
+_GROUP_X = """([source, translation]) => {
+  const line = document.getElementById("qkv-item-group");
+  const node = line.firstChild;
+  const left = (s) => {
+    const at = node.data.indexOf(s);
+    if (at < 0) return null;
+    const range = document.createRange();
+    range.setStart(node, at);
+    range.setEnd(node, at + s.length);
+    return range.getBoundingClientRect().left;
+  };
+  return [left(source), left("\u2192"), left(translation)];
+}"""
+
+
+def test_a_right_to_left_translation_is_named_source_arrow_translation(open_page, tmp_path):
+    """Arabic → Hebrew in the sentence line was one right-to-left run: it showed the
+    translation first, the arrow pointing from it to the source."""
+    from qkv.data.tokenizers import train_tokenizers
+    from qkv.evaluate import Translation
+    from qkv.models.config import TransformerSeq2SeqConfig
+    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+    from qkv.viz.translations import save_translations, translation_attention
+
+    source, translation = " ".join(ARABIC), " ".join(HEBREW)
+    src, tgt = train_tokenizers("word", [source], [translation], joint=False)
+    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=8, num_heads=2,
+                                   num_encoder_layers=1, num_decoder_layers=1, ff_dim=8,
+                                   max_len=8, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    model = TransformerSeq2Seq(cfg).eval()
+    ids, out = src.encode(source), tgt.encode(translation)
+    cross = translation_attention(model, ids, out, True).cross[-1][0].mean(0)
+    best = Translation(translation, list(HEBREW), -1.0, cross, ids=out)
+    entry = (source, ids, [src.id_to_token(i) for i in ids], best)
+    (path,) = save_translations(model, [entry], tmp_path / "t.html")
+    p = open_page(path)
+    line = p.page.text_content("#qkv-item-group")
+    assert line.startswith("1. ") and source in line and translation in line
+    xs = p.page.evaluate(_GROUP_X, [source, translation])
+    assert None not in xs and xs == sorted(xs), (line, xs)
+    assert not p.errors
