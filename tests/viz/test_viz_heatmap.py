@@ -273,3 +273,19 @@ def test_a_long_alignment_title_is_wrapped_inside_the_figure(make_maps):
     box, page = title.get_window_extent(), fig.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1, (box, page)
     assert " ".join(title.get_text().split()) == f"{text} layer 0, head 0"
+
+
+def test_right_to_left_labels_are_drawn_right_to_left():
+    """matplotlib before 3.11 drew Hebrew and Arabic letters left to right, each word
+    mirrored ("שלום" as "םולש"), so pyproject asks for matplotlib >= 3.11. A label in
+    reading order must look like its letters reversed under a left-to-right override."""
+    w = np.array([[0.3, 0.7]])
+
+    def pixels(query: str) -> np.ndarray:
+        fig = plot_alignment(w, ["a", "b"], [query])
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba()).copy()
+
+    word = "שלום"
+    assert np.array_equal(pixels(word), pixels("\u202d" + word[::-1] + "\u202c"))
+    assert not np.array_equal(pixels(word), pixels(word[::-1]))
