@@ -77,7 +77,10 @@ def scaled_dot_product_attention(
     Returns:
         ``out`` ``(B, H, Tq, Dv)``, or ``(out, weights)`` with weights ``(B, H, Tq, Tk)``
         when ``need_weights`` (``(B, len(heads), rows, Tk)`` for a selection). A query row
-        that sees no key gets zeros in both.
+        that sees no key gets zeros in both. A NaN in a key or value reaches every row
+        that sees it; a NaN in a query gives a NaN row with ``reference`` but zeros from
+        torch's fused CPU kernel (``sdpa``, and ``chunked``, which calls it), as
+        ``torch.nn.functional.scaled_dot_product_attention`` gives on the CPU.
     """
     req = _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse=False)
     if weight_rows is not None and not req.need_weights:
