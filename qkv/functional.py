@@ -77,10 +77,12 @@ def scaled_dot_product_attention(
     Returns:
         ``out`` ``(B, H, Tq, Dv)``, or ``(out, weights)`` with weights ``(B, H, Tq, Tk)``
         when ``need_weights`` (``(B, len(heads), rows, Tk)`` for a selection). A query row
-        that sees no key gets zeros in both. A NaN in a key or value reaches every row
-        that sees it; a NaN in a query gives a NaN row with ``reference`` but zeros from
-        torch's fused CPU kernel (``sdpa``, and ``chunked``, which calls it), as
-        ``torch.nn.functional.scaled_dot_product_attention`` gives on the CPU.
+        that sees no key gets zeros in both. NaN inputs are not cleaned: a NaN in a key
+        or value makes every row that sees it NaN, and may reach rows that hide it (a
+        hidden score is added -inf, a hidden weight multiplies its value by 0), depending
+        on the backend; a NaN in a query gives a NaN row, except that torch's fused CPU
+        kernel (``sdpa`` or ``chunked`` without a mask) gives zeros, as
+        ``torch.nn.functional.scaled_dot_product_attention`` does there.
     """
     req = _request(q, k, v, mask, causal, scale, dropout_p, need_weights, need_lse=False)
     if weight_rows is not None and not req.need_weights:

@@ -55,3 +55,27 @@ def test_a_bad_argument_is_named_in_one_line(case, backend):
         qkv.attention_lse(**args, backend="chunked" if backend == "sdpa" else backend)
     with pytest.raises(ValueError, match=message):
         qkv.explain_dispatch(args["q"], args["k"], args["v"], args["mask"])
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
+def test_nan_reaches_the_rows_the_docstring_says(backend):
+    """A NaN key or value makes every row that sees it NaN; a NaN query gives a NaN row
+    with the reference and what torch's own SDPA gives (zeros on the CPU) otherwise."""
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()  # row i sees keys 0..i
+    bad_k, bad_v, bad_q = k.clone(), v.clone(), q.clone()
+    bad_k[1, 2, 3, 0] = bad_v[1, 2, 3, 0] = bad_q[0, 1, 2, 4] = float("nan")
+    for kk, vv in ((bad_k, v), (k, bad_v)):
+        for masks in ({"mask": mask}, {"causal": True}):
+            out = qkv.scaled_dot_product_attention(q, kk, vv, **masks, backend=backend)
+            rows = out.isnan().any(-1)
+            assert rows[1, 2, 3:].all() and rows.sum() == rows[1, 2].sum()
+    for masks in ({"mask": mask}, {}):  # torch's math path, then its fused CPU kernel
+        out = qkv.scaled_dot_product_attention(bad_q, k, v, **masks, backend=backend)
+        peer = torch.nn.functional.scaled_dot_product_attention(bad_q, k, v, masks.get("mask"))
+        fused = backend != "reference" and not masks
+        want = torch.zeros(8) if fused else torch.full((8,), float("nan"))
+        torch.testing.assert_close(out[0, 1, 2], want, equal_nan=True)
+        torch.testing.assert_close(peer[0, 1, 2], torch.zeros(8) if not masks else want,
+                                   equal_nan=True)  # fmt: skip
+        assert out.isnan().any(-1).sum() == (not fused)
