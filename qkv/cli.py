@@ -51,7 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="qkv", description="Attention from Q, K, V to a translator.")
     p.add_argument("-v", "--verbose", action="store_true", help="log more detail")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_walkthrough,
+        _add_demo,
+        _add_train,
+        _add_translate,
+        _add_evaluate,
+        _add_show,
+        _add_lab,
+        _add_bench,
+        _add_data,
+    ):
+        add(sub)
+    return p
 
+
+def _add_walkthrough(sub) -> None:
     w = sub.add_parser("walkthrough", help="self- and multi-head attention, step by step")
     w.add_argument("sentence", help="a sentence, any script; split on whitespace")
     w.add_argument("--heads", type=int, default=1, help="number of heads (default 1)")
@@ -59,10 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-positions", action="store_true", help="leave out positional encodings")
     w.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
 
+
+def _add_demo(sub) -> None:
     d = sub.add_parser("demo", help="the main job on the built-in Korean->English toy corpus")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     d.add_argument("--quick", action="store_true", help="a much shorter run, for tests")
 
+
+def _add_train(sub) -> None:
     t = sub.add_parser("train", help="train a translator from a YAML config")
     t.add_argument("config", help="the YAML recipe (see configs/)")
     t.add_argument(
@@ -79,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--out", default=None, help="output folder (default: from the config)")
 
+
+def _add_translate(sub) -> None:
     tr = sub.add_parser("translate", help="translate stdin to stdout")
     tr.add_argument("checkpoint", help="a .safetensors checkpoint written by qkv train")
     tr.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
@@ -99,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "or an image (.png, .svg, .pdf)",
     )
 
+
+def _add_evaluate(sub) -> None:
     e = sub.add_parser("evaluate", help="sacreBLEU and chrF of a checkpoint on a test set")
     e.add_argument("checkpoint", help="a .safetensors checkpoint written by qkv train")
     e.add_argument("--src", default=None, help="source sentences, one per line ('-': stdin)")
@@ -117,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="sacreBLEU's BLEU tokenizer (13a, intl, zh, char, none, ja-mecab, ...; default 13a)",
     )
 
+
+def _add_show(sub) -> None:
     s = sub.add_parser("show", help="attention of a pretrained encoder or decoder, HTML or PNG")
     s.add_argument("text", help="the text to run the model on")
     s.add_argument(
@@ -139,11 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
         "FILE.png, .svg or .pdf: one head with --layer and --head, else a grid of heads",
     )
 
+
+def _add_lab(sub) -> None:
     lab = sub.add_parser("lab", help="reproduce one claim about attention")
     lab.add_argument("name", help="one of: " + ", ".join(_LABS))
     lab.add_argument("--quick", action="store_true", help="a small setting: seconds to a minute")
     lab.add_argument("--out", default=None, help="output folder (default runs/lab/NAME)")
 
+
+def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="performance against the peers")
     b.add_argument("name", nargs="?", default=None, help="one of: " + ", ".join(_BENCHMARKS))
     b.add_argument(
@@ -155,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
+
+def _add_data(sub) -> None:
     data = sub.add_parser("data", help="corpora")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     dl = dsub.add_parser("download", help="fetch a public corpus into the local cache")
@@ -163,7 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache", default=None, help="cache folder (default $XDG_CACHE_HOME/qkv or ~/.cache/qkv)"
     )
     dl.add_argument("--base-url", default=None, help=argparse.SUPPRESS)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
