@@ -68,3 +68,23 @@ def test_evaluate_split_finds_relative_paths_from_the_training_folder(tmp_path, 
     (tmp_path / files["test"][0]).unlink()
     gone = run_cli("evaluate", ckpt, "--split", "test")
     assert gone.returncode == 2 and "corpus/test.ko" in gone.stderr
+
+
+def test_recipe_paths_are_read_from_the_training_folder_only_when_missing_here(
+    tmp_path, monkeypatch
+):
+    from qkv.evaluate_cli import _paths_from
+
+    there, here = tmp_path / "there", tmp_path / "here"
+    for folder, names in ((there, ["a.tsv", "b.ko", "both.en"]), (here, ["both.en"])):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text("x\ty\n", encoding="utf-8")
+    monkeypatch.chdir(here)
+    absolute = str(there / "b.ko")
+    data = {"kind": "files", "train": ["b.ko", "both.en"], "valid": [absolute, "gone.en"],
+            "test": [], "path": "a.tsv", "max_tokens": 5}  # fmt: skip
+    got = _paths_from(str(there), data)
+    assert got == {**data, "train": [str(there / "b.ko"), "both.en"],
+                   "path": str(there / "a.tsv")}  # fmt: skip
+    assert _paths_from(None, data) == data  # a checkpoint from before the folder was saved
