@@ -21,3 +21,29 @@ def random_gpt2_folder(
     )  # fmt: skip
     transformers.GPT2LMHeadModel(config).save_pretrained(path)
     return path
+
+
+def gpt2_fixtures(name: str, **sizes):
+    """The module fixtures ``folder`` (a random GPT-2 folder of ``sizes``, see
+    :func:`random_gpt2_folder`), ``peer`` (transformers' eager model of it) and ``ours``
+    (qkv's GPT of it): ``folder, peer, ours = gpt2_fixtures("gpt2", layers=...)``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def folder(tmp_path_factory):
+        return random_gpt2_folder(tmp_path_factory.mktemp(name), **sizes)
+
+    @pytest.fixture(scope="module")
+    def peer(folder):
+        import transformers
+
+        model = transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager")
+        return model.eval()
+
+    @pytest.fixture(scope="module")
+    def ours(folder):
+        from qkv.models import GPT
+
+        return GPT.from_pretrained(folder)
+
+    return folder, peer, ours

@@ -7,34 +7,20 @@ import os
 
 import pytest
 import torch
-from gpt_helpers import random_gpt2_folder
+from gpt_helpers import gpt2_fixtures
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 transformers = pytest.importorskip("transformers")
 
-from qkv.models import GPT, GPTConfig, sample_next  # noqa: E402
+from qkv.models import GPTConfig, sample_next  # noqa: E402
 from qkv.models.generation import filter_logits  # noqa: E402
 
 VOCAB = 1000
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return random_gpt2_folder(
-        tmp_path_factory.mktemp("gpt2"), layers=4, heads=4, dim=128, vocab=VOCAB, positions=256
-    )
-
-
-@pytest.fixture(scope="module")
-def peer(folder):
-    return transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
-
-
-@pytest.fixture(scope="module")
-def ours(folder):
-    return GPT.from_pretrained(folder)
+folder, peer, ours = gpt2_fixtures("gpt2", layers=4, heads=4, dim=128, vocab=VOCAB, positions=256)
 
 
 def _padded_batch(side: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from gpt_helpers import random_gpt2_folder
+from gpt_helpers import gpt2_fixtures
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -22,22 +22,9 @@ from qkv.models.hf import load_state_dict  # noqa: E402
 VOCAB = 1000
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return random_gpt2_folder(
-        tmp_path_factory.mktemp("gpt2_loading"), layers=2, heads=4, dim=64, vocab=VOCAB,
-        positions=256,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def peer(folder):
-    return transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
-
-
-@pytest.fixture(scope="module")
-def ours(folder):
-    return GPT.from_pretrained(folder)
+folder, peer, ours = gpt2_fixtures(
+    "gpt2_loading", layers=2, heads=4, dim=64, vocab=VOCAB, positions=256
+)
 
 
 def test_loading_old_names_and_listing_wrong_ones(folder, ours, tmp_path):
