@@ -8,7 +8,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["replacing", "write_text_atomic", "writing"]
+__all__ = ["naming", "replacing", "write_text_atomic", "writing"]
+
+
+def naming(err: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``err`` again, of the same type, naming ``path`` (the file the user knows of) in
+    place of a temporary or staged file; raise it ``from None``."""
+    return type(err)(err.errno, err.strerror, str(path))
 
 
 @contextlib.contextmanager
@@ -27,7 +33,7 @@ def replacing(path: Path) -> Iterator[Path]:
     except OSError as err:
         if err.filename not in (str(tmp), tmp):
             raise
-        raise type(err)(err.errno, err.strerror, str(path)) from None
+        raise naming(err, path) from None
     finally:
         tmp.unlink(missing_ok=True)
 

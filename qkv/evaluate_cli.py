@@ -366,6 +366,10 @@ def _paths_from(folder: str | None, data: dict) -> dict:
         there = Path(folder) / path
         return str(there) if not Path(path).exists() and there.exists() else path
 
-    moved = {k: [found(p) for p in data[k]] for k in ("train", "valid", "test")
-             if isinstance(data.get(k), list)}  # fmt: skip
-    return {**data, **moved, **({"path": found(data["path"])} if "path" in data else {})}
+    moved = dict(data)
+    for key in ("train", "valid", "test"):
+        if isinstance(moved.get(key), list):
+            moved[key] = [found(p) for p in moved[key]]
+    if "path" in moved:
+        moved["path"] = found(moved["path"])
+    return moved

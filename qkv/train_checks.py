@@ -5,6 +5,8 @@ state fits the device's free memory, and every training and validation pair fits
 model's positions. On ``--resume``: the checkpoint was trained
 on the same data (the recipe's data and tokenizer sections, then the tokenizers
 themselves) and the same model, so that a resumed run continues the one it resumes.
+At the end: :func:`finished` says why a run stops before ``train.steps``, and
+:func:`summary` is the line ``qkv train`` prints from it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv._files import writing
+from qkv._files import naming, writing
 
 __all__ = [
     "LabRun",
@@ -270,7 +270,7 @@ def staged_figures(out: Path) -> Iterator[Callable[[], None]]:
             try:
                 os.replace(stage / name, out / name)
             except OSError as err:  # a folder of that name in the way: name the figure
-                raise type(err)(err.errno, err.strerror, str(out / name)) from None
+                raise naming(err, out / name) from None
         _STAGED["names"].clear()
 
     try:
@@ -298,7 +298,7 @@ def save_figure(fig, path: Path) -> str:
     except OSError as err:
         if target == path or err.filename != str(target):
             raise
-        raise type(err)(err.errno, err.strerror, str(path)) from None
+        raise naming(err, path) from None
     if target != path:
         _STAGED["names"][path.name] = None
     log.info("wrote %s", path)
