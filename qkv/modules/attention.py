@@ -230,7 +230,10 @@ class MultiHeadAttention(nn.Module):
         weight = self.q_proj.weight
         if torch.is_autocast_enabled(query.device.type):
             return  # autocast casts inputs and weights to one dtype itself
-        for name, x in (("query", query), ("key", key), ("value", value)):
+        inputs = [("query", query), ("key", key), ("value", value)]
+        if key is query and value is query:  # self-attention: one tensor to check
+            inputs = inputs[:1]
+        for name, x in inputs:
             if x.dtype != weight.dtype or x.device != weight.device:
                 raise ValueError(
                     f"MultiHeadAttention's weights are {weight.dtype} on {weight.device}, "

@@ -38,12 +38,12 @@ class LayerKV:
     @property
     def k(self) -> Tensor | None:
         """The cached keys ``(B, Hkv, T, D)``, or ``None`` while empty."""
-        return None if self._k is None else self._k[:, :, : self._length]
+        return None if self._k is None else self._k.narrow(2, 0, self._length)
 
     @property
     def v(self) -> Tensor | None:
         """The cached values ``(B, Hkv, T, Dv)``, or ``None`` while empty."""
-        return None if self._v is None else self._v[:, :, : self._length]
+        return None if self._v is None else self._v.narrow(2, 0, self._length)
 
     @property
     def length(self) -> int:
@@ -58,16 +58,16 @@ class LayerKV:
         if self._k is None:  # contiguous, so attention can fold (B, H) without a copy per step
             self._k, self._v, self._length = k.contiguous(), v.contiguous(), k.shape[-2]
             return self.k, self.v
-        _check_fits(self.k, k, "keys")
-        _check_fits(self.v, v, "values")
         n, t = self._length, k.shape[-2]
+        _check_fits(self._k, n, k, "keys")  # against the buffers: no views made to check
+        _check_fits(self._v, n, v, "values")
         if not self._writable():
             self._k, self._v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
         else:
             if n + t > self._k.shape[-2]:
                 self._k, self._v = _grown(self.k, n + t), _grown(self.v, n + t)
-            self._k[:, :, n : n + t] = k
-            self._v[:, :, n : n + t] = v
+            self._k.narrow(2, n, t).copy_(k)
+            self._v.narrow(2, n, t).copy_(v)
         self._length = n + t
         return self.k, self.v
 
@@ -120,8 +120,9 @@ def _check_pair(k: Tensor, v: Tensor) -> None:
         )
 
 
-def _check_fits(cached: Tensor, new: Tensor, what: str) -> None:
-    """``ValueError`` unless ``new`` can follow ``cached``: one B, Hkv, D, dtype and device."""
+def _check_fits(cached: Tensor, length: int, new: Tensor, what: str) -> None:
+    """``ValueError`` unless ``new`` can follow the first ``length`` positions of
+    ``cached``: one B, Hkv, D, dtype and device."""
     if (
         new.ndim != 4
         or new.shape[:2] != cached.shape[:2]
@@ -129,9 +130,10 @@ def _check_fits(cached: Tensor, new: Tensor, what: str) -> None:
         or new.dtype != cached.dtype
         or new.device != cached.device
     ):
+        b, h, _, d = cached.shape
         raise ValueError(
             f"new {what} {new.dtype} {tuple(new.shape)} on {new.device} cannot follow the "
-            f"cached {cached.dtype} {tuple(cached.shape)} on {cached.device} (B, Hkv, T, D): "
+            f"cached {cached.dtype} {(b, h, length, d)} on {cached.device} (B, Hkv, T, D): "
             "a cache serves one batch of one layer; start a new one for another"
         )
 
