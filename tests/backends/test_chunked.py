@@ -228,6 +228,48 @@ def test_gradients_flow_through_skipped_blocks():
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
 
 
+@pytest.mark.parametrize("kind", ["band-causal", "padding", "rows-hidden", "alibi", "random"])
+def test_online_softmax_gradients_of_out_and_lse(kind, monkeypatch):
+    """With the lse asked for under autograd, the online softmax runs out of place over many
+    key tiles (64 scores each): gradients through out and lse equal float64 autograd of the
+    formula, and hidden rows get zero gradients."""
+    monkeypatch.setattr(chunked, "TILE_ELEMENTS", 64)
+    q, k, v, mask, causal = _inputs(kind, 2, 4, 2, 70, 90, torch.float64)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out, lse = qkv.attention_lse(q, k, v, mask, causal=causal, backend="chunked")
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
+    hidden = ref_w.sum(-1).expand_as(lse) == 0
+    scores = _masked_scores(q, k, mask, causal)
+    ref_lse = torch.logsumexp(scores.masked_fill(hidden[..., None], 0.0), -1)
+    d_out, d_lse = torch.randn_like(ref_out), torch.randn_like(ref_lse)
+    grads = torch.autograd.grad(
+        (out * d_out).sum() + (lse.masked_fill(hidden, 0.0) * d_lse).sum(), (q, k, v)
+    )
+    ref_grads = torch.autograd.grad(
+        (ref_out * d_out).sum() + (ref_lse.masked_fill(hidden, 0.0) * d_lse).sum(), (q, k, v)
+    )
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+    assert torch.isneginf(lse[hidden]).all()
+    torch.testing.assert_close(lse[~hidden], ref_lse[~hidden], atol=1e-12, rtol=1e-10)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
+    if hidden.any():
+        assert (grads[0].masked_select(hidden[..., None]) == 0).all()
+
+
+def _masked_scores(q, k, mask, causal):
+    """float64 scores ``(B, H, Tq, Tk)`` with the mask added and hidden keys at -inf."""
+    k = torch.repeat_interleave(k, q.shape[1] // k.shape[1], dim=1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    tq, tk = s.shape[-2:]
+    allowed = qkv.causal_mask(tq, tk) if causal else torch.ones(tq, tk, dtype=torch.bool)
+    if mask is not None and mask.dtype == torch.bool:
+        allowed = allowed & mask
+    elif mask is not None:
+        s = s + mask
+    return s.masked_fill(~allowed, float("-inf"))
+
+
 def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
     t = 1024  # Tq * Tk reaches SKIP_MIN_SCORES
     q = k = v = torch.randn(1, 2, t, 16)

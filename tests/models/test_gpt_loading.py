@@ -139,3 +139,30 @@ def test_dropout_for_fine_tuning_is_gpt2s(folder, tmp_path, p):
     got = [ours.drop.p, layer.self_attn.dropout, layer.dropout1.p, layer.dropout3.p,
            layer.ff.dropout.p]  # fmt: skip
     assert got == want
+
+
+def test_an_untied_lm_head_is_its_own_weight(folder, tmp_path):
+    config = json.loads((folder / "config.json").read_text())
+    config = transformers.GPT2Config(**{**config, "tie_word_embeddings": False})
+    peer = transformers.GPT2LMHeadModel(config).eval()
+    assert not torch.equal(peer.lm_head.weight, peer.transformer.wte.weight)
+    peer.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(tmp_path)
+    assert ours.lm_head.weight is not ours.tok_emb.weight
+    assert torch.equal(ours.lm_head.weight, peer.lm_head.weight)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, peer(ids).logits, atol=1e-5, rtol=1e-5)
+        assert torch.equal(ours.generate(ids, 6), peer.generate(
+            ids, max_new_tokens=6, min_new_tokens=6, do_sample=False))  # fmt: skip
+
+
+def test_differing_gpt2_dropouts_use_resid_pdrop_and_say_so(folder, tmp_path, caplog):
+    config = json.loads((folder / "config.json").read_text())
+    drops = {"resid_pdrop": 0.2, "embd_pdrop": 0.1, "attn_pdrop": 0.3}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **drops}))
+    (tmp_path / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    with caplog.at_level("WARNING"):
+        ours = GPT.from_pretrained(tmp_path)
+    assert ours.config.dropout == 0.2
+    assert "differ" in caplog.text and "resid_pdrop" in caplog.text
