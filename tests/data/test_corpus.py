@@ -77,6 +77,15 @@ def test_line_separators_inside_sentences_do_not_split(tmp_path):
     assert corpus.src == ["a\u2028b", "c\x85d"]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
+    """Windows editors save UTF-8 with a byte order mark (U+FEFF) in front."""
+    src = tmp_path / "s.ko"
+    src.write_bytes("\ufeff하나\n둘\n".encode())
+    tgt = _write(tmp_path / "t.en", ["one", "two"])
+    assert read_parallel(src, tgt, max_ratio=None).src == ["하나", "둘"]
+    assert read_lines(src)[0] == "하나"
+
+
 def test_cr_only_line_ends_are_refused(tmp_path):
     """A file with classic Mac OS line ends (CR, no LF) was read as one line: two such
     files passed the line-count check as one giant pair, and evaluated as one sentence."""

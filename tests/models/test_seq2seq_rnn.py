@@ -62,7 +62,8 @@ def test_teacher_forcing_equals_step_by_step_decoding(name):
     assert logits.shape == (3, 6, V + 2)
     state = model.encode(src)
     for t in range(tgt_in.shape[1]):
-        step_logits, state, step_attn = model.decode_step(state, tgt_in[:, t])
+        prev = tgt_in[:, t] if t % 2 else tgt_in[:, : t + 1]  # a token, or a prefix (its last)
+        step_logits, state, step_attn = model.decode_step(state, prev)
         torch.testing.assert_close(step_logits, logits[:, t], rtol=0, atol=1e-12)
         if attn.alignment is not None:
             torch.testing.assert_close(step_attn.alignment[:, 0], attn.alignment[:, t])

@@ -52,7 +52,8 @@ def test_teacher_forcing_equals_step_by_step_decoding(name, use_cache):
     logits, attn = model(src, tgt_in)
     state = model.encode(src, use_cache=use_cache)
     for t in range(tgt_in.shape[1]):
-        step_logits, state, step_attn = model.decode_step(state, tgt_in[:, t])
+        prev = tgt_in[:, t] if t % 2 else tgt_in[:, : t + 1]  # a token, or a prefix (its last)
+        step_logits, state, step_attn = model.decode_step(state, prev)
         torch.testing.assert_close(step_logits, logits[:, t], rtol=0, atol=1e-10)
         torch.testing.assert_close(step_attn.alignment[:, 0], attn.alignment[:, t])
         for layer in range(LAYERS):
@@ -63,6 +64,27 @@ def test_teacher_forcing_equals_step_by_step_decoding(name, use_cache):
     assert isinstance(state, TransformerState) and state.step == tgt_in.shape[1]
     if use_cache:
         assert state.cache.length == tgt_in.shape[1] and state.cache.cross_kv.length == 5
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["kv-cache", "recompute-prefix"])
+def test_a_reordered_state_is_the_state_of_the_reordered_batch(name, use_cache):
+    """``reorder`` (rows of other sources too, repeated) moves everything a state holds:
+    memory, mask, caches or prefix, and the encoder maps kept with ``need_weights``."""
+    model = _model(name)
+    src, tgt = padded_batch([5, 2, 4], V), _tgt(model, 3, 3)
+    index = torch.tensor([2, 0, 2, 1])
+    state = model.encode(src, use_cache=use_cache, need_weights=True)
+    moved = model.encode(src[index], use_cache=use_cache, need_weights=True)
+    for t in range(2):
+        model.decode_step(state, tgt[:, t])
+        model.decode_step(moved, tgt[index, t])
+    state.reorder(index)
+    for got, want in zip(state.encoder_attention, moved.encoder_attention, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    logits, _, attn = model.decode_step(state, tgt[index, 2])
+    want_logits, _, want_attn = model.decode_step(moved, tgt[index, 2])
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-12)
+    torch.testing.assert_close(attn.alignment, want_attn.alignment, rtol=0, atol=1e-12)
 
 
 def test_padding_never_changes_outputs_or_attention(name):
