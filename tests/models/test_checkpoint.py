@@ -122,8 +122,29 @@ def _config(**changes):
         (lambda h: h.update(model_type="gpt"), None, r"bad model config .*unknown model type"),
         (_config(src_vocab_size=2**31 - 1), None, r"encoder\.embed\.weight is \(17, 6\) in the fi"),
         (None, lambda t: t.update({"model.bridge.h.bias": torch.arange(10)}), r"int64 in the"),
+        (lambda h: h.pop("model_config"), None, r"corrupt qkv header: no 'model_config'"),
+        (lambda h: h.update(tokenizers={"src": 3}), None, r"tokenizer 'src' is not a string"),
+        (lambda h: h.update(optimizer={}), None, r"the optimizer has no param_groups"),
+        (
+            None,
+            lambda t: t.update({"rng.torch": torch.zeros(3, dtype=torch.uint8)}),
+            r"the Python RNG state is missing",
+        ),
+        (None, lambda t: t.update({"optim.x": torch.zeros(2)}), r"tensor name 'optim\.x'"),
     ],
-    ids=["unknown-key", "string-size", "huge-int", "model-type", "huge-vocab", "int-weights"],
+    ids=[
+        "unknown-key",
+        "string-size",
+        "huge-int",
+        "model-type",
+        "huge-vocab",
+        "int-weights",
+        "no-config",
+        "tokenizer-type",
+        "optimizer-groups",
+        "rng-python",
+        "optim-name",
+    ],
 )
 def test_a_bad_config_or_weight_is_one_line_naming_the_file(
     tmp_path, change_header, change_tensors, message
