@@ -122,3 +122,20 @@ def test_forcing_an_unsupported_backend_lists_reasons():
         qkv.attention_lse(q, k, v, backend="sdpa")
     with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
         qkv.scaled_dot_product_attention(q, k, v, backend="nope")
+
+
+def test_the_lse_goes_to_the_reference_unless_its_scores_pass_the_auto_limit():
+    """The lse is the reference's or chunked's: the reference while its score matrix fits in
+    REFERENCE_MAX_BYTES, chunked beyond (expanded tensors: nothing is allocated)."""
+    from qkv.backends import REFERENCE_MAX_BYTES
+
+    t = 4096
+    big = torch.zeros(()).expand(8, 16, t, 64)  # 8 GiB of float32 scores
+    assert 8 * 16 * t * t * 4 > REFERENCE_MAX_BYTES
+    d = qkv.explain_dispatch(big, big, big, need_lse=True)
+    assert d.chosen == "chunked"
+    assert d.reasons["reference"] == ["its score matrix would take 8.0 GiB (auto limit 1 GiB)"]
+    small = big[:, :, :256]
+    d = qkv.explain_dispatch(small, small, small, need_lse=True)
+    assert d.chosen == "reference"
+    assert "  chunked: could run, but reference comes first" in str(d).splitlines()
