@@ -20,6 +20,10 @@ CASES = {
     "dropout-a-string": (dict(dropout_p="0.1"), r"^dropout_p must be a number in \[0, 1\)"),
     "causal-a-string": (dict(causal="no"), r"^causal must be True or False, got 'no'$"),
     "causal-none": (dict(causal=None), r"^causal must be True or False, got None$"),
+    "k-float64": (dict(k="float64"), r"^q, k, v must share one floating dtype: torch.float32, "),
+    "integer-qkv": (dict(q="int", k="int", v="int"), r"^q, k, v must share one floating dtype"),
+    "mask-a-list": (dict(mask="list"), r"^mask must be a tensor or None, got list$"),
+    "mask-of-integers": (dict(mask="int"), r"^mask must be boolean .* or float, got torch.int64$"),
 }
 
 
@@ -35,6 +39,10 @@ def _arguments(change: dict):
             args[name] = args[name].tolist()
         elif how == "numpy":
             args[name] = args[name].numpy()
+        elif how == "float64":
+            args[name] = args[name].double()
+        elif how == "int":
+            args[name] = (args[name] * 10).long()
     options = {
         key: value for key, value in change.items() if key in ("scale", "dropout_p", "causal")
     }
@@ -79,3 +87,13 @@ def test_nan_reaches_the_rows_the_docstring_says(backend):
         torch.testing.assert_close(peer[0, 1, 2], torch.zeros(8) if not masks else want,
                                    equal_nan=True)  # fmt: skip
         assert out.isnan().any(-1).sum() == (not fused)
+
+
+def test_bad_helper_arguments_are_named_in_one_line():
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"^weight_rows must be a slice with step 1, got "):
+        qkv.scaled_dot_product_attention(q, k, v, need_weights=True, weight_rows=slice(0, 4, 2))
+    with pytest.raises(ValueError, match=r"^lengths must be 1-d \(B,\), got shape \(2, 1\)$"):
+        qkv.padding_mask(torch.tensor([[3], [1]]))
+    with pytest.raises(ValueError, match=r"^a 3-d attn_mask \(B\*H, Tq, Tk\) needs num_heads$"):
+        qkv.functional.from_torch_masks(torch.zeros(4, 3, 3, dtype=torch.bool))
