@@ -148,3 +148,42 @@ def test_keys_and_values_of_different_lengths_are_refused(when, grad):
     with torch.set_grad_enabled(grad), pytest.raises(ValueError, match=r"same positions"):
         store(k, v[:, :, :1])
     assert layer.length == (3 if when == "later" else 0) and not layer.static
+
+
+def test_caches_of_the_wrong_kind_or_size_are_refused_by_name():
+    """A module is given one layer's cache; anything else says what to pass instead."""
+    mha = qkv.MultiHeadAttention(8, 2).double()
+    x, memory = torch.randn(1, 3, 8, dtype=torch.float64), torch.randn(1, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^pass one layer of a 2-layer KVCache: cache\[i\]$"):
+        mha(x, cache=qkv.KVCache(2))
+    with pytest.raises(ValueError, match=r"^cache must be a KVCache or LayerKV, got dict$"):
+        mha(x, cache={})
+    static = LayerKV()
+    mha(x, memory, cache=static)  # cross-attention: the source's keys, stored once
+    with pytest.raises(ValueError, match=r"given a cross-attention \(static\) cache"):
+        mha(x, cache=static)
+    with pytest.raises(ValueError, match=r"^cannot append to a static"):
+        static.append(*_kv())
+    with pytest.raises(ValueError, match=r"^num_layers must be >= 1, got 0$"):
+        qkv.KVCache(0)
+
+
+def test_a_decoder_layer_is_given_one_layers_cache():
+    from qkv.modules.transformer import Decoder, DecoderLayer
+
+    decoder = Decoder(lambda: DecoderLayer(8, 2, 16, cross=False), 2).double()
+    layer, x = decoder.layers[0], torch.randn(1, 3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^pass one layer of a 2-layer DecoderCache: cache\[i\]$"):
+        layer(x, cache=decoder.new_cache())
+    with pytest.raises(ValueError, match=r"^cache must be a LayerCache or DecoderCache, got list"):
+        layer(x, cache=[])
+    one = Decoder(lambda: DecoderLayer(8, 2, 16, cross=False), 1).double()
+    whole, alone = one.new_cache(), one.new_cache()
+    out, _, _ = one.layers[0](x, cache=whole)  # a 1-layer DecoderCache is that layer's
+    want, _, _ = one.layers[0](x, cache=alone[0])
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert whole.length == alone.length == 3
+    with pytest.raises(ValueError, match=r"^with num_layers, pass a layer factory"):
+        Decoder(decoder.layers[0], 2)
+    with pytest.raises(ValueError, match=r"^a stack needs at least one layer$"):
+        Decoder([])
