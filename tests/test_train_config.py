@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from train_helpers import tiny_dict
 
 from qkv.cli import main
@@ -115,3 +116,17 @@ def test_a_set_without_a_key_is_named(tmp_path, item):
         load_yaml(config, ["train.steps=3", item])
     expected = f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.lr=3e-4"
     assert str(err.value).endswith(expected)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_one_is_named(tmp_path, capsys):
+    d = tiny_dict(tmp_path / "out")
+    d["train"]["device"] = "cuda"
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(d))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "qkv train: error: train.device: 'cuda' was asked for but no CUDA device is available"
+    ]
+    assert not (tmp_path / "out" / "last.safetensors").exists()
