@@ -240,3 +240,22 @@ def test_json_vocabulary_without_the_special_tokens_first_is_refused(kind):
     for vocab in (["a", *SPECIAL_TOKENS], ["a", "b"], good["vocab"][1:]):
         with pytest.raises(ValueError, match=rf"^{kind} tokenizer JSON: 'vocab' must start with"):
             tokenizer_from_json(json.dumps({**good, "vocab": vocab}))
+    with pytest.raises(ValueError, match=r"^vocabulary has duplicate tokens$"):
+        tokenizer_from_json(json.dumps({**good, "vocab": [*good["vocab"], good["vocab"][-1]]}))
+
+
+def test_other_stored_tokenizers_that_cannot_load_say_why(toy_bpe):
+    """A tokenizer of another format version, a BPE tokenizer whose 'tokenizer' is not an
+    object or lacks the special tokens at their ids, and an unknown kind to train."""
+    good = json.loads(toy_bpe.to_json())
+    with pytest.raises(ValueError, match=r"^tokenizer JSON version 2, expected 1$"):
+        tokenizer_from_json(json.dumps({**good, "version": 2}))
+    with pytest.raises(ValueError, match=r"^bpe tokenizer JSON: 'tokenizer' must be an object$"):
+        tokenizer_from_json(json.dumps({**good, "tokenizer": []}))
+    vocab = good["tokenizer"]["model"]["vocab"]
+    first, second = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # two special ids swapped
+    with pytest.raises(ValueError, match=rf"^BPE vocabulary must have {first} at id 0$"):
+        tokenizer_from_json(json.dumps(good))
+    with pytest.raises(ValueError, match=r"^unknown tokenizer kind 'sentencepiece'; expected"):
+        train_tokenizers("sentencepiece", ["ab"], ["ab"])
