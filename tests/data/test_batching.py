@@ -122,3 +122,17 @@ def test_pairs_over_the_budget_are_one_warning_not_one_per_pair_per_epoch(caplog
     message = caplog.records[0].getMessage()
     assert f"{over} of {len(data)} pairs have more padded tokens than max_tokens (8" in message
     assert "train.max_tokens" in message and message.endswith(", ...)")
+
+
+def test_len_and_iteration_are_epoch_zero_and_bad_sizes_are_refused():
+    data = _dataset(120, 5)
+    batcher = TokenBatcher(data, 150, seed=3, pool_size=32)
+    assert len(batcher) == len(batcher.batch_indices(0)) > 1
+    for got, indices in zip(batcher, batcher.batch_indices(0), strict=True):
+        want = collate(data, indices)
+        assert torch.equal(got.src, want.src) and torch.equal(got.tgt_out, want.tgt_out)
+    for sizes in (dict(max_tokens=0), dict(pool_size=0), dict(max_sentences=0)):
+        with pytest.raises(ValueError, match=r"^max_tokens, pool_size and max_sentences must be"):
+            TokenBatcher(data, **{"max_tokens": 150, **sizes})
+    with pytest.raises(ValueError, match=r"^need 0 <= rank < world_size, got 2 and 2$"):
+        TokenBatcher(data, 150, rank=2, world_size=2)
