@@ -130,3 +130,39 @@ def test_a_cuda_device_on_a_machine_without_one_is_named(tmp_path, capsys):
         "qkv train: error: train.device: 'cuda' was asked for but no CUDA device is available"
     ]
     assert not (tmp_path / "out" / "last.safetensors").exists()
+
+
+def test_config_files_and_sets_that_cannot_be_read_are_named(tmp_path):
+    from qkv.recipe import load_yaml
+
+    good, bad = tmp_path / "c.yaml", tmp_path / "bad.yaml"
+    good.write_text("train:\n  lr: 0.1\n")
+    bad.write_bytes(b"train:\n  lr: 0.1 \xff\n")
+    (tmp_path / "folder.yaml").mkdir()
+    cases = [
+        (tmp_path / "missing.yaml", [], "missing.yaml: no such config file"),
+        (bad, [], "bad.yaml: not valid UTF-8 (byte 18)"),
+        (tmp_path / "folder.yaml", [], "folder.yaml: is a directory, not a YAML config file"),
+        (good, ["trainlr"], "c.yaml: --set 'trainlr': expected KEY=VALUE"),
+        (good, ["train.lr.x=1"], "c.yaml: --set train.lr.x: lr is not a section"),
+    ]
+    for path, sets, message in cases:
+        with pytest.raises(ConfigError) as err:
+            load_yaml(path, sets)
+        assert str(err.value) == f"{tmp_path}/{message}"
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "message"),
+    [
+        ("data", {"path": "a.tsv"}, "data.path: read only with kind 'tsv', not 'toy'"),
+        ("data", {"kind": "tsv"}, "data.path: a TSV file is needed for kind 'tsv'"),
+        ("train", {"betas": 0.9}, "train.betas: expected a list, got 0.9"),
+        ("train", {"clip_norm": -1}, "train.clip_norm: must be >= 0 (0: no clipping), got -1.0"),
+        ("train", {"label_smoothing": 1.0}, "train.label_smoothing: must be in [0, 1), got 1.0"),
+    ],
+)
+def test_values_that_cannot_train_name_their_key(section, values, message):
+    with pytest.raises(ConfigError) as err:
+        recipe_from_dict({section: values})
+    assert str(err.value) == message
