@@ -36,6 +36,7 @@ def test_masked_softmax_gives_zero_rows_for_fully_masked_rows():
     assert torch.allclose(w[0].sum(-1), torch.ones(3))
     assert torch.equal(w[1], torch.zeros(3, 4))
     assert torch.equal(w[0][:, [1, 3]], torch.zeros(3, 2))
+    assert torch.equal(masked_softmax(scores, None), torch.softmax(scores, -1))  # no mask
 
 
 def test_bahdanau_matches_the_additive_formula():
@@ -204,6 +205,12 @@ def test_invalid_arguments_are_rejected():
         BahdanauAttention(D).double()(query, keys, mask.long())
     with pytest.raises(ValueError, match="query"):
         BahdanauAttention(D).double()(query[0, 0], keys, mask)
+    with pytest.raises(ValueError, match=r"^keys must be \(B, Tk, Dk\) with B=3, got \(4, 7, 8\)$"):
+        BahdanauAttention(D).double()(query, torch.cat([keys, keys[:1]]), None)
+    with pytest.raises(ValueError, match=r"^window_size \(D\) is too small for 'predictive': 0$"):
+        LuongAttention(D, window="predictive", window_size=0)
+    with pytest.raises(ValueError, match=r"^window_size \(D\) is too small for 'monotonic': -1$"):
+        LuongAttention(D, window="monotonic", window_size=-1)
 
 
 def test_bahdanau_refuses_projected_keys_of_another_shape():
