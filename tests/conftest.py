@@ -39,12 +39,10 @@ def uninitialised_is_nan():
         torch.use_deterministic_algorithms(before)
 
 
-def naive_attention(q, k, v, mask=None, causal=False, scale=None):
-    """Attention in float64 with Python-level clarity; returns (out, weights)."""
-    q, k, v = q.double(), k.double(), v.double()
-    h, hkv = q.shape[1], k.shape[1]
-    k = torch.repeat_interleave(k, h // hkv, dim=1)
-    v = torch.repeat_interleave(v, h // hkv, dim=1)
+def naive_scores(q, k, mask=None, causal=False, scale=None):
+    """float64 scores ``(B, H, Tq, Tk)``, the float mask added and hidden keys at -inf."""
+    q, k = q.double(), k.double()
+    k = torch.repeat_interleave(k, q.shape[1] // k.shape[1], dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = q @ k.transpose(-1, -2) * scale
     tq, tk = s.shape[-2:]
@@ -58,7 +56,13 @@ def naive_attention(q, k, v, mask=None, causal=False, scale=None):
         else:
             bias = bias + mask.double()
     s = (s + bias).masked_fill(~allowed, float("-inf"))
-    s = torch.broadcast_to(s, torch.broadcast_shapes(s.shape, allowed.shape))
+    return torch.broadcast_to(s, torch.broadcast_shapes(s.shape, allowed.shape))
+
+
+def naive_attention(q, k, v, mask=None, causal=False, scale=None):
+    """Attention in float64 with Python-level clarity; returns (out, weights)."""
+    s = naive_scores(q, k, mask, causal, scale)
+    v = torch.repeat_interleave(v.double(), q.shape[1] // v.shape[1], dim=1)
     empty = torch.isinf(s).all(-1, keepdim=True)
     w = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
     return w @ v, w

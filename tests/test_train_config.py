@@ -9,7 +9,7 @@ import torch
 from train_helpers import tiny_dict
 
 from qkv.cli import main
-from qkv.recipe import ConfigError, recipe_from_dict
+from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
 
 
 def test_share_vocab_without_a_joint_tokenizer_is_refused_by_name(tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_a_section_left_empty_takes_its_defaults(tmp_path):
     """``data:`` with every key commented out is YAML null: it was refused ('data:
     expected a mapping, got NoneType'), and ``--set data.kind=toy`` on it said 'data is
     not a section'. An empty section now means its defaults, as a missing one does."""
-    from qkv.recipe import DataConfig, OptimConfig, load_yaml
+    from qkv.recipe import DataConfig, OptimConfig
 
     config = tmp_path / "c.yaml"
     config.write_text("data:\n  # kind: toy\ntrain:\n", encoding="utf-8")
@@ -95,8 +95,6 @@ def test_a_bad_value_given_by_set_is_named_as_the_set(tmp_path, content, sets, w
     """Every error was prefixed with the YAML file's name, also for a value that came from
     --set: 'c.yaml: train.lr: expected float, got 'abc'' sent the user to a file whose
     train.lr was fine."""
-    from qkv.recipe import load_yaml
-
     config = tmp_path / "c.yaml"
     config.write_text(content, encoding="utf-8")
     with pytest.raises(ConfigError) as err:
@@ -108,8 +106,6 @@ def test_a_bad_value_given_by_set_is_named_as_the_set(tmp_path, content, sets, w
 @pytest.mark.parametrize("item", ["=3", "train..lr=1", "train.=1", ".lr=1", " =1"])
 def test_a_set_without_a_key_is_named(tmp_path, item):
     """'--set =3' said 'c.yaml: : unknown key', '--set train..lr=1' 'train.: unknown key'."""
-    from qkv.recipe import load_yaml
-
     config = tmp_path / "c.yaml"
     config.write_text("train: {lr: 0.01}\n", encoding="utf-8")
     with pytest.raises(ConfigError) as err:
@@ -133,8 +129,6 @@ def test_a_cuda_device_on_a_machine_without_one_is_named(tmp_path, capsys):
 
 
 def test_config_files_and_sets_that_cannot_be_read_are_named(tmp_path):
-    from qkv.recipe import load_yaml
-
     good, bad = tmp_path / "c.yaml", tmp_path / "bad.yaml"
     good.write_text("train:\n  lr: 0.1\n")
     bad.write_bytes(b"train:\n  lr: 0.1 \xff\n")

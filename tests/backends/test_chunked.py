@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import qkv
 from qkv.backends import chunked, native, rows
 from qkv.functional import _request
-from tests.conftest import half_ulp, naive_attention, uninitialised_is_nan
+from tests.conftest import half_ulp, naive_attention, naive_scores, uninitialised_is_nan
 
 
 def _band(tq: int, tk: int, width: int) -> torch.Tensor:
@@ -239,7 +239,7 @@ def test_online_softmax_gradients_of_out_and_lse(kind, monkeypatch):
     out, lse = qkv.attention_lse(q, k, v, mask, causal=causal, backend="chunked")
     ref_out, ref_w = naive_attention(q, k, v, mask, causal)
     hidden = ref_w.sum(-1).expand_as(lse) == 0
-    scores = _masked_scores(q, k, mask, causal)
+    scores = naive_scores(q, k, mask, causal)
     ref_lse = torch.logsumexp(scores.masked_fill(hidden[..., None], 0.0), -1)
     d_out, d_lse = torch.randn_like(ref_out), torch.randn_like(ref_lse)
     grads = torch.autograd.grad(
@@ -255,19 +255,6 @@ def test_online_softmax_gradients_of_out_and_lse(kind, monkeypatch):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
     if hidden.any():
         assert (grads[0].masked_select(hidden[..., None]) == 0).all()
-
-
-def _masked_scores(q, k, mask, causal):
-    """float64 scores ``(B, H, Tq, Tk)`` with the mask added and hidden keys at -inf."""
-    k = torch.repeat_interleave(k, q.shape[1] // k.shape[1], dim=1)
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-    tq, tk = s.shape[-2:]
-    allowed = qkv.causal_mask(tq, tk) if causal else torch.ones(tq, tk, dtype=torch.bool)
-    if mask is not None and mask.dtype == torch.bool:
-        allowed = allowed & mask
-    elif mask is not None:
-        s = s + mask
-    return s.masked_fill(~allowed, float("-inf"))
 
 
 def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
