@@ -147,7 +147,7 @@ def module_rows(ts: list[int]) -> list[dict]:
 
 def half_training_rows(ts: list[int]) -> list[dict]:
     """bf16 forward+backward with a padding mask, 4,096 tokens a batch (training-like), where
-    auto takes the explicit backward for short rows (``qkv.backends.SHORT_HALF_SCORES``)."""
+    auto takes the explicit backward for short rows (``qkv.kernels.dispatch.SHORT_HALF_SCORES``)."""
     rows = []
     for t in ts:
         b = max(1, 4096 // t)

@@ -55,8 +55,8 @@ def machine() -> dict:
         info["cpu_model"] = names[0] if names else None
     except OSError:
         pass
-    from qkv.backends import native
-    from qkv.distributed import native_bf16
+    from qkv.kernels import native
+    from qkv.train.distributed import native_bf16
 
     info["native_bf16"] = native_bf16(torch.device("cpu"))
     info["native_softmax"] = native.why_unavailable() or "built"  # the weights' C kernel

@@ -1,12 +1,12 @@
 """GPU benchmark: qkv's Triton FlashAttention-2 kernel against PyTorch SDPA, in one run.
 
-Compares :func:`qkv.backends.triton_flash.flash_attention` with
+Compares :func:`qkv.kernels.triton_flash.flash_attention` with
 ``torch.nn.functional.scaled_dot_product_attention`` restricted (``sdpa_kernel``) to each
 of its fused kernels: flash, cuDNN and memory-efficient. bfloat16; head size 64 (32 heads)
 and 128 (16 heads); sequence lengths 1k-16k with ``B = 16384 // T`` (about 16k tokens per
 batch); causal and not; forward and forward+backward. Then decoding steps ("decode"): one
 query row against caches of 4k-64k keys (B = 1, H = 32, D = 128, forward only), where qkv
-splits the keys across programs (:mod:`qkv.backends.triton_split`); its time in one pass
+splits the keys across programs (:mod:`qkv.kernels.triton_split`); its time in one pass
 over the keys (``key_splits=1``) is in the same row, and the cache read rate in GB/s.
 
 Throughput follows flash-attn's benchmark convention: the forward pass does
@@ -25,7 +25,7 @@ Results go to ``OUT_DIR/gpu.json`` (default ``benchmarks/results/``) in the form
 benchmark shares (:func:`benchmarks.common.write`: machine, versions, command, and one row
 per case with qkv's figure beside the peer's), so ``qkv bench`` puts them into
 BENCHMARKS.md; ``qkv bench gpu`` runs it too. A table is printed. Autotuning (Hopper
-configs in :mod:`qkv.backends.triton_flash` and :mod:`qkv.backends.triton_bwd`) happens
+configs in :mod:`qkv.kernels.triton_flash` and :mod:`qkv.kernels.triton_bwd`) happens
 on each kernel's first call and is not timed. Without a CUDA device the script says so
 and exits with status 0; it exits with 1 if qkv's kernel failed on any case.
 
@@ -74,7 +74,7 @@ def _implementations(causal: bool) -> dict:
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from qkv.backends.triton_flash import flash_attention
+    from qkv.kernels.triton_flash import flash_attention
 
     sdpa_backends = {
         "flash": SDPBackend.FLASH_ATTENTION,
@@ -94,8 +94,8 @@ def _implementations(causal: bool) -> dict:
 def chosen_tiles() -> dict[str, str]:
     """The tiles the autotuner picked at the last launch of each qkv kernel, as
     ``BLOCK_MxBLOCK_N wWARPS sSTAGES`` (none before a kernel's first launch)."""
-    from qkv.backends import triton_bwd as tb
-    from qkv.backends import triton_flash as tf
+    from qkv.kernels import triton_bwd as tb
+    from qkv.kernels import triton_flash as tf
 
     tiles = {}
     for name, tuner in (("fwd", tf._fwd_tuned), ("dkdv", tb._dkdv_tuned), ("dq", tb._dq_tuned)):
@@ -172,7 +172,7 @@ def run_decode_case(tk: int) -> list[dict]:
 
     from triton.testing import do_bench
 
-    from qkv.backends.triton_flash import flash_attention
+    from qkv.kernels.triton_flash import flash_attention
 
     h, d = DECODE_HEADS, 128
     q = torch.randn(1, h, 1, d, device="cuda", dtype=torch.bfloat16)
@@ -190,8 +190,14 @@ def run_decode_case(tk: int) -> list[dict]:
             rows.append(dict(base, ms=None, tflops=None, error=_reason(err)))
             continue
         cache_gb = 2 * h * tk * d * 2 / 1e9  # K and V, bf16: read once per step
-        rows.append(dict(base, ms=ms, tflops=4.0 * h * tk * d / (ms * 1e-3) / 1e12,
-                         cache_gb_per_s=cache_gb / (ms * 1e-3)))  # fmt: skip
+        rows.append(
+            dict(
+                base,
+                ms=ms,
+                tflops=4.0 * h * tk * d / (ms * 1e-3) / 1e12,
+                cache_gb_per_s=cache_gb / (ms * 1e-3),
+            )
+        )
     reference = next((n for n in SDPA_KERNELS if n in outs), None)
     by_impl = {r["impl"]: r for r in rows}
     if "qkv" in by_impl and reference and "qkv" in outs:
@@ -242,8 +248,11 @@ def to_results(rows: list[dict]) -> list[dict]:
     out = []
     keys = sorted({(r["D"], r["T"], r["causal"], r["mode"]) for r in rows})
     for d, t, causal, mode in keys:
-        group = {r["impl"]: r for r in rows if (r["D"], r["T"], r["causal"], r["mode"]) ==
-                 (d, t, causal, mode)}  # fmt: skip
+        group = {
+            r["impl"]: r
+            for r in rows
+            if (r["D"], r["T"], r["causal"], r["mode"]) == (d, t, causal, mode)
+        }
         ours = group.get("qkv", {})
         ran = [n for n in SDPA_KERNELS if group.get(n, {}).get("tflops")]
         if not ours.get("tflops") or not ran:
@@ -252,12 +261,28 @@ def to_results(rows: list[dict]) -> list[dict]:
         row = dict(ours, best_ratio=ours["tflops"] / group[best]["tflops"])
         target, met = _target(row)
         case = f"D={d} T={t} {'causal' if causal else 'full'} {mode}"
-        extra = dict(qkv_ms=ours["ms"], peer_ms=group[best]["ms"], B=ours["B"], H=ours["H"],
-                     ratio_to_sdpa=ours.get("ratio_to_sdpa"),
-                     max_abs_diff=ours.get("max_abs_diff"), tiles=ours.get("tiles"),
-                     one_pass_ms=ours.get("one_pass_ms"))  # fmt: skip
-        out.append(result(case, ours["tflops"], f"SDPA {best}", group[best]["tflops"],
-                          unit="TFLOP/s", target=target, met=met, **extra))  # fmt: skip
+        extra = dict(
+            qkv_ms=ours["ms"],
+            peer_ms=group[best]["ms"],
+            B=ours["B"],
+            H=ours["H"],
+            ratio_to_sdpa=ours.get("ratio_to_sdpa"),
+            max_abs_diff=ours.get("max_abs_diff"),
+            tiles=ours.get("tiles"),
+            one_pass_ms=ours.get("one_pass_ms"),
+        )
+        out.append(
+            result(
+                case,
+                ours["tflops"],
+                f"SDPA {best}",
+                group[best]["tflops"],
+                unit="TFLOP/s",
+                target=target,
+                met=met,
+                **extra,
+            )
+        )
     return out
 
 

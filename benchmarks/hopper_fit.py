@@ -1,7 +1,7 @@
 """Whether every Triton autotuning candidate fits an H100/H200 (sm_90), checked without a GPU.
 
-Each candidate of :mod:`qkv.backends.triton_flash` (forward) and
-:mod:`qkv.backends.triton_bwd` (dK/dV and dQ) is compiled for sm_90 the way a launch on the
+Each candidate of :mod:`qkv.kernels.triton_flash` (forward) and
+:mod:`qkv.kernels.triton_bwd` (dK/dV and dQ) is compiled for sm_90 the way a launch on the
 GPU compiles it: Triton's compiler and the ``ptxas`` it ships, 16-byte aligned pointers and
 strides (what Triton assumes for contiguous tensors with a head size that is a multiple of
 8). For each one it reports the registers per thread, the bytes spilled to local memory,
@@ -49,8 +49,8 @@ DTYPES = ["bf16", "fp16", "fp32"]  # Triton's names
 
 def kernels() -> dict:
     """name -> (jit function, 16-bit candidates, float32 candidates)."""
-    from qkv.backends import triton_bwd as tb
-    from qkv.backends import triton_flash as tf
+    from qkv.kernels import triton_bwd as tb
+    from qkv.kernels import triton_flash as tf
 
     return {
         "fwd": (tf._fwd_kernel, tf.FWD_CONFIGS, tf.FWD_FLOAT32_CONFIGS),
@@ -91,10 +91,18 @@ def constants(d: int, dtype: str, config, variant: str, fn_args=()) -> dict:
     block_d = max(16, triton.next_power_of_2(d))
     full = variant != "plain"
     consts = dict(
-        GROUPS=2 if full else 1, HEAD_D=d, HEAD_DV=d, BLOCK_D=block_d, BLOCK_DV=block_d,
-        PAD_D=block_d != d, PAD_DV=block_d != d, CAUSAL=full, HAS_LENGTHS=full,
-        PRECISION="ieee" if dtype == "fp32" else "tf32", **config.kwargs,
-    )  # fmt: skip
+        GROUPS=2 if full else 1,
+        HEAD_D=d,
+        HEAD_DV=d,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_d,
+        PAD_D=block_d != d,
+        PAD_DV=block_d != d,
+        CAUSAL=full,
+        HAS_LENGTHS=full,
+        PRECISION="ieee" if dtype == "fp32" else "tf32",
+        **config.kwargs,
+    )
     if not full:
         consts["KeyLen"] = None
     if "SPLIT" in fn_args:
@@ -123,14 +131,20 @@ def compile_case(case: tuple) -> dict:
     text = log.getvalue()
     registers = re.findall(r"Used (\d+) registers", text)
     return dict(
-        kernel=name, dtype=dtype, head_size=d, variant=variant,
-        block_m=config.kwargs["BLOCK_M"], block_n=config.kwargs["BLOCK_N"],
-        warps=config.num_warps, stages=config.num_stages,
+        kernel=name,
+        dtype=dtype,
+        head_size=d,
+        variant=variant,
+        block_m=config.kwargs["BLOCK_M"],
+        block_n=config.kwargs["BLOCK_N"],
+        warps=config.num_warps,
+        stages=config.num_stages,
         registers=int(registers[0]) if registers else None,
         spilled=sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", text)),
-        shared=kernel.metadata.shared, tensor_cores="wgmma" in kernel.asm["ptx"],
+        shared=kernel.metadata.shared,
+        tensor_cores="wgmma" in kernel.asm["ptx"],
         async_copies=kernel.asm["ptx"].count("cp.async"),
-    )  # fmt: skip
+    )
 
 
 def cases(head_sizes: list[int], dtypes: list[str]) -> list[tuple]:
@@ -140,8 +154,12 @@ def cases(head_sizes: list[int], dtypes: list[str]) -> list[tuple]:
         variants = VARIANTS if "SPLIT" in fn.arg_names else VARIANTS[:2]
         for dtype in dtypes:
             count = len(configs32 if dtype == "fp32" else configs16)
-            out += [(name, dtype, d, variant, i) for d in head_sizes for variant in variants
-                    for i in range(count)]  # fmt: skip
+            out += [
+                (name, dtype, d, variant, i)
+                for d in head_sizes
+                for variant in variants
+                for i in range(count)
+            ]
     return out
 
 
@@ -165,8 +183,10 @@ def line(row: dict) -> str:
     head = f"{row['kernel']:>4} {row['dtype']} D={row['head_size']:<3} {row['variant']:<12}"
     fit = "; ".join(problems(row)) or "fits"
     regs, copies = row["registers"], row.get("async_copies")
-    return (f"{head} {tile:<15} regs {regs} spilled {row['spilled']} B "
-            f"shared {row['shared'] / 1024:.0f} KiB cp.async {copies}: {fit}")  # fmt: skip
+    return (
+        f"{head} {tile:<15} regs {regs} spilled {row['spilled']} B "
+        f"shared {row['shared'] / 1024:.0f} KiB cp.async {copies}: {fit}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ BPE model is trained on the training files beforehand; qkv trains its own BPE in
 
 Measured: target tokens per second over the budget (validation included, for both), the
 peak resident memory of the training process tree (sampled every 0.5 s, and VmHWM),
-detokenised cased sacreBLEU (``qkv.evaluate.bleu`` for both) of the weights at the end of
+detokenised cased sacreBLEU (``qkv.translate.evaluate.bleu`` for both) of the weights at the end of
 the budget on ``test_2016_flickr`` with beam 5 (length penalty 0.6), and decoding
 sentences per second (generation only, model loading excluded, 64 sentences a batch).
 
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ROOT, cli, report, result  # noqa: E402
 from benchmarks.processes import check, supervise, thread_env  # noqa: E402
-from qkv.recipe import Recipe, load_yaml  # noqa: E402
+from qkv.train.recipe import Recipe, load_yaml  # noqa: E402
 
 CONFIG = ROOT / "configs" / "multi30k-transformer.yaml"
 PEER = "JoeyNMT 2.3"
@@ -124,8 +124,8 @@ def qkv_train(work: Path, budget_s: float, threads: int, quick: bool) -> dict:
 def qkv_decode(checkpoint: Path, src: list[str]) -> tuple[list[str], float]:
     """Beam-5 translations of ``src`` (as ``qkv evaluate`` makes them) and sentences/s."""
     from qkv.data.tokenizers import tokenizer_from_json
-    from qkv.evaluate import translate_texts
     from qkv.models.checkpoint import load_checkpoint
+    from qkv.translate.evaluate import translate_texts
 
     ckpt = load_checkpoint(checkpoint)
     src_tok, tgt_tok = (tokenizer_from_json(ckpt.tokenizers[k]) for k in ("src", "tgt"))
@@ -139,7 +139,7 @@ def qkv_decode(checkpoint: Path, src: list[str]) -> tuple[list[str], float]:
 
 def qkv_precision(recipe: Recipe) -> str:
     """How ``qkv train`` runs the recipe on this CPU: ``bf16 autocast`` or ``fp32``."""
-    from qkv.distributed import uses_bf16
+    from qkv.train.distributed import uses_bf16
 
     return "bf16 autocast" if uses_bf16(recipe.train.bf16, torch.device("cpu")) else "fp32"
 
@@ -157,8 +157,9 @@ def sentencepiece(python: Path, work: Path, recipe: Recipe, threads: int) -> tup
     prefix = work / "spm"
     files = [str((ROOT / f).resolve()) for f in recipe.data.train]
     args = [str(prefix), str(recipe.tokenizer.vocab_size), str(threads), *files]
-    run = supervise([python, "-c", SPM_SCRIPT, *args], work / "spm.log", thread_env(threads),
-                    limit_s=900)  # fmt: skip
+    run = supervise(
+        [python, "-c", SPM_SCRIPT, *args], work / "spm.log", thread_env(threads), limit_s=900
+    )
     check(run, "sentencepiece training")
     pieces = [line.split("\t")[0] for line in Path(f"{prefix}.vocab").read_text().splitlines()]
     vocab = work / "vocab.txt"
@@ -168,7 +169,7 @@ def sentencepiece(python: Path, work: Path, recipe: Recipe, threads: int) -> tup
 
 def model_fields(recipe: Recipe) -> dict:
     """The recipe's Transformer settings, defaults filled in (vocabulary sizes are dummies)."""
-    from qkv.models.config import TransformerSeq2SeqConfig
+    from qkv.models.translators.config import TransformerSeq2SeqConfig
 
     given = {k: v for k, v in recipe.model.items() if k != "type"}
     dummies = {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2, "eos_id": 3}
@@ -184,10 +185,18 @@ def joey_config(recipe: Recipe, spm: Path, vocab: Path, model_dir: Path) -> dict
     quoted = {k: json.dumps(str(v)) for k, v in paths.items()}  # JSON strings are YAML
     m = model_fields(recipe)
     text = JOEY_CONFIG.format(
-        **quoted, d=d, m=m, t=recipe.train, src_lang=src_lang, tgt_lang=tgt_lang,
-        logging=min(100, recipe.train.eval_every), beam=BEAM, alpha=ALPHA,
-        batch=DECODE_BATCH, norm="pre" if m["norm_first"] else "post",
-    )  # fmt: skip
+        **quoted,
+        d=d,
+        m=m,
+        t=recipe.train,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        logging=min(100, recipe.train.eval_every),
+        beam=BEAM,
+        alpha=ALPHA,
+        batch=DECODE_BATCH,
+        norm="pre" if m["norm_first"] else "post",
+    )
     return json.loads(json.dumps(yaml.safe_load(text)))  # no shared sub-dicts (YAML aliases)
 
 
@@ -263,19 +272,41 @@ def rows_for(q: dict, j: dict, minutes: float) -> list[dict]:
     """The four rows: throughput, memory, BLEU after the budget, decoding speed."""
     budget = f"{minutes:g} min"
     cases = [  # case, key, unit, target, whether qkv's figure q meets it against JoeyNMT's p
-        (f"Multi30k training, target tokens/s ({budget})", "tokens_per_s", "tok/s", "≥ 3×",
-         lambda q, p: q >= 3 * p),
+        (
+            f"Multi30k training, target tokens/s ({budget})",
+            "tokens_per_s",
+            "tok/s",
+            "≥ 3×",
+            lambda q, p: q >= 3 * p,
+        ),
         ("Multi30k training, peak RSS", "peak_mib", "MiB", "≤ 1.0×", lambda q, p: q <= p),
-        (f"sacreBLEU test_2016_flickr after {budget}, beam {BEAM}", "bleu", "BLEU",
-         "≥ 33" if minutes == 25 else None, lambda q, p: q >= 33),
-        (f"beam-{BEAM} decoding, sentences/s", "sents_per_s", "sent/s", "≥ 5×",
-         lambda q, p: q >= 5 * p),
-    ]  # fmt: skip
+        (
+            f"sacreBLEU test_2016_flickr after {budget}, beam {BEAM}",
+            "bleu",
+            "BLEU",
+            "≥ 33" if minutes == 25 else None,
+            lambda q, p: q >= 33,
+        ),
+        (
+            f"beam-{BEAM} decoding, sentences/s",
+            "sents_per_s",
+            "sent/s",
+            "≥ 5×",
+            lambda q, p: q >= 5 * p,
+        ),
+    ]
     return [
-        result(case, q[key], PEER, j[key], unit=unit, target=target,
-               met=None if target is None else meets(q[key], j[key]))
+        result(
+            case,
+            q[key],
+            PEER,
+            j[key],
+            unit=unit,
+            target=target,
+            met=None if target is None else meets(q[key], j[key]),
+        )
         for case, key, unit, target, meets in cases
-    ]  # fmt: skip
+    ]
 
 
 def run(
@@ -285,7 +316,7 @@ def run(
     venv: Path | None = None,
 ) -> dict:
     """Train, decode and score both systems; write ``out_dir/joeynmt.json``; return rows."""
-    from qkv.evaluate import bleu
+    from qkv.translate.evaluate import bleu
 
     minutes = minutes or (QUICK_MINUTES if quick else 25.0)
     budget_s, threads, load = minutes * 60, torch.get_num_threads(), os.getloadavg()[0]
@@ -324,7 +355,7 @@ def run(
 def decode_again(out_dir: Path = Path("benchmarks/results"), venv: Path | None = None) -> dict:
     """Beam-5 decoding of the checkpoints the last full run left in the work folder, both
     systems one after the other; writes ``out_dir/joeynmt-decode.json``."""
-    from qkv.evaluate import bleu
+    from qkv.translate.evaluate import bleu
 
     python, recipe = ensure_venv(Path(venv or VENV).expanduser()), load_yaml(CONFIG)
     threads = torch.get_num_threads()
@@ -336,15 +367,23 @@ def decode_again(out_dir: Path = Path("benchmarks/results"), venv: Path | None =
     hyps, j["sents_per_s"] = joey_decode(python, WORK, cfg, prefix, threads)
     j["bleu"] = bleu(hyps, ref).score
     rows = [
-        result(f"beam-{BEAM} decoding, sentences/s (same checkpoints)", q["sents_per_s"], PEER,
-               j["sents_per_s"], unit="sent/s", target="≥ 5×",
-               met=q["sents_per_s"] >= 5 * j["sents_per_s"]),
+        result(
+            f"beam-{BEAM} decoding, sentences/s (same checkpoints)",
+            q["sents_per_s"],
+            PEER,
+            j["sents_per_s"],
+            unit="sent/s",
+            target="≥ 5×",
+            met=q["sents_per_s"] >= 5 * j["sents_per_s"],
+        ),
         result("sacreBLEU of those translations", q["bleu"], PEER, j["bleu"], unit="BLEU"),
-    ]  # fmt: skip
-    notes = (f"CPU fp32, {threads} torch threads each; the checkpoints of the last "
-             f"`benchmarks/joeynmt.py` run decoded again, one system after the other; "
-             f"{len(src)} test sentences, beam {BEAM}, length penalty {ALPHA}, batches of "
-             f"{DECODE_BATCH} sentences.")  # fmt: skip
+    ]
+    notes = (
+        f"CPU fp32, {threads} torch threads each; the checkpoints of the last "
+        f"`benchmarks/joeynmt.py` run decoded again, one system after the other; "
+        f"{len(src)} test sentences, beam {BEAM}, length penalty {ALPHA}, batches of "
+        f"{DECODE_BATCH} sentences."
+    )
     return report(out_dir, "joeynmt-decode", rows, notes=notes)
 
 

@@ -98,12 +98,19 @@ def structured_rows(t: int, peak: float, dtype: torch.dtype = torch.float32) -> 
             s = measure_turns(fns, repeat=5)
         visible = (t * (t + 1) / 2) if causal else float(mask.sum())
         flops = 4 * B * H * D * visible
-        rows.append(result(f"{name}, T={t}{_suffix(dtype)}", s["qkv"], "FlexAttention (compiled)",
-                           s["flex"],
-                           target="≤ 1.25×", met=s["qkv"] <= 1.25 * s["flex"],
-                           qkv_matmul_fraction=flops / s["qkv"] / 1e9 / peak,
-                           peer_matmul_fraction=flops / s["flex"] / 1e9 / peak,
-                           peer_compile_s=compile_s))  # fmt: skip
+        rows.append(
+            result(
+                f"{name}, T={t}{_suffix(dtype)}",
+                s["qkv"],
+                "FlexAttention (compiled)",
+                s["flex"],
+                target="≤ 1.25×",
+                met=s["qkv"] <= 1.25 * s["flex"],
+                qkv_matmul_fraction=flops / s["qkv"] / 1e9 / peak,
+                peer_matmul_fraction=flops / s["flex"] / 1e9 / peak,
+                peer_compile_s=compile_s,
+            )
+        )
     return rows
 
 
@@ -156,13 +163,28 @@ def arbitrary_rows(t: int, peak: float, dtype: torch.dtype = torch.float32) -> l
         flops = 4 * B * H * D * t * t
         # issue 8's targets for arbitrary masks hold from T = 2048 (--quick runs T = 1024)
         speed = dict(target="≤ 1.0×", met=s["chunked"] <= s["sdpa"]) if t >= TARGET_T else {}
-        rows.append(result(f"{name}, qkv chunked", s["chunked"], "torch SDPA with the mask",
-                           s["sdpa"], **speed,
-                           qkv_matmul_fraction=flops / s["chunked"] / 1e9 / peak,
-                           peer_matmul_fraction=flops / s["sdpa"] / 1e9 / peak))  # fmt: skip
+        rows.append(
+            result(
+                f"{name}, qkv chunked",
+                s["chunked"],
+                "torch SDPA with the mask",
+                s["sdpa"],
+                **speed,
+                qkv_matmul_fraction=flops / s["chunked"] / 1e9 / peak,
+                peer_matmul_fraction=flops / s["sdpa"] / 1e9 / peak,
+            )
+        )
         memory = dict(target="≤ 0.25×", met=mem_q <= 0.25 * mem_p) if t >= TARGET_T else {}
-        rows.append(result(f"{name}, peak memory", mem_q, "torch SDPA with the mask",
-                           mem_p, unit="MiB", **memory))  # fmt: skip
+        rows.append(
+            result(
+                f"{name}, peak memory",
+                mem_q,
+                "torch SDPA with the mask",
+                mem_p,
+                unit="MiB",
+                **memory,
+            )
+        )
     return rows
 
 

@@ -94,19 +94,34 @@ def encoding_rows(n: int) -> list[dict]:
     )
     case = f"MiniLM forward, {n} sentences, batch {BATCH}, ≤{MAX_TOKENS} tokens"
     rows = [
-        _row(case, ours_s, "transformers BertModel (sdpa)", sdpa_s,
-             target="≤ 1.0×", met=ours_s <= sdpa_s),
+        _row(
+            case,
+            ours_s,
+            "transformers BertModel (sdpa)",
+            sdpa_s,
+            target="≤ 1.0×",
+            met=ours_s <= sdpa_s,
+        ),
         _row(case, ours_s, "transformers BertModel (eager)", eager_s),
-    ]  # fmt: skip
+    ]
 
     st = SentenceTransformer(str(folder), device="cpu")
     st.max_seq_length = MAX_TOKENS
     enc_s, st_s = _paired(
-        [lambda: encode(texts, ours, tokenizer, batch_size=BATCH),
-         lambda: st.encode(texts, batch_size=BATCH)], repeat=3,
-    )  # fmt: skip
-    rows.append(_row(f"encode() {n} sentences (tokenize + forward + pool)", enc_s,
-                     "SentenceTransformer.encode", st_s))  # fmt: skip
+        [
+            lambda: encode(texts, ours, tokenizer, batch_size=BATCH),
+            lambda: st.encode(texts, batch_size=BATCH),
+        ],
+        repeat=3,
+    )
+    rows.append(
+        _row(
+            f"encode() {n} sentences (tokenize + forward + pool)",
+            enc_s,
+            "SentenceTransformer.encode",
+            st_s,
+        )
+    )
     return rows
 
 
@@ -115,9 +130,14 @@ def generation_rows(new_tokens: int) -> list[dict]:
     import transformers
 
     config = transformers.GPT2Config(
-        n_layer=6, n_head=6, n_embd=384, vocab_size=8000, n_positions=1024 + 16,
-        bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
+        n_layer=6,
+        n_head=6,
+        n_embd=384,
+        vocab_size=8000,
+        n_positions=1024 + 16,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     peer = transformers.GPT2LMHeadModel(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         peer.save_pretrained(tmp)
@@ -149,14 +169,29 @@ def generation_rows(new_tokens: int) -> list[dict]:
         ours.generate(prompts, new_tokens, **beam, pad_token_id=PAD),
         peer_generate(peer, prompts, new_tokens, **beam),
     )
-    return [*long_rows, *[
-        _row(f"{case}: KV cache", cached, "qkv recompute prefix", recompute,
-             target="≤ 0.2× (≥ 5× faster)", met=cached * 5 <= recompute),
-        _row(f"{case}: KV cache", cached, "transformers generate (cache)", hf_s,
-             same_tokens=same),
-        _row(f"GPT (6×384) beam 4, 2 prompts, up to {new_tokens} new tokens, an end token",
-             beam_s, "transformers generate(num_beams=4)", hf_beam_s, same_tokens=same_beam),
-    ]]  # fmt: skip
+    return [
+        *long_rows,
+        *[
+            _row(
+                f"{case}: KV cache",
+                cached,
+                "qkv recompute prefix",
+                recompute,
+                target="≤ 0.2× (≥ 5× faster)",
+                met=cached * 5 <= recompute,
+            ),
+            _row(
+                f"{case}: KV cache", cached, "transformers generate (cache)", hf_s, same_tokens=same
+            ),
+            _row(
+                f"GPT (6×384) beam 4, 2 prompts, up to {new_tokens} new tokens, an end token",
+                beam_s,
+                "transformers generate(num_beams=4)",
+                hf_beam_s,
+                same_tokens=same_beam,
+            ),
+        ],
+    ]
 
 
 def long_context_rows(ours, peer, new_tokens: int) -> list[dict]:
@@ -180,9 +215,14 @@ def peer_generate(peer, prompt: torch.Tensor, new_tokens: int, **options) -> tor
     exact = {} if options else dict(min_new_tokens=new_tokens)
     with torch.inference_mode():
         return peer.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-            do_sample=False, pad_token_id=PAD, **exact, **options,
-        )  # fmt: skip
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=PAD,
+            **exact,
+            **options,
+        )
 
 
 def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict:
@@ -190,9 +230,11 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     torch.manual_seed(0)
     rows = encoding_rows(64 if quick else 256) + generation_rows(50 if quick else 200)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    notes = (f"CPU fp32, {torch.get_num_threads()} torch threads; median wall time of up "
-             "to 5 runs, qkv and peer in turns; ratio = qkv time / peer time (below 1 = qkv "
-             f"faster). Load average at the end: {load}.")  # fmt: skip
+    notes = (
+        f"CPU fp32, {torch.get_num_threads()} torch threads; median wall time of up "
+        "to 5 runs, qkv and peer in turns; ratio = qkv time / peer time (below 1 = qkv "
+        f"faster). Load average at the end: {load}."
+    )
     return report(out_dir, "models", rows, notes=notes)
 
 

@@ -73,8 +73,9 @@ def supervise(
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=default_sigint)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=default_sigint
+        )
     launched = time.monotonic()
     started = None if marker else launched
     stopped, peak_kib = None, 0

@@ -23,10 +23,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import cli, measure, report, result  # noqa: E402
-from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig  # noqa: E402
-from qkv.models.seq2seq_rnn import RNNSeq2Seq  # noqa: E402
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq  # noqa: E402
-from qkv.search import beam, greedy  # noqa: E402
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig  # noqa: E402
+from qkv.models.translators.rnn import RNNSeq2Seq  # noqa: E402
+from qkv.models.translators.transformer import TransformerSeq2Seq  # noqa: E402
+from qkv.translate.search import beam, greedy  # noqa: E402
 
 VOCAB, TARGET_LEN, BEAM = 8000, 50, 5
 
@@ -49,14 +49,25 @@ def models(quick: bool, device: torch.device) -> dict[str, nn.Module]:
     """One model per type, the Transformer at base-like width (smaller when quick)."""
     width = 128 if quick else 256
     t_cfg = TransformerSeq2SeqConfig(
-        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=width, num_heads=4,
-        num_encoder_layers=3, num_decoder_layers=3, ff_dim=4 * width, dropout=0.0,
+        src_vocab_size=VOCAB,
+        tgt_vocab_size=VOCAB,
+        d_model=width,
+        num_heads=4,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        ff_dim=4 * width,
+        dropout=0.0,
         max_len=128,
-    )  # fmt: skip
+    )
     out: dict[str, nn.Module] = {"transformer": TransformerSeq2Seq(t_cfg)}
     for attention in ("none", "bahdanau", "luong"):
-        r_cfg = RNNSeq2SeqConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, embed_dim=width,
-                                 hidden_dim=width, attention=attention)  # fmt: skip
+        r_cfg = RNNSeq2SeqConfig(
+            src_vocab_size=VOCAB,
+            tgt_vocab_size=VOCAB,
+            embed_dim=width,
+            hidden_dim=width,
+            attention=attention,
+        )
         out[f"rnn-{attention}"] = RNNSeq2Seq(r_cfg)
     return {name: m.to(device).eval() for name, m in out.items()}
 
@@ -105,18 +116,32 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     with torch.no_grad():
         cached = decode_time(built["transformer"], src, BEAM, batch)
         recomputed = decode_time(RecomputePrefix(built["transformer"]), src, BEAM, batch)
-        rows.append(result(
-            f"transformer beam-{BEAM}, {n} sentences x {TARGET_LEN} tokens, KV cache",
-            cached, "recompute prefix", recomputed, target="≤ 0.33× (≥ 3× faster)",
-            met=cached * 3 <= recomputed, qkv_s=cached, peer_s=recomputed,
-        ))  # fmt: skip
+        rows.append(
+            result(
+                f"transformer beam-{BEAM}, {n} sentences x {TARGET_LEN} tokens, KV cache",
+                cached,
+                "recompute prefix",
+                recomputed,
+                target="≤ 0.33× (≥ 3× faster)",
+                met=cached * 3 <= recomputed,
+                qkv_s=cached,
+                peer_s=recomputed,
+            )
+        )
         for name, model in built.items():
             beam_s = cached if name == "transformer" else decode_time(model, src, BEAM, batch)
             greedy_s = decode_time(model, src, 1, batch)
-            rows.append(result(
-                f"{name} beam-{BEAM}, sentences/s", n / beam_s, "greedy", n / greedy_s,
-                unit="sent/s", qkv_s=beam_s, peer_s=greedy_s,
-            ))  # fmt: skip
+            rows.append(
+                result(
+                    f"{name} beam-{BEAM}, sentences/s",
+                    n / beam_s,
+                    "greedy",
+                    n / greedy_s,
+                    unit="sent/s",
+                    qkv_s=beam_s,
+                    peer_s=greedy_s,
+                )
+            )
     notes = (
         f"{device.type}, float32, {n} random sentences of 10-30 tokens, random-init models "
         f"(width {128 if quick else 256}), EOS suppressed until {TARGET_LEN} tokens, "

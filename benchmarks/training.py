@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import cli, peak_rss_mib, report, result  # noqa: E402
 from qkv.data.batching import TokenBatcher  # noqa: E402
-from qkv.models.config import TransformerSeq2SeqConfig  # noqa: E402
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq  # noqa: E402
+from qkv.models.translators.config import TransformerSeq2SeqConfig  # noqa: E402
+from qkv.models.translators.transformer import TransformerSeq2Seq  # noqa: E402
 from qkv.modules.positional import SinusoidalPositionalEncoding  # noqa: E402
 
 VOCAB, WIDTH, HEADS, LAYERS, FF, TOKENS = 8000, 256, 8, 3, 1024, 4096
@@ -59,8 +59,9 @@ class TorchTranslator(nn.Module):
         self.embed = nn.Embedding(VOCAB, WIDTH, padding_idx=PAD)
         self.pos = SinusoidalPositionalEncoding(WIDTH, 512)
         self.drop = nn.Dropout(0.1)
-        self.core = nn.Transformer(WIDTH, HEADS, LAYERS, LAYERS, FF, 0.1, batch_first=True,
-                                   norm_first=True)  # fmt: skip
+        self.core = nn.Transformer(
+            WIDTH, HEADS, LAYERS, LAYERS, FF, 0.1, batch_first=True, norm_first=True
+        )
 
     def forward(self, src, tgt_in):
         def embed(tokens):
@@ -68,18 +69,32 @@ class TorchTranslator(nn.Module):
 
         causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1])
         pad = src == PAD
-        out = self.core(embed(src), embed(tgt_in), tgt_mask=causal, tgt_is_causal=True,
-                        src_key_padding_mask=pad, memory_key_padding_mask=pad,
-                        tgt_key_padding_mask=tgt_in == PAD)  # fmt: skip
+        out = self.core(
+            embed(src),
+            embed(tgt_in),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=pad,
+            memory_key_padding_mask=pad,
+            tgt_key_padding_mask=tgt_in == PAD,
+        )
         return out @ self.embed.weight.t()
 
 
 def qkv_model() -> nn.Module:
     cfg = TransformerSeq2SeqConfig(
-        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=WIDTH, num_heads=HEADS,
-        num_encoder_layers=LAYERS, num_decoder_layers=LAYERS, ff_dim=FF, dropout=0.1,
-        norm_first=True, share_vocab=True, tie_embeddings=True,
-    )  # fmt: skip
+        src_vocab_size=VOCAB,
+        tgt_vocab_size=VOCAB,
+        d_model=WIDTH,
+        num_heads=HEADS,
+        num_encoder_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        ff_dim=FF,
+        dropout=0.1,
+        norm_first=True,
+        share_vocab=True,
+        tie_embeddings=True,
+    )
     model = TransformerSeq2Seq(cfg)
     return _Logits(model)
 
@@ -102,8 +117,13 @@ def stepper(model: nn.Module):
 
     def step(batch):
         logits = model(batch.src, batch.tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD,
-                               label_smoothing=0.1, reduction="sum")  # fmt: skip
+        loss = F.cross_entropy(
+            logits.flatten(0, 1),
+            batch.tgt_out.flatten(),
+            ignore_index=PAD,
+            label_smoothing=0.1,
+            reduction="sum",
+        )
         opt.zero_grad(set_to_none=True)
         (loss / int((batch.tgt_out != PAD).sum())).backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -150,12 +170,25 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     mem_q = peak_rss_mib(MEMORY.format(threads=threads, model="qkv_model()"))
     mem_p = peak_rss_mib(MEMORY.format(threads=threads, model="TorchTranslator()"))
     rows = [
-        result("Transformer 3+3 training, target tokens/s", ours, "torch.nn.Transformer loop",
-               theirs, unit="tok/s", target="≥ 1.0×", met=ours >= theirs),
-        result("Transformer 3+3 training, peak extra memory (10 steps)", mem_q,
-               "torch.nn.Transformer loop", mem_p, unit="MiB", target="≤ 1.0×",
-               met=mem_q <= mem_p),
-    ]  # fmt: skip
+        result(
+            "Transformer 3+3 training, target tokens/s",
+            ours,
+            "torch.nn.Transformer loop",
+            theirs,
+            unit="tok/s",
+            target="≥ 1.0×",
+            met=ours >= theirs,
+        ),
+        result(
+            "Transformer 3+3 training, peak extra memory (10 steps)",
+            mem_q,
+            "torch.nn.Transformer loop",
+            mem_p,
+            unit="MiB",
+            target="≤ 1.0×",
+            met=mem_q <= mem_p,
+        ),
+    ]
     notes = (
         f"CPU fp32; {len(data) - 1} timed steps each after a warm-up, qkv and peer in turns "
         f"on identical batches of ≤ {TOKENS} padded tokens; width {WIDTH}, {HEADS} heads, "

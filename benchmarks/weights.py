@@ -59,23 +59,53 @@ def rows_for(t: int) -> list[dict]:
     case = f"T={t} fwd"
     at_2048 = t >= 2048
     return [
-        result(f"qkv weights vs qkv without, {case}", s["qkv weights"], "qkv no weights",
-               s["qkv"], target="≤ 1.3×", met=s["qkv weights"] <= 1.3 * s["qkv"]),
-        result(f"qkv weights vs torch weights, {case}", s["qkv weights"],
-               "nn.MultiheadAttention weights", s["torch weights"],
-               target="≥ 1.5× faster" if at_2048 else None,
-               met=s["qkv weights"] * 1.5 <= s["torch weights"] if at_2048 else None),
-        result(f"qkv weights vs qkv reference backend, {case}", s["qkv weights"],
-               "qkv reference weights", s["qkv reference weights"]),
-        result(f"qkv weights of 1 head vs qkv without, {case}", s["qkv weights, 1 head"],
-               "qkv no weights", s["qkv"]),
-        result(f"torch weights vs torch without, {case}", s["torch weights"],
-               "nn.MultiheadAttention no weights", s["torch"]),
-        result(f"qkv without weights vs torch without, {case}", s["qkv"],
-               "nn.MultiheadAttention no weights", s["torch"]),
-        result(f"qkv causal weights vs torch causal weights, {case}", s["qkv causal weights"],
-               "nn.MultiheadAttention causal weights", s["torch causal weights"]),
-    ]  # fmt: skip
+        result(
+            f"qkv weights vs qkv without, {case}",
+            s["qkv weights"],
+            "qkv no weights",
+            s["qkv"],
+            target="≤ 1.3×",
+            met=s["qkv weights"] <= 1.3 * s["qkv"],
+        ),
+        result(
+            f"qkv weights vs torch weights, {case}",
+            s["qkv weights"],
+            "nn.MultiheadAttention weights",
+            s["torch weights"],
+            target="≥ 1.5× faster" if at_2048 else None,
+            met=s["qkv weights"] * 1.5 <= s["torch weights"] if at_2048 else None,
+        ),
+        result(
+            f"qkv weights vs qkv reference backend, {case}",
+            s["qkv weights"],
+            "qkv reference weights",
+            s["qkv reference weights"],
+        ),
+        result(
+            f"qkv weights of 1 head vs qkv without, {case}",
+            s["qkv weights, 1 head"],
+            "qkv no weights",
+            s["qkv"],
+        ),
+        result(
+            f"torch weights vs torch without, {case}",
+            s["torch weights"],
+            "nn.MultiheadAttention no weights",
+            s["torch"],
+        ),
+        result(
+            f"qkv without weights vs torch without, {case}",
+            s["qkv"],
+            "nn.MultiheadAttention no weights",
+            s["torch"],
+        ),
+        result(
+            f"qkv causal weights vs torch causal weights, {case}",
+            s["qkv causal weights"],
+            "nn.MultiheadAttention causal weights",
+            s["torch causal weights"],
+        ),
+    ]
 
 
 def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict:

@@ -4,7 +4,7 @@ The functional core (:mod:`qkv.functional`) computes attention on ``(B, H, T, D)
 tensors with several backends; :mod:`qkv.modules` holds the ``nn.Module`` s built on it.
 """
 
-from qkv import _vml
+from qkv.attention import attention
 from qkv.functional import (
     attention_lse,
     available_backends,
@@ -33,8 +33,6 @@ from qkv.modules import (
 
 __version__ = "0.1.0"
 
-_vml.warm_up()  # before any multi-threaded exp/log/sqrt (see qkv/_vml.py)
-
 __all__ = [
     "ALiBi",
     "AdditiveScore",
@@ -48,6 +46,7 @@ __all__ = [
     "RotaryPositionalEncoding",
     "ScaledDotScore",
     "SinusoidalPositionalEncoding",
+    "attention",
     "attention_lse",
     "available_backends",
     "causal_mask",

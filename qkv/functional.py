@@ -15,7 +15,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from qkv.backends import (
+from qkv.attention import causal_mask, padding_mask
+from qkv.kernels.base import shape_problem
+from qkv.kernels.dispatch import (
     AttentionRequest,
     Dispatch,
     available_backends,
@@ -23,7 +25,6 @@ from qkv.backends import (
     explain,
     get_backend,
 )
-from qkv.backends.base import causal_mask, shape_problem
 
 __all__ = [
     "attention_lse",
@@ -160,24 +161,6 @@ def _check_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> 
                 f"merge_attention: {name} is on {t.device}, out_a on {out_a.device}: "
                 "all four must be on one device"
             )
-
-
-def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
-    """Boolean ``(B, T)`` key mask, ``True`` for the first ``lengths[b]`` (real) tokens;
-    ``T`` is ``max_len``, which no length may exceed, or else the longest length."""
-    lengths = torch.as_tensor(lengths)
-    if lengths.ndim != 1:
-        raise ValueError(f"lengths must be 1-d (B,), got shape {tuple(lengths.shape)}")
-    if not lengths.numel():  # an empty batch (torch.as_tensor([]) is float32)
-        return torch.zeros(0, max_len or 0, dtype=torch.bool, device=lengths.device)
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must be integers, got {lengths.dtype}")  # 1.5 read as 2
-    if int(lengths.min()) < 0:
-        raise ValueError(f"lengths must be >= 0, got {int(lengths.min())}")
-    t = int(lengths.max()) if max_len is None else max_len
-    if int(lengths.max()) > t:  # its tokens past max_len would be cut off unsaid
-        raise ValueError(f"lengths: {int(lengths.max())} is longer than max_len {max_len}")
-    return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
 
 
 def from_torch_masks(

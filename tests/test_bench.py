@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from benchmarks import common, gpu
-from qkv.bench import MARK, update_markdown
+from qkv.cli.bench import MARK, update_markdown
 
 
 def _row(impl, mode="fwd", tflops=100.0, d=128, t=4096, causal=False, **extra):
-    return dict(impl=impl, D=d, H=16, B=4, T=t, causal=causal, mode=mode, ms=1.0,
-                tflops=tflops, **extra)  # fmt: skip
+    return dict(
+        impl=impl, D=d, H=16, B=4, T=t, causal=causal, mode=mode, ms=1.0, tflops=tflops, **extra
+    )
 
 
 def test_gpu_rows_compare_qkv_with_the_fastest_sdpa_kernel():
@@ -40,8 +41,9 @@ def test_gpu_rows_compare_qkv_with_the_fastest_sdpa_kernel():
 
 def test_gpu_cases_with_a_forward_target_come_first():
     cases = gpu.ordered_cases([1024, 4096, 16384])
-    assert sorted(cases) == sorted((d, t, c) for d in (64, 128) for t in (1024, 4096, 16384)
-                                   for c in (False, True))  # fmt: skip
+    assert sorted(cases) == sorted(
+        (d, t, c) for d in (64, 128) for t in (1024, 4096, 16384) for c in (False, True)
+    )
     assert cases[:2] == [(128, 4096, False), (128, 16384, False)]
     assert {c[0] for c in cases[:6]} == {128} and {c[0] for c in cases[6:]} == {64}
 
@@ -55,8 +57,10 @@ def test_gpu_plan_runs_the_targets_then_decoding_then_the_rest():
 
 
 def test_gpu_decode_rows_compare_with_sdpa_and_keep_the_one_pass_time():
-    rows = [_row("qkv", mode="decode", tflops=2.0, one_pass_ms=3.0, max_abs_diff={"out": 1e-3}),
-            _row("flash", mode="decode", tflops=1.0)]  # fmt: skip
+    rows = [
+        _row("qkv", mode="decode", tflops=2.0, one_pass_ms=3.0, max_abs_diff={"out": 1e-3}),
+        _row("flash", mode="decode", tflops=1.0),
+    ]
     gpu._add_ratios(rows)
     (out,) = gpu.to_results(rows)
     assert out["case"] == "D=128 T=4096 full decode" and out["ratio"] == 2.0
@@ -66,8 +70,8 @@ def test_gpu_decode_rows_compare_with_sdpa_and_keep_the_one_pass_time():
 
 
 def test_gpu_rows_name_the_tiles_the_autotuner_chose(monkeypatch):
-    tf = pytest.importorskip("qkv.backends.triton_flash")
-    tb = pytest.importorskip("qkv.backends.triton_bwd")
+    tf = pytest.importorskip("qkv.kernels.triton_flash")
+    tb = pytest.importorskip("qkv.kernels.triton_bwd")
     monkeypatch.setattr(tf._fwd_tuned, "best_config", tf.FWD_CONFIGS[0], raising=False)
     monkeypatch.setattr(tb._dq_tuned, "best_config", tb.BWD_DQ_FLOAT32_CONFIGS[0], raising=False)
     monkeypatch.delattr(tb._dkdv_tuned, "best_config", raising=False)  # not launched yet
@@ -84,9 +88,21 @@ def test_hopper_fit_names_what_does_not_fit():
     pytest.importorskip("triton")
     from benchmarks import hopper_fit as fit
 
-    row = dict(kernel="fwd", dtype="bf16", head_size=128, variant="plain", block_m=128,
-               block_n=64, warps=8, stages=3, registers=182, spilled=0, shared=128 << 10,
-               tensor_cores=True, async_copies=96)  # fmt: skip
+    row = dict(
+        kernel="fwd",
+        dtype="bf16",
+        head_size=128,
+        variant="plain",
+        block_m=128,
+        block_n=64,
+        warps=8,
+        stages=3,
+        registers=182,
+        spilled=0,
+        shared=128 << 10,
+        tensor_cores=True,
+        async_copies=96,
+    )
     assert fit.problems(row) == [] and fit.line(row).endswith(": fits")
     assert fit.problems(dict(row, spilled=fit.SPILL_LIMIT)) == []
     bad = dict(row, spilled=468, shared=fit.SHARED_LIMIT + 1024, tensor_cores=False)
@@ -106,8 +122,11 @@ def test_hopper_fit_names_what_does_not_fit():
 def test_every_benchmark_lands_in_benchmarks_md(tmp_path):
     results = tmp_path / "results"
     common.write(results, "alpha", [common.result("case one", 2.0, "peer A", 4.0)])
-    common.write(results, "beta", [common.result("case two", 9.0, "peer B", 3.0, unit="MiB",
-                                                 target="≤ 1.0×", met=False)])  # fmt: skip
+    common.write(
+        results,
+        "beta",
+        [common.result("case two", 9.0, "peer B", 3.0, unit="MiB", target="≤ 1.0×", met=False)],
+    )
     (tmp_path / "BENCHMARKS.md").write_text(
         "# Benchmarks\n\nhand-written text\n\n" + MARK + "\nold"
     )
@@ -148,7 +167,7 @@ def test_bench_updates_benchmarks_md_only_from_its_own_results(tmp_path, monkeyp
     import argparse
     import types
 
-    from qkv import bench
+    from qkv.cli import bench
 
     root = tmp_path / "repo"
     (root / "benchmarks").mkdir(parents=True)
@@ -173,7 +192,7 @@ def test_a_quick_run_keeps_the_checked_in_results(tmp_path, monkeypatch):
     import argparse
     import types
 
-    from qkv import bench
+    from qkv.cli import bench
 
     root = tmp_path / "repo"
     (root / "benchmarks").mkdir(parents=True)
@@ -186,8 +205,11 @@ def test_a_quick_run_keeps_the_checked_in_results(tmp_path, monkeypatch):
         common.write(out_dir, "fake", [common.result("fake case", 1.0, "peer", 2.0)])
 
     monkeypatch.setattr(bench, "find_root", lambda: root)
-    monkeypatch.setattr(bench, "importlib", types.SimpleNamespace(
-        import_module=lambda name: types.SimpleNamespace(run=run)))  # fmt: skip
+    monkeypatch.setattr(
+        bench,
+        "importlib",
+        types.SimpleNamespace(import_module=lambda name: types.SimpleNamespace(run=run)),
+    )
     monkeypatch.chdir(tmp_path)
     assert bench.run_cli(argparse.Namespace(name="fake", out=None, quick=True, threads=None)) == 0
     assert written == [Path("runs/bench-quick")] and not (root / "benchmarks/results").exists()
@@ -199,7 +221,7 @@ def test_a_quick_run_keeps_the_checked_in_results(tmp_path, monkeypatch):
 
 def test_the_help_lists_every_benchmark_and_experiment():
     from qkv import cli
-    from qkv.bench import BENCHMARKS
+    from qkv.cli.bench import BENCHMARKS
     from qkv.lab import EXPERIMENTS
 
     assert cli._BENCHMARKS == tuple(BENCHMARKS) and cli._LABS == tuple(EXPERIMENTS)
@@ -223,15 +245,19 @@ def test_benchmarks_md_is_utf8_whatever_the_locale(tmp_path):
     import sys
 
     results = tmp_path / "results"
-    common.write(results, "alpha", [common.result("case one", 2.0, "peer A", 4.0,
-                                                  target="≤ 1.0×", met=True)])  # fmt: skip
+    common.write(
+        results, "alpha", [common.result("case one", 2.0, "peer A", 4.0, target="≤ 1.0×", met=True)]
+    )
     (tmp_path / "BENCHMARKS.md").write_text("# Bench ×\n\n" + MARK + "\nold", encoding="utf-8")
     env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
-    code = "import sys; from qkv.bench import update_markdown as u; u(*map(Path, sys.argv[1:]))"
+    code = "import sys; from qkv.cli.bench import update_markdown as u; u(*map(Path, sys.argv[1:]))"
     proc = subprocess.run(
         [sys.executable, "-c", "from pathlib import Path; " + code, str(tmp_path), str(results)],
-        env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8")
     assert text.startswith("# Bench ×") and "| ≤ 1.0× ✓ |" in text

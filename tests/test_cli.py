@@ -29,9 +29,11 @@ def test_bad_arguments_are_one_line_naming_the_command_and_exit_2(argv, command,
 
 @pytest.mark.parametrize(
     ("out", "says"),
-    [("taken", "taken: is a file, where a folder is needed"),
-     ("taken/inside", "taken/inside: a part of this path is a file, not a folder")],
-)  # fmt: skip
+    [
+        ("taken", "taken: is a file, where a folder is needed"),
+        ("taken/inside", "taken/inside: a part of this path is a file, not a folder"),
+    ],
+)
 def test_a_file_where_an_output_folder_goes_is_named_as_such(out, says, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.write_text("not a folder")

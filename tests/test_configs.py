@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.recipe import load_yaml
+from qkv.train.recipe import load_yaml
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 
@@ -84,38 +84,92 @@ def _train_error(capsys, tmp_path, content, *sets):
         (TOY, ["train=5"], "--set train=5: train: expected a mapping, got int"),
         ("data: [toy]\n", [], "c.yaml: data: expected a mapping, got list"),
         # a second section replaced the first, silently: the lr of 0.1 was lost
-        ("train: {lr: 0.1}\n" + TOY, [], "c.yaml: not valid YAML: line 3, column 1: "
-         "duplicate key 'train', first at line 1, column 1"),
+        (
+            "train: {lr: 0.1}\n" + TOY,
+            [],
+            "c.yaml: not valid YAML: line 3, column 1: "
+            "duplicate key 'train', first at line 1, column 1",
+        ),
         ("data: {kind: toy, kind: files}\n", [], "line 1, column 19: duplicate key 'kind'"),
         # a vocabulary of the special tokens alone: every word <unk>, a model that learns nothing
-        (TOY, ["tokenizer.vocab_size=4"], "--set tokenizer.vocab_size=4:"
-         " tokenizer.vocab_size: must be > 4"),
+        (
+            TOY,
+            ["tokenizer.vocab_size=4"],
+            "--set tokenizer.vocab_size=4: tokenizer.vocab_size: must be > 4",
+        ),
         # out of what torch and the BPE trainer take: tracebacks, or a Rust abort (2**31)
-        (TOY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=1000000000000000000000"],
-         "--set tokenizer.vocab_size=1000000000000000000000: tokenizer.vocab_size: must be <= "
-         "1048576 for bpe"),
+        (
+            TOY,
+            ["tokenizer.kind=bpe", "tokenizer.vocab_size=1000000000000000000000"],
+            "--set tokenizer.vocab_size=1000000000000000000000: tokenizer.vocab_size: must be <= "
+            "1048576 for bpe",
+        ),
         (TOY, ["train.seed=18446744073709551616"], "train.seed: must be in [-2**63, 2**64)"),
-        (TOY, ["train.threads=100000000000"], "--set train.threads=100000000000:"
-         " train.threads: must be <="),
+        (
+            TOY,
+            ["train.threads=100000000000"],
+            "--set train.threads=100000000000: train.threads: must be <=",
+        ),
         # toy-only keys did nothing for files: no pair was dropped for being long
-        (FILES, ["data.max_len=50"], "--set data.max_len=50: "
-         "data.max_len: read only with kind 'toy', "
-         "not 'files' (data.max_tokens drops long pairs of files)"),
-        (TSV, ["data.n_train=500"], "--set data.n_train=500: "
-         "data.n_train: read only with kind 'toy'"),
-        (TSV, ["data.src_column=-1"], "--set data.src_column=-1: "
-         "data.src_column: must be >= 0, got -1"),
-        (TSV, ["data.src_column=0"], "c.yaml with --set "
-         "data.src_column=0: data.tgt_column: must differ"),
+        (
+            FILES,
+            ["data.max_len=50"],
+            "--set data.max_len=50: "
+            "data.max_len: read only with kind 'toy', "
+            "not 'files' (data.max_tokens drops long pairs of files)",
+        ),
+        (
+            TSV,
+            ["data.n_train=500"],
+            "--set data.n_train=500: data.n_train: read only with kind 'toy'",
+        ),
+        (
+            TSV,
+            ["data.src_column=-1"],
+            "--set data.src_column=-1: data.src_column: must be >= 0, got -1",
+        ),
+        (
+            TSV,
+            ["data.src_column=0"],
+            "c.yaml with --set data.src_column=0: data.tgt_column: must differ",
+        ),
     ],
-    ids=["list", "scalar", "set-yaml", "betas-type", "betas-short", "betas-long", "min-max",
-         "toy-files", "one-test-file", "file-types", "yaml-location", "beta-over-1",
-         "beta-negative", "weight-decay-negative", "lr-inf", "lr-nan", "min-lr-negative",
-         "min-lr-over-lr", "clip-negative", "max-seconds-nan", "max-ratio-below-1",
-         "section-scalar", "section-list", "duplicate-section", "duplicate-key",
-         "vocab-specials-only", "bpe-vocab-huge", "seed-huge", "threads-huge",
-         "toy-key-for-files", "toy-key-for-tsv", "tsv-column-negative", "tsv-same-columns"],
-)  # fmt: skip
+    ids=[
+        "list",
+        "scalar",
+        "set-yaml",
+        "betas-type",
+        "betas-short",
+        "betas-long",
+        "min-max",
+        "toy-files",
+        "one-test-file",
+        "file-types",
+        "yaml-location",
+        "beta-over-1",
+        "beta-negative",
+        "weight-decay-negative",
+        "lr-inf",
+        "lr-nan",
+        "min-lr-negative",
+        "min-lr-over-lr",
+        "clip-negative",
+        "max-seconds-nan",
+        "max-ratio-below-1",
+        "section-scalar",
+        "section-list",
+        "duplicate-section",
+        "duplicate-key",
+        "vocab-specials-only",
+        "bpe-vocab-huge",
+        "seed-huge",
+        "threads-huge",
+        "toy-key-for-files",
+        "toy-key-for-tsv",
+        "tsv-column-negative",
+        "tsv-same-columns",
+    ],
+)
 def test_bad_configs_are_one_line_exit_2(capsys, tmp_path, content, sets, match):
     code, err = _train_error(capsys, tmp_path, content, *sets)
     assert code == 2 and err.startswith("qkv train: error: ") and match in err
@@ -135,10 +189,14 @@ def test_a_directory_as_config(capsys, tmp_path):
 
 
 def test_valid_tuples_still_convert():
-    from qkv.recipe import recipe_from_dict
+    from qkv.train.recipe import recipe_from_dict
 
-    r = recipe_from_dict({"train": {"betas": [0.8, 0]}, "data": {"kind": "files",
-                          "train": ["a", "b"], "valid": ["c", "d"], "test": []}})  # fmt: skip
+    r = recipe_from_dict(
+        {
+            "train": {"betas": [0.8, 0]},
+            "data": {"kind": "files", "train": ["a", "b"], "valid": ["c", "d"], "test": []},
+        }
+    )
     assert r.train.betas == (0.8, 0.0) and r.data.train == ("a", "b") and r.data.test == ()
 
 

@@ -16,9 +16,18 @@ from qkv.models.checkpoint import load_checkpoint
 
 def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) -> None:
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-    cmd = [sys.executable, *(launch if processes > 1 else []), "-m", "qkv", "train",
-           str(config), "--out", str(out), *(a for s in sets for a in ("--set", s)),
-           *(["--resume"] if resume else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        *(launch if processes > 1 else []),
+        "-m",
+        "qkv",
+        "train",
+        str(config),
+        "--out",
+        str(out),
+        *(a for s in sets for a in ("--set", s)),
+        *(["--resume"] if resume else []),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -41,8 +50,10 @@ def test_two_processes_match_one_with_double_batch_and_resume_exactly(tmp_path):
     for step in one:
         assert one[step] == pytest.approx(two[step], rel=1e-4)
     assert logged_losses(tmp_path / "resumed") == two
-    weights = {name: load_checkpoint(tmp_path / name / "last.safetensors").model.state_dict()
-               for name in ("one", "two", "resumed")}  # fmt: skip
+    weights = {
+        name: load_checkpoint(tmp_path / name / "last.safetensors").model.state_dict()
+        for name in ("one", "two", "resumed")
+    }
     for key, value in weights["two"].items():
         assert torch.equal(weights["resumed"][key], value)
         torch.testing.assert_close(weights["one"][key], value, rtol=1e-4, atol=1e-5)
@@ -53,18 +64,26 @@ def test_two_processes_match_one_with_double_batch_and_resume_exactly(tmp_path):
     [
         ({"WORLD_SIZE": "2"}, "RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two', RANK=None: not whole numbers"),
-        ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost",
-          "MASTER_PORT": "29500"}, "RANK must be in 0..WORLD_SIZE-1"),
+        (
+            {
+                "WORLD_SIZE": "2",
+                "RANK": "2",
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "localhost",
+                "MASTER_PORT": "29500",
+            },
+            "RANK must be in 0..WORLD_SIZE-1",
+        ),
     ],
     ids=["no-torchrun", "not-a-number", "rank-past-world"],
-)  # fmt: skip
+)
 def test_an_environment_that_torchrun_did_not_make_is_one_line(
     tmp_path, monkeypatch, capsys, env, says
 ):
     """WORLD_SIZE set by hand (a leftover export, a job script) used to end in a traceback
     from init_process_group, exit 1; now it is refused before anything is read."""
     from qkv.cli import main
-    from qkv.distributed import _TORCHRUN
+    from qkv.train.distributed import _TORCHRUN
 
     for name in (*_TORCHRUN, "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from qkv.cli.demo import DEMO_SENTENCES, run_demo
 from qkv.data.tokenizers import tokenizer_from_json
-from qkv.demo import DEMO_SENTENCES, run_demo
-from qkv.evaluate import translate_texts
 from qkv.models.checkpoint import load_checkpoint
+from qkv.translate.evaluate import translate_texts
 from qkv.viz.html import decode_payload, extract_payload
 
 
@@ -41,7 +41,7 @@ _FAKE_TRAINING = """
 import sys
 from types import SimpleNamespace
 
-import qkv.demo as demo
+import qkv.cli.demo as demo
 from qkv.cli import main
 
 demo._train_all = lambda recipes, progress: {n: SimpleNamespace(steps=3, seconds=1.0)
@@ -53,10 +53,14 @@ sys.exit(main(["demo", "--quick", "--out", sys.argv[1]]))
 """
 
 
-@pytest.mark.parametrize("locale_env", [
-    {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
-    {"PYTHONIOENCODING": "latin-1"},
-], ids=["ascii-locale", "latin-1-stdout"])  # fmt: skip
+@pytest.mark.parametrize(
+    "locale_env",
+    [
+        {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
+        {"PYTHONIOENCODING": "latin-1"},
+    ],
+    ids=["ascii-locale", "latin-1-stdout"],
+)
 def test_the_demo_writes_and_prints_korean_whatever_the_locale(tmp_path, locale_env):
     """results.json was written in the locale's encoding, and the report printed to it: under
     an ASCII locale or a Latin-1 stdout the demo ended in a UnicodeEncodeError traceback
@@ -66,8 +70,9 @@ def test_the_demo_writes_and_prints_korean_whatever_the_locale(tmp_path, locale_
     import sys
 
     env = {**os.environ, **locale_env}
-    proc = subprocess.run([sys.executable, "-c", _FAKE_TRAINING, str(tmp_path)],
-                          capture_output=True, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAKE_TRAINING, str(tmp_path)], capture_output=True, env=env
+    )
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode()
     saved = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert [p[0] for p in saved["translations"]["transformer"]] == DEMO_SENTENCES
@@ -80,13 +85,16 @@ def test_the_report_prints_folders_and_sentences_as_written(tmp_path, capsys):
     after the training, and a folder with a space gave a command that does not run."""
     import shlex
 
-    from qkv.demo import _report
+    from qkv.cli.demo import _report
 
     out = tmp_path / "[v2] my demo"
-    summary = {"test_sentences": 1,
-               "scores": [{"name": "rnn-luong", "exact_match": 0.5, "bleu": 12.0, "steps": 3,
-                           "seconds": 1.0}],
-               "translations": {"rnn-luong": [("고양이 [/x]", "the [b]cat")]}}  # fmt: skip
+    summary = {
+        "test_sentences": 1,
+        "scores": [
+            {"name": "rnn-luong", "exact_match": 0.5, "bleu": 12.0, "steps": 3, "seconds": 1.0}
+        ],
+        "translations": {"rnn-luong": [("고양이 [/x]", "the [b]cat")]},
+    }
     _report(out, summary)
     printed = capsys.readouterr().out
     assert "고양이 [/x]  →  the [b]cat" in printed and f"Everything is in {out}/" in printed

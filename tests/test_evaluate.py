@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from qkv.cli import main
 from qkv.data.tokenizers import WordTokenizer, tokenizer_from_json
-from qkv.evaluate import translate_texts
 from qkv.lab.common import num_threads
 from qkv.models.checkpoint import load_checkpoint
-from qkv.recipe import recipe_from_dict
-from qkv.train import train
+from qkv.train.loop import train
+from qkv.train.recipe import recipe_from_dict
+from qkv.translate.evaluate import translate_texts
 
 SENTENCES = "고양이가 쥐를 잡았다\n개가 잤다\n"
 
@@ -29,11 +29,24 @@ def _tiny(out: Path, **model) -> dict:
         "name": "tiny",
         "out": str(out),
         "data": {"kind": "toy", "n_train": 200, "n_valid": 10, "n_test": 10, "max_len": 6},
-        "model": {"type": "transformer", "d_model": 16, "num_heads": 2, "ff_dim": 32,
-                  "num_encoder_layers": 1, "num_decoder_layers": 1, **model},
-        "train": {"steps": 2, "max_tokens": 300, "warmup": 1, "eval_every": 2,
-                  "valid_bleu_sentences": 4, "threads": 1},
-    }  # fmt: skip
+        "model": {
+            "type": "transformer",
+            "d_model": 16,
+            "num_heads": 2,
+            "ff_dim": 32,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            **model,
+        },
+        "train": {
+            "steps": 2,
+            "max_tokens": 300,
+            "warmup": 1,
+            "eval_every": 2,
+            "valid_bleu_sentences": 4,
+            "threads": 1,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +99,9 @@ def test_long_lines_translate_and_evaluate(ckpt, tmp_path, monkeypatch, capsys):
 
 def test_n_best_gives_k_rows_per_line_ranked_by_the_score_shown(ckpt, monkeypatch, capsys):
     stdin = ("\n" + SENTENCES + "   \n").encode()
-    code, out, _ = _cli(monkeypatch, capsys, "translate", ckpt, "--beam", 4, "--n-best", 3,
-                        stdin=stdin)  # fmt: skip
+    code, out, _ = _cli(
+        monkeypatch, capsys, "translate", ckpt, "--beam", 4, "--n-best", 3, stdin=stdin
+    )
     assert code == 0
     rows = [line.split("\t") for line in out.splitlines()]
     assert all(len(r) == 5 for r in rows)
@@ -162,13 +176,13 @@ def test_translations_are_written_as_utf8_whatever_the_locale(ckpt, monkeypatch,
     """Input is read as UTF-8 whatever the locale; output was written in the locale's
     encoding: Korean output under LANG=en_US.ISO-8859-1, PYTHONIOENCODING=ascii or a
     Windows code page was a UnicodeEncodeError traceback after all the work was done."""
-    import qkv.evaluate_cli
-    from qkv.evaluate import Translation
+    import qkv.cli.translate
+    from qkv.translate.evaluate import Translation
 
     def korean(model, src_tok, tgt_tok, lines, **options):
         return [[Translation("고양이", [], -1.0, None)] * n_best for _ in lines]
 
-    monkeypatch.setattr(qkv.evaluate_cli, "translate_texts", korean)
+    monkeypatch.setattr(qkv.cli.translate, "translate_texts", korean)
     buffer = io.BytesIO()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n"), encoding="utf-8"))
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buffer, encoding="ascii"))
@@ -187,12 +201,26 @@ def test_attention_output_is_checked_before_translating(ckpt, tmp_path, monkeypa
         (file / "a.html", f"--show-attention {file / 'a.html'}: {file} is not a directory"),
         (tmp_path / "a.txt", "the name must end in .html"),
     ):
-        code, out, err = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention", path,
-                              stdin=SENTENCES.encode())  # fmt: skip
+        code, out, err = _cli(
+            monkeypatch,
+            capsys,
+            "translate",
+            ckpt,
+            "--show-attention",
+            path,
+            stdin=SENTENCES.encode(),
+        )
         _one_line_error(code, err, match)
         assert out == ""  # nothing was translated
-    code, _, _ = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention",
-                      tmp_path / "new" / "al.html", stdin=SENTENCES.encode())  # fmt: skip
+    code, _, _ = _cli(
+        monkeypatch,
+        capsys,
+        "translate",
+        ckpt,
+        "--show-attention",
+        tmp_path / "new" / "al.html",
+        stdin=SENTENCES.encode(),
+    )
     assert code == 0 and (tmp_path / "new" / "al.html").exists()
 
 
@@ -201,8 +229,15 @@ def test_a_model_without_attention_is_refused_before_translating(tmp_path, monke
     d["model"] = {"type": "rnn", "attention": "none", "embed_dim": 8, "hidden_dim": 8}
     train(recipe_from_dict(d), progress=False)
     page = tmp_path / "a.html"
-    code, out, err = _cli(monkeypatch, capsys, "translate", tmp_path / "last.safetensors",
-                          "--show-attention", page, stdin=SENTENCES.encode())  # fmt: skip
+    code, out, err = _cli(
+        monkeypatch,
+        capsys,
+        "translate",
+        tmp_path / "last.safetensors",
+        "--show-attention",
+        page,
+        stdin=SENTENCES.encode(),
+    )
     _one_line_error(code, err, "a.html: this model has no attention to show")
     assert out == ""
 
@@ -235,14 +270,26 @@ def _tokenizer(side: str, text: str):
         (_tokenizer("tgt", '{"type": "word", "version": 1, "vocab": 5}'), "its tgt tokenizer"),
         (_tokenizer("src", '{"type": "bpe", "version": 1, "tokenizer": {"x": 1}}'), "bpe"),
         # another run's tokenizers: ids the model has no embedding for, or cannot decode
-        (_tokenizer("src", WordTokenizer([f"w{i}" for i in range(999)]).to_json()),
-         "its src tokenizer has 1003 tokens, more than the model's src_vocab_size"),
-        (_tokenizer("tgt", WordTokenizer(["a"]).to_json()),
-         "its tgt tokenizer has 5 tokens, fewer than the model's tgt_vocab_size"),
+        (
+            _tokenizer("src", WordTokenizer([f"w{i}" for i in range(999)]).to_json()),
+            "its src tokenizer has 1003 tokens, more than the model's src_vocab_size",
+        ),
+        (
+            _tokenizer("tgt", WordTokenizer(["a"]).to_json()),
+            "its tgt tokenizer has 5 tokens, fewer than the model's tgt_vocab_size",
+        ),
     ],
-    ids=["header-list", "tokenizers-list", "extra-number", "tokenizer-json", "vocab-number",
-         "bpe-garbage", "src-vocab-larger", "tgt-vocab-smaller"],
-)  # fmt: skip
+    ids=[
+        "header-list",
+        "tokenizers-list",
+        "extra-number",
+        "tokenizer-json",
+        "vocab-number",
+        "bpe-garbage",
+        "src-vocab-larger",
+        "tgt-vocab-smaller",
+    ],
+)
 def test_broken_checkpoint_headers(ckpt, tmp_path, monkeypatch, capsys, change, match):
     broken = _rewrite_header(ckpt, tmp_path / "broken.safetensors", change)
     text = tmp_path / "s.txt"
@@ -264,15 +311,25 @@ def test_surrounding_whitespace_changes_no_translation(kind, data):
     tokens a blank line ("   ") is the empty translation, as with words, and spaces around
     a sentence are not read as tokens the model never saw there."""
     from qkv.data.tokenizers import train_tokenizers
-    from qkv.models.config import TransformerSeq2SeqConfig
-    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+    from qkv.models.translators.config import TransformerSeq2SeqConfig
+    from qkv.models.translators.transformer import TransformerSeq2Seq
 
     words = SENTENCES.split()
     src, tgt = train_tokenizers(kind, words, ["the cat caught the mouse"], vocab_size=60)
     torch.manual_seed(data.draw(st.integers(0, 2**16)))
-    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=8, num_heads=2,
-                                   num_encoder_layers=1, num_decoder_layers=1, ff_dim=8,
-                                   max_len=24, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    cfg = TransformerSeq2SeqConfig(
+        src.vocab_size,
+        tgt.vocab_size,
+        d_model=8,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        ff_dim=8,
+        max_len=24,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+    )
     model = TransformerSeq2Seq(cfg)
     bare = data.draw(st.lists(st.sampled_from(words + [""]), min_size=1, max_size=4))
     padded = [data.draw(_SPACES) + s + data.draw(_SPACES) for s in bare]
@@ -286,8 +343,10 @@ def test_surrounding_whitespace_changes_no_translation(kind, data):
 
 def test_a_folder_or_missing_file_as_checkpoint_is_one_line(tmp_path, monkeypatch, capsys):
     """``qkv translate runs/demo`` (the run's folder, not its file) says it is a folder."""
-    for path, match in ((tmp_path, "is a directory, not a checkpoint file"),
-                        (tmp_path / "nope.safetensors", "no such checkpoint file")):  # fmt: skip
+    for path, match in (
+        (tmp_path, "is a directory, not a checkpoint file"),
+        (tmp_path / "nope.safetensors", "no such checkpoint file"),
+    ):
         code, out, err = _cli(monkeypatch, capsys, "translate", path, stdin=b"x\n")
         _one_line_error(code, err, f"{path}: {match}")
         assert out == ""
@@ -309,7 +368,7 @@ _SENTENCE = st.lists(_WORDS, max_size=9).map(" ".join)
 def test_bleu_and_chrf_options_are_sacrebleus(pairs, tokenize, lowercase, word_order):
     import sacrebleu
 
-    from qkv.evaluate import bleu, chrf
+    from qkv.translate.evaluate import bleu, chrf
 
     hyps, refs = [h for h, _ in pairs], [r for _, r in pairs]
     ours = bleu(hyps, refs, tokenize=tokenize, lowercase=lowercase)
@@ -318,8 +377,10 @@ def test_bleu_and_chrf_options_are_sacrebleus(pairs, tokenize, lowercase, word_o
     assert ours.signature == str(peer.get_signature())
     ours = chrf(hyps, refs, word_order=word_order)
     peer = sacrebleu.metrics.CHRF(word_order=word_order)
-    assert (ours.score, ours.signature) == (peer.corpus_score(hyps, [refs]).score,
-                                            str(peer.get_signature()))  # fmt: skip
+    assert (ours.score, ours.signature) == (
+        peer.corpus_score(hyps, [refs]).score,
+        str(peer.get_signature()),
+    )
 
 
 @pytest.mark.parametrize(
@@ -334,7 +395,7 @@ def test_bleu_and_chrf_options_are_sacrebleus(pairs, tokenize, lowercase, word_o
 )
 def test_bleu_refuses_what_is_not_a_corpus(hyps, refs, match):
     """A string is not a list of sentences: it was scored as one sentence per character."""
-    from qkv.evaluate import bleu, chrf
+    from qkv.translate.evaluate import bleu, chrf
 
     for metric in (bleu, chrf):
         with pytest.raises(ValueError, match=match):
@@ -346,7 +407,7 @@ def test_bleu_refuses_what_is_not_a_corpus(hyps, refs, match):
 def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from qkv.evaluate import bleu
+    from qkv.translate.evaluate import bleu
 
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text(SENTENCES)
@@ -355,8 +416,9 @@ def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
     tok = {side: tokenizer_from_json(c.tokenizers[side]) for side in ("src", "tgt")}
     nbest = translate_texts(c.model, tok["src"], tok["tgt"], SENTENCES.split("\n")[:2], beam=5)
     hyps = [n[0].text for n in nbest]
-    code, out, _ = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref,
-                        "--tokenize", "char")  # fmt: skip
+    code, out, _ = _cli(
+        monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref, "--tokenize", "char"
+    )
     assert code == 0
     assert out.splitlines()[0] == str(bleu(hyps, ref.read_text().splitlines(), tokenize="char"))
     assert "tok:char" in out
@@ -364,8 +426,9 @@ def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
     if importlib.util.find_spec("MeCab") is None:  # sacreBLEU's ja-mecab needs mecab-python3
         bad.append(("ja-mecab", "--tokenize ja-mecab: Japanese tokenization requires"))
     for name, match in bad:
-        monkeypatch.setattr("qkv.evaluate_cli.translate_texts", None)  # must not translate
-        code, out, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref,
-                              "--tokenize", name)  # fmt: skip
+        monkeypatch.setattr("qkv.cli.translate.translate_texts", None)  # must not translate
+        code, out, err = _cli(
+            monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref, "--tokenize", name
+        )
         _one_line_error(code, err, match)
         assert out == ""

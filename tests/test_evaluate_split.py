@@ -7,8 +7,8 @@ from pathlib import Path
 from train_helpers import run_cli, tiny_dict, tiny_recipe
 
 from qkv.data.prepare import load_pairs
-from qkv.recipe import recipe_from_dict
-from qkv.train import train
+from qkv.train.loop import train
+from qkv.train.recipe import recipe_from_dict
 
 
 def _files_corpus(folder: Path, prefix: str) -> tuple[dict, list]:
@@ -73,7 +73,7 @@ def test_evaluate_split_finds_relative_paths_from_the_training_folder(tmp_path, 
 def test_recipe_paths_are_read_from_the_training_folder_only_when_missing_here(
     tmp_path, monkeypatch
 ):
-    from qkv.evaluate_cli import _paths_from
+    from qkv.cli.translate import _paths_from
 
     there, here = tmp_path / "there", tmp_path / "here"
     for folder, names in ((there, ["a.tsv", "b.ko", "both.en"]), (here, ["both.en"])):
@@ -82,9 +82,14 @@ def test_recipe_paths_are_read_from_the_training_folder_only_when_missing_here(
             (folder / name).write_text("x\ty\n", encoding="utf-8")
     monkeypatch.chdir(here)
     absolute = str(there / "b.ko")
-    data = {"kind": "files", "train": ["b.ko", "both.en"], "valid": [absolute, "gone.en"],
-            "test": [], "path": "a.tsv", "max_tokens": 5}  # fmt: skip
+    data = {
+        "kind": "files",
+        "train": ["b.ko", "both.en"],
+        "valid": [absolute, "gone.en"],
+        "test": [],
+        "path": "a.tsv",
+        "max_tokens": 5,
+    }
     got = _paths_from(str(there), data)
-    assert got == {**data, "train": [str(there / "b.ko"), "both.en"],
-                   "path": str(there / "a.tsv")}  # fmt: skip
+    assert got == {**data, "train": [str(there / "b.ko"), "both.en"], "path": str(there / "a.tsv")}
     assert _paths_from(None, data) == data  # a checkpoint from before the folder was saved

@@ -20,22 +20,25 @@ def _files(tmp_path):
 @pytest.mark.parametrize("side", ["--src", "--ref"])
 def test_a_dash_reads_those_lines_from_stdin(ckpt, tmp_path, monkeypatch, capsys, side):  # noqa: F811
     src, ref = _files(tmp_path)
-    code, from_files, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1,
-                                 "--src", src, "--ref", ref)  # fmt: skip
+    code, from_files, err = _cli(
+        monkeypatch, capsys, "evaluate", ckpt, "--beam", 1, "--src", src, "--ref", ref
+    )
     assert code == 0, err
     files = {"--src": src, "--ref": ref}
     stdin = (SOURCES if side == "--src" else REFERENCES).encode()
     args = [x for option, path in files.items() for x in (option, "-" if option == side else path)]
-    code, from_stdin, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--beam", 1, *args,
-                                 stdin=stdin)  # fmt: skip
+    code, from_stdin, err = _cli(
+        monkeypatch, capsys, "evaluate", ckpt, "--beam", 1, *args, stdin=stdin
+    )
     assert code == 0, err
     assert "BLEU = " in from_stdin and "chrF = " in from_stdin and from_stdin == from_files
 
 
 def test_both_from_stdin_is_refused(ckpt, monkeypatch, capsys):  # noqa: F811
     stdin = SOURCES.encode()
-    code, out, err = _cli(monkeypatch, capsys, "evaluate", ckpt, "--src", "-", "--ref", "-",
-                          stdin=stdin)  # fmt: skip
+    code, out, err = _cli(
+        monkeypatch, capsys, "evaluate", ckpt, "--src", "-", "--ref", "-", stdin=stdin
+    )
     _one_line_error(code, err, "--src - and --ref -: only one of them can be read from stdin")
     assert out == ""
 

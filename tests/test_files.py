@@ -1,4 +1,4 @@
-"""qkv._files: a file is replaced whole or not at all, and errors name it, not its temporary."""
+"""qkv.files: a file is replaced whole or not at all, and errors name it, not its temporary."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from qkv._files import replacing, write_text_atomic
+from qkv.files import replacing, write_text_atomic
 
 
 def test_an_error_on_the_temporary_file_names_the_target(tmp_path):

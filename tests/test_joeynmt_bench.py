@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import joeynmt as bench
-from qkv.recipe import load_yaml, recipe_from_dict
+from qkv.train.recipe import load_yaml, recipe_from_dict
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,9 @@ def test_held_out_writes_the_first_sentences_for_joeynmt(tmp_path):
         files[lang] = tmp_path / f"test.{lang}"
         files[lang].write_text("".join(f"{lang} {i}\n" for i in range(10)), "utf-8")
     pair = [str(files["de"]), str(files["en"])]
-    recipe = recipe_from_dict({"data": {"kind": "files", "train": pair, "valid": pair,
-                                        "test": pair}})  # fmt: skip
+    recipe = recipe_from_dict(
+        {"data": {"kind": "files", "train": pair, "valid": pair, "test": pair}}
+    )
     prefix, src, ref = bench.held_out(recipe, tmp_path, 3)
     assert src == ["de 0", "de 1", "de 2"] and ref == ["en 0", "en 1", "en 2"]
     assert Path(prefix + ".de").read_text("utf-8").splitlines() == src
@@ -87,6 +88,12 @@ def test_supervise_stops_a_process_after_its_budget(tmp_path):
         "import time\ntry:\n    print('EPOCH 1', flush=True)\n    time.sleep(30)\n"
         "except KeyboardInterrupt:\n    pass\n"
     )
-    run = bench.supervise([sys.executable, "-c", code], tmp_path / "log", dict(os.environ),
-                          limit_s=20, budget_s=0.5, marker="EPOCH 1")  # fmt: skip
+    run = bench.supervise(
+        [sys.executable, "-c", code],
+        tmp_path / "log",
+        dict(os.environ),
+        limit_s=20,
+        budget_s=0.5,
+        marker="EPOCH 1",
+    )
     assert run.returncode == 0 and 0.4 < run.train_seconds < 3 and run.peak_mib > 1

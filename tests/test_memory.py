@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from qkv import memory
+from qkv.kernels.cpu import memory
 
 pytestmark = pytest.mark.skipif(memory._libc() is None, reason="needs Linux with glibc")
 
@@ -24,8 +24,9 @@ def test_reused_memory_is_not_faulted_in_again():
     Run in a fresh interpreter: what glibc's heap already holds (from earlier tests) decides
     whether a large block comes from it or from ``mmap``.
     """
-    out = subprocess.run([sys.executable, "-c", _CHURN], capture_output=True, text=True,
-                         check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _CHURN], capture_output=True, text=True, check=True
+    ).stdout.split()
     plain, reused = int(out[0]), int(out[1])
     pages = (16 << 20) * 4 // 4096
     assert plain > 10 * pages // 2  # each round faulted most pages in afresh
@@ -34,7 +35,7 @@ def test_reused_memory_is_not_faulted_in_again():
 
 _CHURN = """
 import resource, torch
-from qkv.memory import reuse_freed_memory
+from qkv.kernels.cpu.memory import reuse_freed_memory
 def churn():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(10):
@@ -51,7 +52,7 @@ print(plain, reused)
 def test_onednn_caches_are_bounded_unless_the_user_set_them():
     script = """
 import os
-from qkv.memory import bound_onednn_caches
+from qkv.kernels.cpu.memory import bound_onednn_caches
 os.environ.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
 os.environ["LRU_CACHE_CAPACITY"] = "7"
 bound_onednn_caches(16)

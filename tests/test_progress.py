@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from qkv.progress import LogProgress
+from qkv.train.progress import LogProgress
 
 
 def _write(path, rows):
@@ -15,8 +15,7 @@ def _write(path, rows):
 def test_each_bar_shows_its_own_runs_training_time(tmp_path):
     first, later = tmp_path / "first.jsonl", tmp_path / "later.jsonl"
     seconds = random.uniform(5, 100)
-    _write(first, [{"step": 7, "loss": 2.5, "seconds": seconds},
-                   {"step": 7, "valid_loss": 1.0}])  # fmt: skip
+    _write(first, [{"step": 7, "loss": 2.5, "seconds": seconds}, {"step": 7, "valid_loss": 1.0}])
     logs = {"first": first, "later": later}  # "later" has not started: no log yet
     with LogProgress(logs, {"first": 120.0, "later": 40.0}) as bars:
         bars.refresh()

@@ -24,8 +24,8 @@ from train_helpers import (
 )
 
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
-from qkv.recipe import recipe_from_dict
-from qkv.train import train
+from qkv.train.loop import train
+from qkv.train.recipe import recipe_from_dict
 
 
 def test_resume_continues_with_identical_losses(tmp_path):
@@ -109,8 +109,9 @@ def test_resume_compares_the_tokenizers_when_the_recipe_is_not_stored(tmp_path):
 def test_resume_after_the_corpus_moved_but_not_after_it_changed(tmp_path):
     rng = random.Random(0)
     words = "a b c d e f g h".split()
-    pairs = [(" ".join(rng.choices(words, k=4)), " ".join(rng.choices(words, k=4)))
-             for _ in range(60)]  # fmt: skip
+    pairs = [
+        (" ".join(rng.choices(words, k=4)), " ".join(rng.choices(words, k=4))) for _ in range(60)
+    ]
     for folder in ("old", "moved", "changed"):
         (tmp_path / folder).mkdir()
         for side, lines in (("de", [p[0] for p in pairs]), ("en", [p[1] for p in pairs])):
@@ -149,7 +150,7 @@ KILLED_WRITING = """
 import os, signal, sys
 import safetensors.torch
 from train_helpers import tiny_recipe
-from qkv.train import train
+from qkv.train.loop import train
 
 save_file, saves = safetensors.torch.save_file, []
 
@@ -178,8 +179,10 @@ def test_resume_after_sigkill_in_the_middle_of_writing_a_checkpoint(tmp_path):
     train(tiny_recipe(killed), resume=True, progress=False)
     assert logged_losses(killed) == logged_losses(full)
     assert not list(killed.glob(".*.tmp"))
-    last = {name: load_checkpoint(out / "last.safetensors").model.state_dict()
-            for name, out in (("full", full), ("killed", killed))}  # fmt: skip
+    last = {
+        name: load_checkpoint(out / "last.safetensors").model.state_dict()
+        for name, out in (("full", full), ("killed", killed))
+    }
     assert all(torch.equal(last["killed"][k], v) for k, v in last["full"].items())
 
 

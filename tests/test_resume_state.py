@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from train_helpers import tiny_recipe
 
 from qkv.models.checkpoint import CheckpointError
-from qkv.train import _State, train
+from qkv.train.loop import _State, train
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def _with_loop_state(src, dst, tensors=None, **changes) -> None:
 
 
 def test_the_checked_entries_are_the_loops_state():
-    from qkv.train_checks import LOOP_STATE
+    from qkv.train.checks import LOOP_STATE
 
     assert set(LOOP_STATE) == {f.name for f in dataclasses.fields(_State)}
 
@@ -51,9 +51,15 @@ def test_the_checked_entries_are_the_loops_state():
         ("best_bleu", None, "best_bleu is None, not a number"),
         ("seconds", "1", "seconds is '1', not a number"),
     ],
-    ids=["step-string", "epoch-negative", "batch-float", "bad-evals-bool", "bleu-null",
-         "seconds-string"],
-)  # fmt: skip
+    ids=[
+        "step-string",
+        "epoch-negative",
+        "batch-float",
+        "bad-evals-bool",
+        "bleu-null",
+        "seconds-string",
+    ],
+)
 def test_a_corrupt_loop_state_is_named_not_a_traceback(trained, tmp_path, key, value, why):
     """Such entries ended in a TypeError traceback (exit 1) from the first comparison
     that used them, or (a negative epoch) were taken as they were."""
@@ -101,7 +107,7 @@ def test_resuming_with_another_batch_order_warns(trained, tmp_path, caplog, chan
     """A resumed run continues at the saved position of the epoch's batch order; another
     train.seed or train.max_tokens makes another order, and resumed without a word."""
     shutil.copy(trained, tmp_path / "last.safetensors")
-    with caplog.at_level("WARNING", logger="qkv.train_checks"):
+    with caplog.at_level("WARNING", logger="qkv.train.checks"):
         train(tiny_recipe(tmp_path, steps=5, **changes), resume=True, progress=False)
     warned = [r.getMessage() for r in caplog.records if "batch order" in r.getMessage()]
     if named is None:
@@ -116,7 +122,7 @@ def test_an_interrupt_while_the_log_is_cut_back_keeps_the_log(tmp_path, monkeypa
     the write left log.jsonl empty: the whole run's history was lost."""
     from pathlib import Path
 
-    from qkv.run_folder import trim_log
+    from qkv.train.run_folder import trim_log
 
     log = tmp_path / "log.jsonl"
     before = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 7))
@@ -140,7 +146,7 @@ def test_an_interrupt_while_the_log_is_cut_back_keeps_the_log(tmp_path, monkeypa
 def test_a_log_row_whose_step_is_not_a_number_is_kept(tmp_path):
     """A row added by hand or by another tool ({"step": "3"}, {"step": null}) ended the
     resume in a TypeError traceback (exit 1) while the log was cut back."""
-    from qkv.run_folder import trim_log
+    from qkv.train.run_folder import trim_log
 
     log = tmp_path / "log.jsonl"
     rows = [{"step": 2}, {"step": "3", "note": "by hand"}, {"step": None}, {"step": 5}, [1]]

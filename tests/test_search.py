@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
-from qkv.models.seq2seq_rnn import RNNSeq2Seq
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq
-from qkv.search import Hypothesis, beam, greedy, length_penalty
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq
+from qkv.models.translators.transformer import TransformerSeq2Seq
+from qkv.translate.search import Hypothesis, beam, greedy, length_penalty
 
 PAD, BOS, EOS = 0, 1, 2
 SRC_V = 11
@@ -20,16 +20,24 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rnn(tgt_vocab: int, **options) -> RNNSeq2Seq:
-    cfg = RNNSeq2SeqConfig(src_vocab_size=SRC_V, tgt_vocab_size=tgt_vocab, embed_dim=12,
-                           hidden_dim=16, **options)  # fmt: skip
+    cfg = RNNSeq2SeqConfig(
+        src_vocab_size=SRC_V, tgt_vocab_size=tgt_vocab, embed_dim=12, hidden_dim=16, **options
+    )
     return RNNSeq2Seq(cfg).double().eval()
 
 
 def _transformer(tgt_vocab: int, **options) -> TransformerSeq2Seq:
     cfg = TransformerSeq2SeqConfig(
-        src_vocab_size=SRC_V, tgt_vocab_size=tgt_vocab, d_model=16, num_heads=2,
-        num_encoder_layers=2, num_decoder_layers=2, ff_dim=32, dropout=0.0, **options,
-    )  # fmt: skip
+        src_vocab_size=SRC_V,
+        tgt_vocab_size=tgt_vocab,
+        d_model=16,
+        num_heads=2,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        ff_dim=32,
+        dropout=0.0,
+        **options,
+    )
     return TransformerSeq2Seq(cfg).double().eval()
 
 
@@ -160,19 +168,19 @@ def test_batching_and_padding_do_not_change_the_search(make):
 
 def test_dropping_stopped_sentences_does_not_change_the_search(make, monkeypatch):
     """Sentences that stop early leave the batch; the others' hypotheses stay the same."""
-    import qkv.search
+    import qkv.translate.search
 
     model = make(40)  # a larger vocabulary: EOS is rarely chosen early
     lengths = [1, 1, 2, 1, 9, 1, 8, 1]  # short sources get short length limits: they stop first
     src = _source(lengths)
     run = dict(beam_size=3, n_best=3, length_penalty=0.6, max_len_ratio=1.0, max_len_offset=1)
-    sizes, drop = [], qkv.search._Beam._drop_stopped
+    sizes, drop = [], qkv.translate.search._Beam._drop_stopped
 
     def spy(self, prev):
         sizes.append(self.b)
         return drop(self, prev)
 
-    monkeypatch.setattr(qkv.search._Beam, "_drop_stopped", spy)
+    monkeypatch.setattr(qkv.translate.search._Beam, "_drop_stopped", spy)
     together = beam(model, src, **run)
     assert min(sizes) < len(lengths)  # the batch did shrink
     for i, n in enumerate(lengths):

@@ -13,11 +13,11 @@ import torch
 import yaml
 from train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
 
-import qkv.distributed
-import qkv.train
+import qkv.train.distributed
+import qkv.train.loop
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
-from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
-from qkv.train import train
+from qkv.train.loop import train
+from qkv.train.recipe import ConfigError, load_yaml, recipe_from_dict
 
 
 def test_unknown_keys_and_bad_values_name_the_key():
@@ -79,7 +79,7 @@ def test_train_threads_hold_only_while_training(tmp_path):
 
 def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
     train(tiny_recipe(tmp_path / "reuse", steps=6), progress=False)
-    monkeypatch.setattr(qkv.train, "reuse_freed_memory", lambda: contextlib.nullcontext())
+    monkeypatch.setattr(qkv.train.loop, "reuse_freed_memory", lambda: contextlib.nullcontext())
     train(tiny_recipe(tmp_path / "plain", steps=6), progress=False)
     assert logged_losses(tmp_path / "reuse") == logged_losses(tmp_path / "plain")
 
@@ -176,8 +176,8 @@ def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
 
 
 def _lrs(schedule: str, steps: int = 100, warmup: int = 10, elapsed=None, start: int = 0, **kw):
-    from qkv.recipe import OptimConfig
-    from qkv.train import make_schedule
+    from qkv.train.loop import make_schedule
+    from qkv.train.recipe import OptimConfig
 
     cfg = OptimConfig(steps=steps, warmup=warmup, lr=1e-3, schedule=schedule, **kw)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
@@ -219,7 +219,9 @@ def test_bf16_autocast_true_false_or_auto(tmp_path, monkeypatch):
     assert a[1] != b[1]  # the matrix products really ran in bf16 ...
     assert b[1] == pytest.approx(a[1], rel=2e-2)  # ... to bf16's precision
     for native, same_as in ((True, b), (False, a)):  # "auto" follows the hardware
-        monkeypatch.setattr(qkv.distributed, "native_bf16", lambda device, native=native: native)
+        monkeypatch.setattr(
+            qkv.train.distributed, "native_bf16", lambda device, native=native: native
+        )
         out = tmp_path / f"auto-{native}"
         assert train(tiny_recipe(out, steps=3, bf16="auto"), progress=False).bf16 is native
         assert logged_losses(out) == same_as
@@ -227,7 +229,7 @@ def test_bf16_autocast_true_false_or_auto(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux's /proc/cpuinfo")
 def test_native_bf16_matches_the_cpu_flags():
-    from qkv.distributed import native_bf16
+    from qkv.train.distributed import native_bf16
 
     flags = set(Path("/proc/cpuinfo").read_text().split())
     assert native_bf16(torch.device("cpu")) == bool(flags & {"amx_tile", "avx512_bf16"})
@@ -235,8 +237,8 @@ def test_native_bf16_matches_the_cpu_flags():
 
 def test_blank_lines_translate_to_blank_lines(tmp_path):
     from qkv.data.tokenizers import tokenizer_from_json
-    from qkv.evaluate import translate_texts
     from qkv.models.checkpoint import load_checkpoint
+    from qkv.translate.evaluate import translate_texts
 
     train(tiny_recipe(tmp_path, steps=2), progress=False)
     ckpt = load_checkpoint(tmp_path / "last.safetensors")
@@ -252,9 +254,12 @@ def test_blank_lines_translate_to_blank_lines(tmp_path):
     proc = run_cli("translate", str(tmp_path / "last.safetensors"), stdin="\n개가 잤다\n\n")
     assert proc.returncode == 0 and len(proc.stdout.split("\n")) == 4, proc.stderr
     proc = run_cli(
-        "translate", str(tmp_path / "last.safetensors"), "--show-attention",
-        str(tmp_path / "a.html"), stdin="\n",
-    )  # fmt: skip
+        "translate",
+        str(tmp_path / "last.safetensors"),
+        "--show-attention",
+        str(tmp_path / "a.html"),
+        stdin="\n",
+    )
     assert proc.returncode == 2 and "no sentence to show" in proc.stderr
 
 
@@ -264,8 +269,14 @@ def test_sentences_longer_than_the_models_positions_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"model.max_len: 4 positions, but \d+ of \d+ training"):
         train(recipe_from_dict(d), progress=False)
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
-    d["model"] = {"type": "rnn", "attention": "luong", "score": "location", "max_src_len": 3,
-                  "embed_dim": 8, "hidden_dim": 8}  # fmt: skip
+    d["model"] = {
+        "type": "rnn",
+        "attention": "luong",
+        "score": "location",
+        "max_src_len": 3,
+        "embed_dim": 8,
+        "hidden_dim": 8,
+    }
     with pytest.raises(ConfigError, match="model.max_src_len: 3 positions, but .* longer source"):
         train(recipe_from_dict(d), progress=False)
 
@@ -274,8 +285,10 @@ def test_out_that_is_a_file_is_named_as_out(tmp_path):
     config, taken = tmp_path / "tiny.yaml", tmp_path / "taken.txt"
     config.write_text(yaml.safe_dump(TINY))
     taken.write_text("keep me")
-    for out, match in ((taken, f"--out {taken}: is a file, not a folder"),
-                       (taken / "x", f"--out {taken / 'x'}: {taken} is a file")):  # fmt: skip
+    for out, match in (
+        (taken, f"--out {taken}: is a file, not a folder"),
+        (taken / "x", f"--out {taken / 'x'}: {taken} is a file"),
+    ):
         proc = run_cli("train", str(config), "--out", str(out))
         assert proc.returncode == 2 and match in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
@@ -285,8 +298,14 @@ def test_out_that_is_a_file_is_named_as_out(tmp_path):
 
 
 def test_an_empty_training_set_names_the_files_and_the_filter(tmp_path):
-    for name, text in (("e.de", ""), ("e.en", ""), ("v.de", "a b\n"), ("v.en", "c d\n"),
-                       ("l.de", "a b c d\n"), ("l.en", "c d e f\n")):  # fmt: skip
+    for name, text in (
+        ("e.de", ""),
+        ("e.en", ""),
+        ("v.de", "a b\n"),
+        ("v.en", "c d\n"),
+        ("l.de", "a b c d\n"),
+        ("l.en", "c d e f\n"),
+    ):
         (tmp_path / name).write_text(text)
     d = tiny_dict(tmp_path / "out")
     files = {"kind": "files", "valid": [str(tmp_path / "v.de"), str(tmp_path / "v.en")]}
@@ -308,7 +327,7 @@ def test_too_long_validation_pairs_are_not_sent_to_data_max_tokens():
     message says to shorten that file, for long training pairs it names the setting."""
     from types import SimpleNamespace
 
-    from qkv.train_checks import check_lengths
+    from qkv.train.checks import check_lengths
 
     model = SimpleNamespace(config=SimpleNamespace(max_source_len=4, max_target_len=9))
     short, long = ([1, 2], [3, 4]), ([1, 2, 3, 4, 5, 6], [3, 4])
@@ -377,6 +396,6 @@ def test_out_is_a_folder_name_as_typed(tmp_path, monkeypatch, out):
         seen.append(recipe.out_dir)
         raise KeyboardInterrupt  # stop before training: the folder is all this test checks
 
-    monkeypatch.setattr(qkv.train, "train", record)
+    monkeypatch.setattr(qkv.train.loop, "train", record)
     assert main(["train", str(config), "--out", out]) == 130
     assert seen == [Path(out)]

@@ -9,7 +9,7 @@ import pytest
 from train_helpers import logged_rows, tiny_recipe
 
 from qkv.models.checkpoint import load_checkpoint
-from qkv.train import train
+from qkv.train.loop import train
 
 
 def _evaluations(out) -> list[dict]:
@@ -32,8 +32,9 @@ def test_without_bleu_the_best_checkpoint_has_the_lowest_validation_loss(tmp_pat
 
 
 def test_without_bleu_patience_counts_evaluations_without_a_lower_loss(tmp_path):
-    recipe = tiny_recipe(tmp_path, steps=12, eval_every=2, valid_bleu_sentences=0, patience=1,
-                         warmup=2)  # fmt: skip
+    recipe = tiny_recipe(
+        tmp_path, steps=12, eval_every=2, valid_bleu_sentences=0, patience=1, warmup=2
+    )
     result = train(recipe, progress=False)
     losses = [r["valid_loss"] for r in _evaluations(tmp_path)]
     stops = [i for i in range(1, len(losses)) if losses[i] >= min(losses[:i])]

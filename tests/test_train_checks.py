@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from qkv import train_checks
-from qkv.recipe import ConfigError
-from qkv.train_checks import check_memory, free_memory
+from qkv.train import checks as train_checks
+from qkv.train.checks import check_memory, free_memory
+from qkv.train.recipe import ConfigError
 from tests.train_helpers import run_cli
 
 
@@ -38,9 +38,16 @@ def test_a_positional_table_too_large_for_memory_is_refused(monkeypatch):
     the OOM killer instead of a line naming the setting)."""
     from qkv.models.checkpoint import build_model
 
-    config = {"src_vocab_size": 8, "tgt_vocab_size": 8, "d_model": 16, "num_heads": 2,
-              "num_encoder_layers": 1, "num_decoder_layers": 1, "ff_dim": 16,
-              "max_len": 10**8}  # fmt: skip
+    config = {
+        "src_vocab_size": 8,
+        "tgt_vocab_size": 8,
+        "d_model": 16,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "ff_dim": 16,
+        "max_len": 10**8,
+    }
     monkeypatch.setattr(train_checks, "free_memory", lambda device: 2**30)
     with pytest.raises(ConfigError, match=r"and 11\.9 GiB of tables \(positional"):
         check_memory(lambda: build_model("transformer", config), torch.device("cpu"))

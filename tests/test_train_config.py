@@ -9,7 +9,7 @@ import torch
 from train_helpers import tiny_dict
 
 from qkv.cli import main
-from qkv.recipe import ConfigError, load_yaml, recipe_from_dict
+from qkv.train.recipe import ConfigError, load_yaml, recipe_from_dict
 
 
 def test_share_vocab_without_a_joint_tokenizer_is_refused_by_name(tmp_path, capsys):
@@ -34,8 +34,7 @@ def test_a_diverged_run_stops_at_the_first_nan_loss(tmp_path, capsys):
     model was saved as last.safetensors and, at the first evaluation, as the best."""
     from train_helpers import logged_rows
 
-    d = tiny_dict(tmp_path / "out", lr=1e12, clip_norm=0.0, warmup=0, save_every=1,
-                  eval_every=3)  # fmt: skip
+    d = tiny_dict(tmp_path / "out", lr=1e12, clip_norm=0.0, warmup=0, save_every=1, eval_every=3)
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps(d))
     assert main(["train", str(config)]) == 2
@@ -56,7 +55,7 @@ def test_a_section_left_empty_takes_its_defaults(tmp_path):
     """``data:`` with every key commented out is YAML null: it was refused ('data:
     expected a mapping, got NoneType'), and ``--set data.kind=toy`` on it said 'data is
     not a section'. An empty section now means its defaults, as a missing one does."""
-    from qkv.recipe import DataConfig, OptimConfig
+    from qkv.train.recipe import DataConfig, OptimConfig
 
     config = tmp_path / "c.yaml"
     config.write_text("data:\n  # kind: toy\ntrain:\n", encoding="utf-8")
@@ -73,24 +72,49 @@ def test_a_section_left_empty_takes_its_defaults(tmp_path):
     "content, sets, where",
     [
         ("train: {lr: 0.01}\n", ["train.lr=abc"], "--set train.lr=abc: train.lr: expected float"),
-        ("train: {lr: 0.01}\n", ["train.steps=2", "train.betas=[a, 1]"],
-         "--set train.betas=[a, 1]: train.betas[0]: expected float, got 'a'"),
-        ("model: {type: rnn}\n", ["model.dropout=2"],
-         "--set model.dropout=2: model.dropout: must be in [0, 1), got 2"),
-        ("data: {kind: toy, max_len: 6}\n", ["data.min_len=7", "train.lr=1"],
-         "--set data.min_len=7: data.min_len: the toy corpus needs"),
+        (
+            "train: {lr: 0.01}\n",
+            ["train.steps=2", "train.betas=[a, 1]"],
+            "--set train.betas=[a, 1]: train.betas[0]: expected float, got 'a'",
+        ),
+        (
+            "model: {type: rnn}\n",
+            ["model.dropout=2"],
+            "--set model.dropout=2: model.dropout: must be in [0, 1), got 2",
+        ),
+        (
+            "data: {kind: toy, max_len: 6}\n",
+            ["data.min_len=7", "train.lr=1"],
+            "--set data.min_len=7: data.min_len: the toy corpus needs",
+        ),
         # another key's check that this --set fails: the file and every --set are named
-        ("data: {kind: toy, min_len: 4}\n", ["data.max_len=3"],
-         "c.yaml with --set data.max_len=3: data.min_len: the toy corpus needs"),
+        (
+            "data: {kind: toy, min_len: 4}\n",
+            ["data.max_len=3"],
+            "c.yaml with --set data.max_len=3: data.min_len: the toy corpus needs",
+        ),
         # the file alone is wrong: the --set of another key in its section is not blamed
-        ("model: {type: transformer, num_heads: 3}\n", ["model.dropout=0.2"],
-         "c.yaml: model.num_heads: must divide d_model=256, got 3"),
-        ("train: {lr: -1}\n", ["train.lr=-2", "train.lr=0.5", "train.steps=0"],
-         "--set train.steps=0: train.steps: must be > 0"),
+        (
+            "model: {type: transformer, num_heads: 3}\n",
+            ["model.dropout=0.2"],
+            "c.yaml: model.num_heads: must divide d_model=256, got 3",
+        ),
+        (
+            "train: {lr: -1}\n",
+            ["train.lr=-2", "train.lr=0.5", "train.steps=0"],
+            "--set train.steps=0: train.steps: must be > 0",
+        ),
     ],
-    ids=["value", "one-of-two", "model-field", "cross-key-own", "cross-key-other",
-         "file-error", "last-set-wins"],
-)  # fmt: skip
+    ids=[
+        "value",
+        "one-of-two",
+        "model-field",
+        "cross-key-own",
+        "cross-key-other",
+        "file-error",
+        "last-set-wins",
+    ],
+)
 def test_a_bad_value_given_by_set_is_named_as_the_set(tmp_path, content, sets, where):
     """Every error was prefixed with the YAML file's name, also for a value that came from
     --set: 'c.yaml: train.lr: expected float, got 'abc'' sent the user to a file whose

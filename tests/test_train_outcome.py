@@ -8,7 +8,7 @@ import json
 from train_helpers import logged_rows, tiny_dict, tiny_recipe, train_until_interrupted
 
 from qkv.models.checkpoint import load_checkpoint
-from qkv.train import train
+from qkv.train.loop import train
 
 
 def test_a_new_run_interrupted_before_its_first_checkpoint_leaves_no_old_one(tmp_path):
@@ -21,8 +21,9 @@ def test_a_new_run_interrupted_before_its_first_checkpoint_leaves_no_old_one(tmp
     assert not (tmp_path / "last.safetensors").exists()
     assert not (tmp_path / "best.safetensors").exists()
     assert [r["step"] for r in logged_rows(tmp_path)] == [1, 2]
-    again = train(tiny_recipe(tmp_path, steps=3, save_every=8, lr=1e-4), resume=True,
-                  progress=False)  # fmt: skip
+    again = train(
+        tiny_recipe(tmp_path, steps=3, save_every=8, lr=1e-4), resume=True, progress=False
+    )
     assert again.steps == 3 and not again.already_done
     assert [r["step"] for r in logged_rows(tmp_path) if "loss" in r] == [1, 2, 3]
 
@@ -65,10 +66,10 @@ def test_at_equal_bleu_the_lower_validation_loss_is_better(tmp_path, monkeypatch
     """Early in a run every greedy BLEU is 0.00: the first evaluation stayed the best
     checkpoint (the least trained model) and train.patience stopped the run while its
     validation loss still fell. Validations scripted: (loss, BLEU) at steps 2, 4, ..."""
-    import qkv.train
+    import qkv.train.loop
 
     scores = iter([(3.0, 0.0), (2.5, 0.0), (2.9, 1.0), (2.8, 1.0), (2.85, 1.0), (2.9, 1.0)])
-    monkeypatch.setattr(qkv.train, "validate", lambda *args: next(scores))
+    monkeypatch.setattr(qkv.train.loop, "validate", lambda *args: next(scores))
     recipe = tiny_recipe(tmp_path, steps=14, eval_every=2, patience=2)
     result = train(recipe, progress=False)
     assert (result.steps, result.best_step, result.best_bleu) == (12, 8, 1.0)
@@ -80,13 +81,13 @@ def test_at_equal_bleu_the_lower_validation_loss_is_better(tmp_path, monkeypatch
 def test_ctrl_c_says_which_step_resume_continues_from(tmp_path, monkeypatch, capsys):
     """Ctrl-C printed 'interrupted' alone: not which step last.safetensors holds, nor that
     --resume continues from it (or that nothing was saved yet)."""
-    import qkv.train
+    import qkv.train.loop
     from qkv.cli import main
 
     config = tmp_path / "c.yaml"
     out = tmp_path / "run"
     config.write_text(json.dumps(tiny_dict(out, steps=9, save_every=3)))
-    after_step = qkv.train._Loop.after_step
+    after_step = qkv.train.loop._Loop.after_step
 
     def interrupt_after(at: int):
         def step(loop):
@@ -98,21 +99,25 @@ def test_ctrl_c_says_which_step_resume_continues_from(tmp_path, monkeypatch, cap
         return step
 
     for at, flags in ((2, []), (5, ["--overwrite"])):  # before the first save, then after
-        monkeypatch.setattr(qkv.train._Loop, "after_step", interrupt_after(at))
+        monkeypatch.setattr(qkv.train.loop._Loop, "after_step", interrupt_after(at))
         assert main(["train", str(config), *flags]) == 130
         err = capsys.readouterr().err.strip().splitlines()
         if at == 2:
-            assert err[-2:] == [f"qkv train: no checkpoint in {out} yet: a new run starts "
-                                "from step 0", "interrupted"]  # fmt: skip
+            assert err[-2:] == [
+                f"qkv train: no checkpoint in {out} yet: a new run starts from step 0",
+                "interrupted",
+            ]
         else:
             saved = load_checkpoint(out / "last.safetensors").extra["train"]["step"]
             assert saved == 3
-            assert err[-2:] == [f"qkv train: {out / 'last.safetensors'} holds step 3; --resume "
-                                "continues from it", "interrupted"]  # fmt: skip
+            assert err[-2:] == [
+                f"qkv train: {out / 'last.safetensors'} holds step 3; --resume continues from it",
+                "interrupted",
+            ]
 
 
 def test_the_resume_note_of_a_folder_whose_checkpoint_is_unreadable(tmp_path):
-    from qkv.run_folder import resume_note
+    from qkv.train.run_folder import resume_note
 
     (tmp_path / "last.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
     assert resume_note(tmp_path) == (
@@ -131,7 +136,7 @@ def test_a_resume_keeps_a_best_checkpoint_saved_after_its_last(tmp_path, caplog)
     best = saved_extra(tmp_path / "best.safetensors")["train"]
     assert best["step"] == 6 == best["best_step"]  # the step-6 evaluation was the best
     frozen = tiny_recipe(tmp_path, steps=10, eval_every=2, save_every=4, lr=1e-12)
-    with caplog.at_level("WARNING", logger="qkv.train_checks"):
+    with caplog.at_level("WARNING", logger="qkv.train.checks"):
         result = train(frozen, resume=True, progress=False)
     assert "best.safetensors holds step 6, after the resumed step 4" in caplog.text
     kept = saved_extra(tmp_path / "best.safetensors")["train"]

@@ -10,22 +10,32 @@ import pytest
 import torch
 
 from qkv.data.tokenizers import WordTokenizer
-from qkv.evaluate import translate_texts
 from qkv.lab.common import num_threads
+from qkv.translate.evaluate import translate_texts
 
 WORDS = ["고양이가", "쥐를", "개가", "잡았다", "잤다", "먹었다", "새가", "물고기를"]
 
 
 def _model_and_tokenizers(seed: int):
-    from qkv.models.config import TransformerSeq2SeqConfig
-    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+    from qkv.models.translators.config import TransformerSeq2SeqConfig
+    from qkv.models.translators.transformer import TransformerSeq2Seq
 
     src = WordTokenizer(WORDS)
     tgt = WordTokenizer(["the", "cat", "dog", "bird", "fish", "caught", "slept", "ate"])
     torch.manual_seed(seed)
-    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=16, num_heads=2,
-                                   num_encoder_layers=1, num_decoder_layers=1, ff_dim=16,
-                                   max_len=16, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    cfg = TransformerSeq2SeqConfig(
+        src.vocab_size,
+        tgt.vocab_size,
+        d_model=16,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        ff_dim=16,
+        max_len=16,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+    )
     return TransformerSeq2Seq(cfg), src, tgt
 
 
@@ -55,11 +65,11 @@ def test_any_batch_size_gives_each_text_its_own_translations(beam, n_best):
     texts = _texts(gen)
     texts[int(torch.randint(0, len(texts), (), generator=gen))] = "   "  # at least one blank
     with num_threads(1):
-        alone = [translate_texts(model, src, tgt, [t], beam=beam, n_best=n_best)[0]
-                 for t in texts]  # fmt: skip
+        alone = [translate_texts(model, src, tgt, [t], beam=beam, n_best=n_best)[0] for t in texts]
         for batch_size in (1, 2, 64):
-            out = translate_texts(model, src, tgt, texts, beam=beam, n_best=n_best,
-                                  batch_size=batch_size)  # fmt: skip
+            out = translate_texts(
+                model, src, tgt, texts, beam=beam, n_best=n_best, batch_size=batch_size
+            )
             assert len(out) == len(texts) and all(len(n) == n_best for n in out)
             for got, want in zip(out, alone):
                 _same(got, want)

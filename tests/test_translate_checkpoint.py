@@ -16,8 +16,9 @@ def test_a_nan_weight_is_one_line_naming_file_and_tensor(ckpt, tmp_path, monkeyp
     name, weight = random.choice(list(loaded.model.named_parameters()))
     with torch.no_grad():
         weight.view(-1)[random.randrange(weight.numel())] = float("nan")
-    bad = save_checkpoint(tmp_path / "nan.safetensors", loaded.model,
-                          tokenizers=loaded.tokenizers, extra=loaded.extra)  # fmt: skip
+    bad = save_checkpoint(
+        tmp_path / "nan.safetensors", loaded.model, tokenizers=loaded.tokenizers, extra=loaded.extra
+    )
     first = min(f"model.{k}" for k, v in loaded.model.state_dict().items() if v.isnan().any())
     text = tmp_path / "s.txt"
     text.write_text("고양이가 쥐를 잡았다\n", encoding="utf-8")

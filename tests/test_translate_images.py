@@ -12,8 +12,9 @@ from qkv.viz.alignments import save_alignments
 def test_images_are_numbered_by_input_line(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811
     lines = ["고양이가 쥐를 잡았다", "", "개가 잤다", "  ", "고양이가 잤다"]
     stdin = ("\n".join(lines) + "\n").encode()
-    code, out, err = _cli(monkeypatch, capsys, "translate", ckpt, "--show-attention",
-                          tmp_path / "al.png", stdin=stdin)  # fmt: skip
+    code, out, err = _cli(
+        monkeypatch, capsys, "translate", ckpt, "--show-attention", tmp_path / "al.png", stdin=stdin
+    )
     assert code == 0, err
     assert len(out.splitlines()) == len(lines)
     wanted = [tmp_path / f"al-{n}.png" for n in (1, 3, 5)]  # the blank lines 2 and 4 have none

@@ -10,8 +10,8 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.evaluate import Translation
-from qkv.evaluate_cli import run_translate
+from qkv.cli.translate import run_translate
+from qkv.translate.evaluate import Translation
 
 
 def _written(nbest: list[list[Translation]], n_best: int) -> str:
@@ -19,10 +19,10 @@ def _written(nbest: list[list[Translation]], n_best: int) -> str:
     args = mock.Mock(beam=max(n_best, 1), n_best=n_best, batch_size=1, show_attention=None)
     out = io.StringIO()
     with (
-        mock.patch("qkv.evaluate_cli._load", return_value=(None, None, None, {})),
-        mock.patch("qkv.evaluate_cli._check_search_memory"),
-        mock.patch("qkv.evaluate_cli._read_stdin", return_value=["x"] * len(nbest)),
-        mock.patch("qkv.evaluate_cli.translate_texts", return_value=nbest),
+        mock.patch("qkv.cli.translate.load_translator", return_value=(None, None, None, {})),
+        mock.patch("qkv.cli.translate._check_search_memory"),
+        mock.patch("qkv.cli.translate.read_stdin", return_value=["x"] * len(nbest)),
+        mock.patch("qkv.cli.translate.translate_texts", return_value=nbest),
         mock.patch("sys.stdout", out),
     ):
         assert run_translate(args) == 0
@@ -34,8 +34,9 @@ def _unescape(field: str) -> str:
 
 
 @settings(max_examples=20, deadline=None)
-@given(texts=st.lists(st.text(st.sampled_from("ab \t\\\r\ntn"), max_size=8), min_size=2,
-                      max_size=3))  # fmt: skip
+@given(
+    texts=st.lists(st.text(st.sampled_from("ab \t\\\r\ntn"), max_size=8), min_size=2, max_size=3)
+)
 def test_n_best_rows_escape_tabs_and_line_breaks_in_the_translation(texts):
     """A character or BPE vocabulary holds every character of the training text, tabs
     and backslashes too: the TRANSLATION column escapes them (``\\t``, ``\\\\``), and line
@@ -52,8 +53,13 @@ def test_n_best_rows_escape_tabs_and_line_breaks_in_the_translation(texts):
 
 
 @settings(max_examples=20, deadline=None)
-@given(texts=st.lists(st.text(st.sampled_from("ab \r\x0b\x0c\x1c\x85\u2028\u2029"), max_size=6),
-                      min_size=1, max_size=3))  # fmt: skip
+@given(
+    texts=st.lists(
+        st.text(st.sampled_from("ab \r\x0b\x0c\x1c\x85\u2028\u2029"), max_size=6),
+        min_size=1,
+        max_size=3,
+    )
+)
 def test_one_best_lines_stay_one_line_per_input(texts):
     """A character vocabulary can hold a CR (text inside an LF line) or another character
     at which readers break lines: a 1-best translation holding one was written as it is,
@@ -67,8 +73,13 @@ def test_one_best_lines_stay_one_line_per_input(texts):
 
 
 @settings(max_examples=20, deadline=None)
-@given(texts=st.lists(st.text(st.sampled_from("ab\t\\\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
-                              max_size=8), min_size=2, max_size=3))  # fmt: skip
+@given(
+    texts=st.lists(
+        st.text(st.sampled_from("ab\t\\\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=8),
+        min_size=2,
+        max_size=3,
+    )
+)
 def test_n_best_rows_stay_one_line_for_every_line_break(texts):
     """VT, FF, FS, GS, RS, NEL, U+2028 and U+2029 were left raw in the TRANSLATION
     column, so a reader that splits lines (Python's ``splitlines``, most editors) saw a

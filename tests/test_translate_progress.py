@@ -9,8 +9,8 @@ import pytest
 from test_translate_memory import ckpt  # noqa: F401 (a fixture)
 
 from qkv.cli import main
-from qkv.evaluate import translate_texts
 from qkv.models.checkpoint import load_checkpoint
+from qkv.translate.evaluate import translate_texts
 
 
 class _Terminal(io.StringIO):
@@ -30,8 +30,13 @@ def test_translate_texts_reports_the_texts_done_after_each_batch(ckpt):  # noqa:
 
 
 @pytest.mark.parametrize("command", ["translate", "evaluate"])
-def test_a_terminal_shows_a_bar_of_sentences_and_a_pipe_none(ckpt, tmp_path, monkeypatch,  # noqa: F811
-                                                           capsys, command):  # fmt: skip
+def test_a_terminal_shows_a_bar_of_sentences_and_a_pipe_none(
+    ckpt,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+    command,
+):
     """Translating a test set took minutes (beam search, CPU) without any sign of life."""
     lines = "고양이가 쥐를 잡았다\n개가 잤다\n고양이가 잤다\n"
     text = tmp_path / "s.txt"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qkv.cli import main
-from qkv.walkthrough import check_against_library, walkthrough
+from qkv.cli.walkthrough import check_against_library, walkthrough
 
 
 @pytest.mark.parametrize("heads, dim", [(1, 8), (2, 8), (4, 16)])
@@ -89,8 +89,10 @@ def test_step_titles_are_whole_lines_even_over_narrow_tables(capsys):
     wrapped to the table's width."""
     assert main(["walkthrough", "나는 학교에 간다", "--heads", "2", "--dim", "4"]) == 0
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
-    for title in ("scaled scores / sqrt(2) (head 1/2)  shape (3x3)",
-                  "weights = softmax(rows) (head 2/2)  shape (3x3)"):  # fmt: skip
+    for title in (
+        "scaled scores / sqrt(2) (head 1/2)  shape (3x3)",
+        "weights = softmax(rows) (head 2/2)  shape (3x3)",
+    ):
         assert title in lines
 
 
@@ -123,10 +125,12 @@ def test_a_long_word_leaves_room_for_the_numbers(capsys):
 
 @pytest.mark.parametrize(
     "args",
-    [["the cat sat on the mat", "--dim", "16", "--heads", "2"],
-     [" ".join(f"word{i:02d}abcdefgh" for i in range(12)), "--dim", "4"]],
+    [
+        ["the cat sat on the mat", "--dim", "16", "--heads", "2"],
+        [" ".join(f"word{i:02d}abcdefgh" for i in range(12)), "--dim", "4"],
+    ],
     ids=["dim-16", "twelve-long-words"],
-)  # fmt: skip
+)
 def test_tables_fit_80_columns_with_whole_numbers(capsys, monkeypatch, args):
     """At 80 columns, ten number columns did not fit: rich cut the numbers ('-0.…',
     a last column of '+1') and the row labels ('t…' for 'the'). Fewer columns are shown
@@ -158,8 +162,11 @@ def test_a_reader_that_stops_early_is_exit_141_as_for_the_other_commands():
     pipe closed, which reads as a failure (set -o pipefail); the command line's own rule is
     141, as for qkv translate, with nothing on stderr."""
     sentence = " ".join(f"w{i}" for i in range(300))  # 130 kB of tables: more than a pipe holds
-    proc = subprocess.Popen([sys.executable, "-m", "qkv", "walkthrough", sentence, "--dim", "4"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qkv", "walkthrough", sentence, "--dim", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout.readline().startswith(b"tokens (300): w0 | w1")
     proc.stdout.close()
     assert proc.wait(timeout=120) == 141

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qkv.recipe import recipe_from_dict
+from qkv.train.recipe import recipe_from_dict
 
 TINY = {
     "name": "tiny",
@@ -74,9 +74,9 @@ def train_until_interrupted(recipe, step: int) -> None:
     """Train ``recipe`` and stop it right after ``step`` (its checkpoints left as they are)."""
     from unittest import mock
 
-    import qkv.train
+    import qkv.train.loop
 
-    after_step = qkv.train._Loop.after_step
+    after_step = qkv.train.loop._Loop.after_step
 
     def stop_after(loop):
         verdict = after_step(loop)
@@ -84,9 +84,9 @@ def train_until_interrupted(recipe, step: int) -> None:
             raise Interrupted
         return verdict
 
-    with mock.patch.object(qkv.train._Loop, "after_step", stop_after):
+    with mock.patch.object(qkv.train.loop._Loop, "after_step", stop_after):
         try:
-            qkv.train.train(recipe, progress=False)
+            qkv.train.loop.train(recipe, progress=False)
         except Interrupted:
             return
     raise AssertionError(f"the run ended before step {step}")

@@ -23,10 +23,24 @@ from qkv.data.tokenizers import (
 from qkv.data.toy import ToyConfig, ToyPair, generate_pair, make_splits, toy_splits
 
 __all__ = [
-    "Batch", "TokenBatcher", "collate",
-    "CorpusError", "CorpusReport", "ParallelCorpus", "read_parallel", "read_tsv",
+    "Batch",
+    "TokenBatcher",
+    "collate",
+    "CorpusError",
+    "CorpusReport",
+    "ParallelCorpus",
+    "read_parallel",
+    "read_tsv",
     "DownloadError",
-    "BPETokenizer", "CharTokenizer", "Tokenizer", "WordTokenizer", "tokenizer_from_json",
+    "BPETokenizer",
+    "CharTokenizer",
+    "Tokenizer",
+    "WordTokenizer",
+    "tokenizer_from_json",
     "train_tokenizers",
-    "ToyConfig", "ToyPair", "generate_pair", "make_splits", "toy_splits",
-]  # fmt: skip
+    "ToyConfig",
+    "ToyPair",
+    "generate_pair",
+    "make_splits",
+    "toy_splits",
+]

@@ -219,5 +219,9 @@ def _warn_over_budget(cost: list[int], max_tokens: int) -> None:
         log.warning(
             "%d of %d pairs have more padded tokens than max_tokens (%d; train.max_tokens in "
             "a recipe), up to %d: each gets a batch of its own (pairs %s)",
-            len(over), len(cost), max_tokens, max(cost[i] for i in over), shown,
-        )  # fmt: skip
+            len(over),
+            len(cost),
+            max_tokens,
+            max(cost[i] for i in over),
+            shown,
+        )

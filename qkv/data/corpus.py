@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkv.errors import CorpusError
+
 __all__ = ["CorpusError", "CorpusReport", "ParallelCorpus", "read_lines", "read_parallel"]
 __all__ += ["read_tsv", "filter_pairs", "decode_lines"]
 
@@ -25,10 +27,6 @@ log = logging.getLogger(__name__)
 
 CHARS_PER_WORD = 20
 """With ``max_len`` words, a side may hold at most this many times as many characters."""
-
-
-class CorpusError(ValueError):
-    """A corpus that cannot be used as it is; the message is one line naming file and line."""
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,12 @@ Corpora (see ``DATASETS``):
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import http.client
 import logging
 import os
 import socket
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -37,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qkv._paths import cache_root
+from qkv.errors import DownloadError
+from qkv.files import cache_root
 
 __all__ = ["DownloadError", "RemoteFile", "Dataset", "DATASETS", "default_cache_dir"]
-__all__ += ["download", "run_cli"]
+__all__ += ["download"]
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +48,6 @@ RETRIES = 5
 TIMEOUT_S = 60.0
 BACKOFF_S = 1.0  # wait before retry k: k × BACKOFF_S seconds
 USER_AGENT = "qkv-data-download/0.1 (urllib)"
-
-
-class DownloadError(RuntimeError):
-    """A download failed (network, server or checksum); the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -191,8 +186,10 @@ def _why(url: str, err: Exception | None) -> str:
     text = getattr(reason, "strerror", None) or reason
     if isinstance(reason, socket.gaierror):
         host = urllib.parse.urlsplit(url).hostname
-        return (f"cannot look up the host {host} ({text}); this machine seems to be offline, "
-                "or its DNS or proxy settings are wrong")  # fmt: skip
+        return (
+            f"cannot look up the host {host} ({text}); this machine seems to be offline, "
+            "or its DNS or proxy settings are wrong"
+        )
     return str(text)
 
 
@@ -307,68 +304,3 @@ def _remove_if_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return
-
-
-def run_cli(args: Any) -> int:
-    """``qkv data download NAME [--cache DIR]``: download and print the folder.
-
-    Args:
-        args: namespace with ``name``, ``cache`` and ``base_url``.
-
-    Returns:
-        Exit code 0.
-
-    Raises:
-        qkv.cli.UserError: unknown corpus name or failed download (one-line message).
-    """
-    from qkv.cli import UserError
-
-    if args.name not in DATASETS:
-        known = ", ".join(sorted(DATASETS))
-        raise UserError(f"unknown corpus {args.name!r}; choose one of: {known}")
-    bar, report = _progress_bar()
-    try:
-        with bar:
-            folder = download(args.name, args.cache, args.base_url, progress=report)
-    except DownloadError as err:
-        raise UserError(str(err)) from None
-    except OSError as err:
-        raise UserError(f"cannot write to the cache: {err}") from None
-    print(folder, file=sys.stdout)
-    return 0
-
-
-def _progress_bar() -> tuple[Any, Progress]:
-    """A rich progress bar on stderr (bytes, rate, ETA) and the callback that drives it."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-    from rich.progress import Progress as RichProgress
-
-    bar = RichProgress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=Console(stderr=True), transient=True,
-    )  # fmt: skip
-    tasks: dict[str, Any] = {}
-
-    def report(file: str, done: int, total: int | None) -> None:
-        if not tasks:
-            bar.start()  # only once bytes arrive: a bar stopped unused leaves a blank line
-        if file not in tasks:
-            tasks[file] = bar.add_task(file, total=total)
-        bar.update(tasks[file], completed=done, total=total)
-
-    @contextlib.contextmanager
-    def running():
-        try:
-            yield
-        finally:
-            if tasks:
-                bar.stop()
-
-    return running(), report

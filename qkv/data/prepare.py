@@ -50,9 +50,12 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
         return _toy_pairs(data)
     if data.kind == "files":
         train = _named(
-            "data.train", read_parallel, *data.train,
-            max_len=data.max_tokens, max_ratio=data.max_ratio,
-        )  # fmt: skip
+            "data.train",
+            read_parallel,
+            *data.train,
+            max_len=data.max_tokens,
+            max_ratio=data.max_ratio,
+        )
         if not len(train):
             raise CorpusError(f"data.train: {_nothing_left(train.report, data)}")
         _warn_if_filtered("data.train", train.report, data)
@@ -119,8 +122,11 @@ def _warn_if_filtered(key: str, report, data) -> None:
     if report.too_long + report.ratio > 0.1 * report.total:
         log.warning(
             "%s: %s; data.max_tokens (%d words) and data.max_ratio (%g) decide what is dropped",
-            key, report.summary(), data.max_tokens, data.max_ratio,
-        )  # fmt: skip
+            key,
+            report.summary(),
+            data.max_tokens,
+            data.max_ratio,
+        )
 
 
 def _toy_pairs(data) -> tuple[Pairs, Pairs, Pairs]:

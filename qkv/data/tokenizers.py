@@ -23,9 +23,18 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
-    "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Tokenizer", "CharTokenizer",
-    "WordTokenizer", "BPETokenizer", "tokenizer_from_json", "train_tokenizers",
-]  # fmt: skip
+    "SPECIAL_TOKENS",
+    "PAD_ID",
+    "UNK_ID",
+    "BOS_ID",
+    "EOS_ID",
+    "Tokenizer",
+    "CharTokenizer",
+    "WordTokenizer",
+    "BPETokenizer",
+    "tokenizer_from_json",
+    "train_tokenizers",
+]
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3

@@ -46,10 +46,23 @@ from qkv.data.toy_lexicon import (
 from qkv.data.toy_render import ToyPair, render
 
 __all__ = [
-    "ToyPair", "ToyConfig", "Nominal", "NP", "RelClause", "Clause", "Sentence",
-    "has_batchim", "particle", "np", "verb", "render", "generate_pair", "make_splits",
-    "toy_splits", "sentence_length",
-]  # fmt: skip
+    "ToyPair",
+    "ToyConfig",
+    "Nominal",
+    "NP",
+    "RelClause",
+    "Clause",
+    "Sentence",
+    "has_batchim",
+    "particle",
+    "np",
+    "verb",
+    "render",
+    "generate_pair",
+    "make_splits",
+    "toy_splits",
+    "sentence_length",
+]
 
 MAX_DEPTH = 2  # relative clauses nest at most this deep
 MAX_CLAUSES = 3

@@ -147,9 +147,18 @@ def _verb(ko: str, en: str, subj: str = "animate", obj: str | None = None) -> Ve
     past, present, rel_fut, rel_past, rel_pres, conn = ko.split()
     base, third, en_past = en.split()
     return Verb(
-        past, present, rel_fut, rel_past, rel_pres, conn, base, third, en_past,
-        _tags(subj), None if obj is None else _tags(obj),
-    )  # fmt: skip
+        past,
+        present,
+        rel_fut,
+        rel_past,
+        rel_pres,
+        conn,
+        base,
+        third,
+        en_past,
+        _tags(subj),
+        None if obj is None else _tags(obj),
+    )
 
 
 def _hada(stem: str, en: str, subj: str = "animate", obj: str | None = None) -> Verb:

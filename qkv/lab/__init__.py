@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 import time
 from pathlib import Path
 
@@ -30,12 +29,11 @@ from qkv.lab.common import (
     LabRun,
     Table,
     check_writable,
-    print_table,
     staged_figures,
     write_result,
 )
 
-__all__ = ["EXPERIMENTS", "run_experiment", "run_cli"]
+__all__ = ["EXPERIMENTS", "run_experiment", "table"]
 
 log = logging.getLogger(__name__)
 
@@ -95,28 +93,3 @@ def _earlier_figures(out: Path) -> set[str]:
 def table(run: LabRun) -> Table:
     """The short table of a finished run."""
     return importlib.import_module(EXPERIMENTS[run.name]).table(run)
-
-
-def run_cli(args) -> int:
-    """``qkv lab NAME [--quick] [--out DIR]``."""
-    from qkv.cli import UserError
-    from qkv.data.corpus import CorpusError
-
-    name = args.name.replace("_", "-")
-    if name not in EXPERIMENTS:
-        raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(EXPERIMENTS)}")
-    out = Path(args.out) if args.out else Path("runs/lab") / name
-    from qkv.lab.common import progress_bars
-
-    try:
-        with progress_bars():  # a bar per trained model: the full runs train for minutes
-            run = run_experiment(name, out, quick=args.quick)
-    except (FileNotFoundError, CorpusError) as err:  # a corpus missing or unusable
-        raise UserError(str(err)) from None
-    if hasattr(sys.stdout, "reconfigure"):  # "→", "ρ", Hangul: UTF-8 whatever the locale
-        sys.stdout.reconfigure(encoding="utf-8")
-    print_table(table(run))
-    if run.verdict:
-        print(run.verdict)
-    print(f"result.json and {len(run.figures)} figure(s) in {out}/")
-    return 0

@@ -114,18 +114,50 @@ class Setting:
 
 
 QUICK = Setting(
-    n_train=2500, n_valid=40, n_test=100, min_len=2, max_len=8, models=("transformer",),
-    embed=32, width=64, transformer_width=64, steps=400, max_seconds=0, max_tokens=800, lr=3e-3,
-)  # fmt: skip
+    n_train=2500,
+    n_valid=40,
+    n_test=100,
+    min_len=2,
+    max_len=8,
+    models=("transformer",),
+    embed=32,
+    width=64,
+    transformer_width=64,
+    steps=400,
+    max_seconds=0,
+    max_tokens=800,
+    lr=3e-3,
+)
 TATOEBA = TatoebaSetting(
-    models=("rnn-bahdanau", "transformer"), vocab_size=2000, embed=128, width=192,
-    transformer_width=192, dropout=0.3, n_valid=300, n_test=500, steps=20000, max_seconds=450,
-    max_tokens=1000, lr=1e-3,
-)  # fmt: skip
-FULL = Setting(n_train=12000, n_valid=200, n_test=500, min_len=2, max_len=12,
-               models=("rnn-bahdanau", "rnn-luong", "rnn-luong-local", "transformer"),
-               embed=64, width=128, transformer_width=128, steps=20000, max_seconds=180,
-               max_tokens=2000, lr=3e-3, tatoeba=TATOEBA)  # fmt: skip
+    models=("rnn-bahdanau", "transformer"),
+    vocab_size=2000,
+    embed=128,
+    width=192,
+    transformer_width=192,
+    dropout=0.3,
+    n_valid=300,
+    n_test=500,
+    steps=20000,
+    max_seconds=450,
+    max_tokens=1000,
+    lr=1e-3,
+)
+FULL = Setting(
+    n_train=12000,
+    n_valid=200,
+    n_test=500,
+    min_len=2,
+    max_len=12,
+    models=("rnn-bahdanau", "rnn-luong", "rnn-luong-local", "transformer"),
+    embed=64,
+    width=128,
+    transformer_width=128,
+    steps=20000,
+    max_seconds=180,
+    max_tokens=2000,
+    lr=3e-3,
+    tatoeba=TATOEBA,
+)
 
 
 def aer(predicted: list[set], gold: list[set]) -> float:
@@ -210,7 +242,7 @@ def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, 
 def _heatmaps(
     trained_models: dict, sentences: list[str], out: Path, prefix: str = "alignment"
 ) -> list[str]:
-    from qkv.evaluate import translate_texts
+    from qkv.translate.evaluate import translate_texts
     from qkv.viz import plot_alignment
 
     paths = []
@@ -243,8 +275,16 @@ def _shown(test: list[ToyPair]) -> list[str]:
 def _tatoeba_data(t: TatoebaSetting) -> dict[str, Any]:
     """The recipe data section: Korean column → English column, held out by source."""
     path = t.path or str(corpus_folder("tatoeba-ko-en", "kor.txt") / "kor.txt")
-    return {"kind": "tsv", "path": path, "src_column": 1, "tgt_column": 0,
-            "n_valid": t.n_valid, "n_test": t.n_test, "seed": t.seed, "max_tokens": 60}  # fmt: skip
+    return {
+        "kind": "tsv",
+        "path": path,
+        "src_column": 1,
+        "tgt_column": 0,
+        "n_valid": t.n_valid,
+        "n_test": t.n_test,
+        "seed": t.seed,
+        "max_tokens": 60,
+    }
 
 
 def _tatoeba_shown(test: list[tuple[str, str]], n: int) -> list[str]:
@@ -259,26 +299,36 @@ def _tatoeba_shown(test: list[tuple[str, str]], n: int) -> list[str]:
 def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
     """Train on Tatoeba kor-eng, score held-out BLEU, draw heatmaps; ``{"skipped": why}``."""
     from qkv.data.prepare import load_pairs
-    from qkv.recipe import DataConfig
+    from qkv.train.recipe import DataConfig
 
     data = _tatoeba_data(t)
     if not Path(data["path"]).is_file():
-        reason = (f"Tatoeba kor-eng not found ({data['path']} missing; 'qkv data download "
-                  "tatoeba-ko-en' fetches it); that part not run")  # fmt: skip
+        reason = (
+            f"Tatoeba kor-eng not found ({data['path']} missing; 'qkv data download "
+            "tatoeba-ko-en' fetches it); that part not run"
+        )
         log.warning("%s", reason)
         return {"skipped": reason}
     seed_all(t.seed)
     train, _, test = load_pairs(DataConfig(**data))  # the same split the trainer makes
     tokenizer = {"kind": "bpe", "vocab_size": t.vocab_size, "joint": False}
-    optim = {"steps": t.steps, "max_tokens": t.max_tokens, "lr": t.lr, "warmup": 200,
-             "label_smoothing": 0.1, "max_seconds": t.max_seconds, "seed": t.seed}  # fmt: skip
+    optim = {
+        "steps": t.steps,
+        "max_tokens": t.max_tokens,
+        "lr": t.lr,
+        "warmup": 200,
+        "label_smoothing": 0.1,
+        "max_seconds": t.max_seconds,
+        "seed": t.seed,
+    }
     sources, refs = [s for s, _ in test], [r for _, r in test]
     models, trained, results = {}, {}, {}
     for name in t.models:
         width = t.transformer_width if name == "transformer" else t.width
         models[name] = {**MODEL_FAMILIES[name](width, t.embed), "dropout": t.dropout}
-        trained[name] = train_model(name, models[name], data, out / "models-tatoeba", optim,
-                                    tokenizer=tokenizer)  # fmt: skip
+        trained[name] = train_model(
+            name, models[name], data, out / "models-tatoeba", optim, tokenizer=tokenizer
+        )
         results[name] = _held_out_bleu(trained[name], sources, refs)
         log.info(
             "tatoeba %s: %d steps, BLEU %.1f", name, trained[name].steps, results[name]["bleu"]
@@ -295,32 +345,50 @@ def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
 
 def _held_out_bleu(trained, sources: list[str], refs: list[str]) -> dict[str, Any]:
     """Greedy sacreBLEU on the held-out pairs, the training record and five examples."""
-    from qkv.evaluate import bleu, translate_texts
+    from qkv.translate.evaluate import bleu, translate_texts
 
     outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
     hyps = [o[0].text for o in outs]
     examples = [{"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps)]
     record = {"parameters": trained.parameters, "steps": trained.steps}
-    return {"bleu": bleu(hyps, refs).score, **record, "train_seconds": trained.seconds,
-            "examples": examples}  # fmt: skip
+    return {
+        "bleu": bleu(hyps, refs).score,
+        **record,
+        "train_seconds": trained.seconds,
+        "examples": examples,
+    }
 
 
 def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]:
     """Train on the toy corpus and score AER: results, baselines, figures, config."""
     data = out / "data"
-    splits = write_toy_corpus(data, (setting.n_train, setting.n_valid, setting.n_test),
-                              setting.min_len, setting.max_len, setting.seed)  # fmt: skip
-    optim = {"steps": setting.steps, "max_tokens": setting.max_tokens, "lr": setting.lr,
-             "warmup": min(200, setting.steps // 5), "label_smoothing": 0.1,
-             "max_seconds": setting.max_seconds, "seed": setting.seed}  # fmt: skip
+    splits = write_toy_corpus(
+        data,
+        (setting.n_train, setting.n_valid, setting.n_test),
+        setting.min_len,
+        setting.max_len,
+        setting.seed,
+    )
+    optim = {
+        "steps": setting.steps,
+        "max_tokens": setting.max_tokens,
+        "lr": setting.lr,
+        "warmup": min(200, setting.steps // 5),
+        "label_smoothing": 0.1,
+        "max_seconds": setting.max_seconds,
+        "seed": setting.seed,
+    }
     models, trained, results = {}, {}, {}
     for name in setting.models:
         width = setting.transformer_width if name == "transformer" else setting.width
         models[name] = MODEL_FAMILIES[name](width, setting.embed)
         trained[name] = train_model(name, models[name], data, out / "models", optim)
-        results[name] = {**score_maps(trained[name], splits["valid"], splits["test"]),
-                         "parameters": trained[name].parameters, "steps": trained[name].steps,
-                         "train_seconds": trained[name].seconds}  # fmt: skip
+        results[name] = {
+            **score_maps(trained[name], splits["valid"], splits["test"]),
+            "parameters": trained[name].parameters,
+            "steps": trained[name].steps,
+            "train_seconds": trained[name].seconds,
+        }
         log.info("%s: AER %.3f", name, results[name]["aer_best"])
     base = baselines(splits["test"])
     figures = _heatmaps(trained, _shown(splits["test"]), out)
@@ -362,15 +430,30 @@ def table(run: LabRun) -> Table:
     """AER per model (best map and averaged) and of the baselines."""
     rows = []
     for name, r in run.results["models"].items():
-        rows.append([name, r["best map (chosen on valid)"], f"{r['aer_best']:.3f}",
-                     f"{r['aer_averaged']:.3f}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                r["best map (chosen on valid)"],
+                f"{r['aer_best']:.3f}",
+                f"{r['aer_averaged']:.3f}",
+            ]
+        )
     for name, value in run.results["baselines"].items():
         rows.append([f"baseline: {name}", "", f"{value:.3f}", ""])
     tatoeba = run.results.get("tatoeba", {})
     for name, r in tatoeba.get("models", {}).items():
-        rows.append([f"Tatoeba kor-eng: {name}", f"{r['steps']} steps", "no gold",
-                     f"held-out BLEU {r['bleu']:.1f}"])  # fmt: skip
+        rows.append(
+            [
+                f"Tatoeba kor-eng: {name}",
+                f"{r['steps']} steps",
+                "no gold",
+                f"held-out BLEU {r['bleu']:.1f}",
+            ]
+        )
     if "skipped" in tatoeba:
         rows.append(["Tatoeba: skipped (reason in the verdict)", "", "", ""])
-    return Table("alignment error rate on the test pairs (lower is better)",
-                 ["model", "best map", "AER best", "AER averaged"], rows)  # fmt: skip
+    return Table(
+        "alignment error rate on the test pairs (lower is better)",
+        ["model", "best map", "AER best", "AER averaged"],
+        rows,
+    )

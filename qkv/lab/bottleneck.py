@@ -102,20 +102,44 @@ class Setting:
 
 
 QUICK = Setting(
-    n_train=3000, n_test=200, min_len=2, max_len=16, buckets=((2, 5), (13, 16)),
-    embed=32, reference_width=64, steps=150, max_seconds=0, max_tokens=1500, lr=5e-3,
-    corpus="word-list", models=("rnn-none", "rnn-luong"),
-)  # fmt: skip
+    n_train=3000,
+    n_test=200,
+    min_len=2,
+    max_len=16,
+    buckets=((2, 5), (13, 16)),
+    embed=32,
+    reference_width=64,
+    steps=150,
+    max_seconds=0,
+    max_tokens=1500,
+    lr=5e-3,
+    corpus="word-list",
+    models=("rnn-none", "rnn-luong"),
+)
 MULTI30K = Multi30kSetting(
-    buckets=((4, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, 30)), vocab_size=4000,
-    embed=128, reference_width=256, steps=20000, max_seconds=390, max_tokens=2000, lr=2e-3,
-)  # fmt: skip
+    buckets=((4, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, 30)),
+    vocab_size=4000,
+    embed=128,
+    reference_width=256,
+    steps=20000,
+    max_seconds=390,
+    max_tokens=2000,
+    lr=2e-3,
+)
 FULL = Setting(
-    n_train=20000, n_test=800, min_len=2, max_len=40,
+    n_train=20000,
+    n_test=800,
+    min_len=2,
+    max_len=40,
     buckets=((2, 5), (6, 10), (11, 15), (16, 20), (21, 25), (26, 30), (31, 35), (36, 40)),
-    embed=96, reference_width=256, steps=20000, max_seconds=280, max_tokens=3000, lr=2e-3,
+    embed=96,
+    reference_width=256,
+    steps=20000,
+    max_seconds=280,
+    max_tokens=3000,
+    lr=2e-3,
     multi30k=MULTI30K,
-)  # fmt: skip
+)
 
 
 def _models(
@@ -132,8 +156,15 @@ def _models(
 
 
 def _optim(steps: int, max_tokens: int, lr: float, max_seconds: float, seed: int) -> dict:
-    return {"steps": steps, "max_tokens": max_tokens, "lr": lr, "warmup": min(200, steps // 5),
-            "label_smoothing": 0.1, "max_seconds": max_seconds, "seed": seed}  # fmt: skip
+    return {
+        "steps": steps,
+        "max_tokens": max_tokens,
+        "lr": lr,
+        "warmup": min(200, steps // 5),
+        "label_smoothing": 0.1,
+        "max_seconds": max_seconds,
+        "seed": seed,
+    }
 
 
 def word_list_corpus(folder: Path, setting: Setting, nouns: int = 12) -> dict[str, list]:
@@ -171,18 +202,22 @@ def bucket_scores(
 
     A bucket that no sentence falls into scores NaN (not 0: nothing was measured there).
     """
-    from qkv.evaluate import bleu
+    from qkv.translate.evaluate import bleu
 
     rows = []
     for lo, hi in buckets:
         idx = [i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi]
         h, r = [hyps[i] for i in idx], [refs[i] for i in idx]
-        rows.append({
-            "bucket": f"{lo}-{hi}",
-            "sentences": len(idx),
-            "bleu": bleu(h, r).score if idx else float("nan"),
-            "exact_match": sum(a == b for a, b in zip(h, r)) / len(idx) if idx else float("nan"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "bucket": f"{lo}-{hi}",
+                "sentences": len(idx),
+                "bleu": bleu(h, r).score if idx else float("nan"),
+                "exact_match": sum(a == b for a, b in zip(h, r)) / len(idx)
+                if idx
+                else float("nan"),
+            }
+        )
     return rows
 
 
@@ -192,7 +227,7 @@ def _relative_drop(rows: list[dict[str, float]]) -> float:
 
 
 def _evaluate(trained, sources: list[str], refs: list[str], buckets) -> dict:
-    from qkv.evaluate import bleu, translate_texts
+    from qkv.translate.evaluate import bleu, translate_texts
 
     outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
     hyps = [o[0].text for o in outs]
@@ -207,7 +242,7 @@ def _evaluate(trained, sources: list[str], refs: list[str], buckets) -> dict:
         "relative_drop": _relative_drop(rows),
         "examples": [
             {"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(sources, refs, hyps))[-3:]
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -221,8 +256,13 @@ def _train_all(models: dict, data, out: Path, optim: dict, test, buckets, **kw) 
         started = time.perf_counter()
         results[name] = _evaluate(trained, *test, buckets)
         results[name]["decode_seconds"] = time.perf_counter() - started
-        log.info("%s: %d steps, BLEU %.1f, drop %.2f", name, trained.steps,
-                 results[name]["bleu_all"], results[name]["relative_drop"])  # fmt: skip
+        log.info(
+            "%s: %d steps, BLEU %.1f, drop %.2f",
+            name,
+            trained.steps,
+            results[name]["bleu_all"],
+            results[name]["relative_drop"],
+        )
     return results
 
 
@@ -248,36 +288,56 @@ def _figure(results: dict[str, dict], buckets, title: str, path: Path, *, em: bo
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     ax_bleu.legend(fontsize=8)
-    fig.suptitle(f"{title}: quality against sentence length (cf. Bahdanau et al. 2015, Fig. 2)",
-                 fontsize=None if em else 10)  # fmt: skip
+    fig.suptitle(
+        f"{title}: quality against sentence length (cf. Bahdanau et al. 2015, Fig. 2)",
+        fontsize=None if em else 10,
+    )
     return save_figure(fig, path)
 
 
 def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
     """Train and score the four models on Multi30k de→en; ``{"skipped": why}`` without data."""
     folder = Path(m.folder) if m.folder else corpus_folder("multi30k", "train.de")
-    files = {s: [str(folder / f"{s}.{lang}") for lang in ("de", "en")]
-             for s in ("train", "val", m.test)}  # fmt: skip
+    files = {
+        s: [str(folder / f"{s}.{lang}") for lang in ("de", "en")] for s in ("train", "val", m.test)
+    }
     missing = [f for pair in files.values() for f in pair if not Path(f).is_file()]
     if missing:
-        reason = (f"Multi30k not found ({', '.join(missing)} missing; 'qkv data download "
-                  "multi30k' fetches it); de→en part not run")  # fmt: skip
+        reason = (
+            f"Multi30k not found ({', '.join(missing)} missing; 'qkv data download "
+            "multi30k' fetches it); de→en part not run"
+        )
         log.warning("%s", reason)
         return {"skipped": reason}
     seed_all(m.seed)
     tokenizer = {"kind": "bpe", "vocab_size": m.vocab_size, "joint": False}
     vocab = vocab_sizes(*files["train"], tokenizer)
     models = _models(m.models, m.reference_width, m.embed, vocab)
-    data = {"kind": "files", "train": files["train"], "valid": files["val"],
-            "test": files[m.test], "max_tokens": 100, "max_ratio": 3.0}  # fmt: skip
+    data = {
+        "kind": "files",
+        "train": files["train"],
+        "valid": files["val"],
+        "test": files[m.test],
+        "max_tokens": 100,
+        "max_ratio": 3.0,
+    }
     optim = _optim(m.steps, m.max_tokens, m.lr, m.max_seconds, m.seed)
     test = _test_split(*files[m.test])
-    results = _train_all(models, data, out / "models-multi30k", optim, test, m.buckets,
-                         tokenizer=tokenizer)  # fmt: skip
-    figure = _figure(results, m.buckets, "Multi30k German→English",
-                     out / "bleu-vs-length-multi30k.png", em=False)  # fmt: skip
-    return {"models": results, "figure": figure, "model_sections": models, "vocab": vocab,
-            "optim": optim, "data": data, "tokenizer": tokenizer}  # fmt: skip
+    results = _train_all(
+        models, data, out / "models-multi30k", optim, test, m.buckets, tokenizer=tokenizer
+    )
+    figure = _figure(
+        results, m.buckets, "Multi30k German→English", out / "bleu-vs-length-multi30k.png", em=False
+    )
+    return {
+        "models": results,
+        "figure": figure,
+        "model_sections": models,
+        "vocab": vocab,
+        "optim": optim,
+        "data": data,
+        "tokenizer": tokenizer,
+    }
 
 
 def _test_split(src: str, ref: str) -> tuple[list[str], list[str]]:
@@ -298,12 +358,16 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict]:
     if setting.corpus == "word-list":
         splits = word_list_corpus(data, setting)
     else:
-        splits = write_toy_corpus(data, (setting.n_train, 200, setting.n_test),
-                                  setting.min_len, setting.max_len, setting.seed)  # fmt: skip
+        splits = write_toy_corpus(
+            data,
+            (setting.n_train, 200, setting.n_test),
+            setting.min_len,
+            setting.max_len,
+            setting.seed,
+        )
     vocab = vocab_sizes(data / "train.ko", data / "train.en")
     models = _models(setting.models, setting.reference_width, setting.embed, vocab)
-    optim = _optim(setting.steps, setting.max_tokens, setting.lr, setting.max_seconds,
-                   setting.seed)  # fmt: skip
+    optim = _optim(setting.steps, setting.max_tokens, setting.lr, setting.max_seconds, setting.seed)
     test = ([p.ko for p in splits["test"]], [p.en for p in splits["test"]])
     results = _train_all(models, data, out / "models", optim, test, setting.buckets)
     return results, {"models": models, "vocab": vocab, "optim": optim}
@@ -346,8 +410,16 @@ def _rows(results: dict[str, dict], width: int) -> list[list[str]]:
     for name, r in results.items():
         cells = [f"{b['bleu']:.1f}" for b in r["buckets"]]
         cells += [""] * (width - len(cells))
-        rows.append([name, f"{r['parameters'] / 1e6:.2f}M", str(r["steps"]), *cells,
-                     f"{r['bleu_all']:.1f}", f"{100 * r['relative_drop']:.0f}%"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{r['parameters'] / 1e6:.2f}M",
+                str(r["steps"]),
+                *cells,
+                f"{r['bleu_all']:.1f}",
+                f"{100 * r['relative_drop']:.0f}%",
+            ]
+        )
     return rows
 
 
@@ -370,5 +442,6 @@ def table(run: LabRun) -> Table:
         rows.append(["Multi30k de→en: skipped (reason in the verdict)", *[""] * (width + 4)])
     columns = ["model", "params", "steps", *[f"BLEU {b}" for b in buckets]]
     columns += [""] * (width - len(buckets)) + ["BLEU all", "drop"]
-    return Table("BLEU by source length (toy: Korean words; Multi30k: German words), greedy",
-                 columns, rows)  # fmt: skip
+    return Table(
+        "BLEU by source length (toy: Korean words; Multi30k: German words), greedy", columns, rows
+    )

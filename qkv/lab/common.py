@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv._files import naming, writing
+from qkv.errors import OutputFolderError
+from qkv.files import naming, writing
 
 __all__ = [
     "LabRun",
@@ -82,10 +83,6 @@ class LabRun:
     results: dict[str, Any]
     figures: list[str] = field(default_factory=list)
     verdict: str = ""
-
-
-class OutputFolderError(OSError):
-    """The output folder cannot be written (raised before an experiment runs)."""
 
 
 def check_writable(out: Path) -> None:
@@ -143,7 +140,7 @@ def steps_bar(label: str, total: int) -> Iterator[Callable[[], None]]:
     if not _SHOW["bars"]:
         yield lambda: None
         return
-    from qkv.progress import steps_progress
+    from qkv.train.progress import steps_progress
 
     with steps_progress(label, total) as advance:
         yield advance
@@ -228,7 +225,7 @@ def print_table(table: Table) -> None:
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    from qkv.progress import console
+    from qkv.train.progress import console
 
     rich_table = RichTable(title=Text(table.title))
     for i, column in enumerate(table.columns):

@@ -217,8 +217,13 @@ def _summary(results: dict[str, dict], steps: int) -> dict[str, dict]:
         row = {f"k={k}": float(med[k]) for k in ks}
         near = float(np.median(med[near_ks.start : near_ks.stop]))
         far = float(np.median(med[far_ks.start : far_ks.stop]))
-        row.update({f"near_1_{len(near_ks)}": near, f"far_last_{len(far_ks)}": far,
-                    "far_over_near": far / near})  # fmt: skip
+        row.update(
+            {
+                f"near_1_{len(near_ks)}": near,
+                f"far_last_{len(far_ks)}": far,
+                "far_over_near": far / near,
+            }
+        )
         out[label] = row
     return out
 
@@ -238,8 +243,10 @@ def _figure(results: dict[str, dict], out: Path) -> str:
     ax.set_ylim(*_norm_range(results))
     ax.set_xlabel("distance k = T − t (steps back)")
     ax.set_ylabel(r"$\Vert\partial h_T / \partial h_{T-k}\Vert$ (spectral norm)")
-    ax.set_title("Gradient through a recurrence vs through self-attention\n"
-                 r"(median, quartile band over seeds; dotted: $\rho^k$)")  # fmt: skip
+    ax.set_title(
+        "Gradient through a recurrence vs through self-attention\n"
+        r"(median, quartile band over seeds; dotted: $\rho^k$)"
+    )
     ax.legend(fontsize=8, ncol=2, loc="best")
     ax.grid(True, which="major", alpha=0.3)
     return save_figure(fig, out / "gradient-norms.png")
@@ -310,6 +317,8 @@ def table(run: LabRun) -> Table:
     """Median gradient norm at a few distances, per model."""
     summary = run.results["summary"]
     ks = [c for c in next(iter(summary.values())) if c.startswith("k=")]
-    rows = [[label, *(f"{row[k]:.1e}" for k in ks), f"{row['far_over_near']:.2f}"]
-            for label, row in summary.items()]  # fmt: skip
+    rows = [
+        [label, *(f"{row[k]:.1e}" for k in ks), f"{row['far_over_near']:.2f}"]
+        for label, row in summary.items()
+    ]
     return Table("‖∂h_T/∂h_{T−k}‖, median over seeds", ["model", *ks, "far/near"], rows)

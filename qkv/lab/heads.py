@@ -64,8 +64,10 @@ def load_sentences(setting: Setting) -> list[str]:
     corpus, _, name = setting.file.partition("/")
     path = corpus_folder(corpus, name) / name
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is absent: the heads experiment needs Multi30k English "
-                                f"sentences: run 'qkv data download {corpus}'")  # fmt: skip
+        raise FileNotFoundError(
+            f"{path} is absent: the heads experiment needs Multi30k English "
+            f"sentences: run 'qkv data download {corpus}'"
+        )
     from qkv.data.corpus import read_lines  # file and line in the error, LF-only lines
 
     lines = [s.strip() for s in read_lines(path) if s.strip()]
@@ -216,8 +218,14 @@ def _figures(features: dict, labels: np.ndarray, link: np.ndarray, change, out: 
     ax_d, ax_js = fig.subplots(1, 2, width_ratios=[1, 1.2])
     n_heads = features["entropy"].shape[1]
     names = [f"L{i // n_heads}H{i % n_heads}" for i in range(labels.size)]
-    tree = dendrogram(link, labels=names, ax=ax_d, orientation="left", leaf_font_size=5,
-                      color_threshold=link[-(labels.max() - 1), 2])  # fmt: skip
+    tree = dendrogram(
+        link,
+        labels=names,
+        ax=ax_d,
+        orientation="left",
+        leaf_font_size=5,
+        color_threshold=link[-(labels.max() - 1), 2],
+    )
     ax_d.set_title("Ward clusters of the head features")
     ax_d.set_xlabel("Ward linkage distance (standardised features)")
     order = tree["leaves"][::-1]  # the dendrogram draws its first leaf at the bottom
@@ -259,14 +267,14 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
             "model": "all-MiniLM-L6-v2",
             "pooling": "mean",
             "sentences_used": len(sentences),
-        },  # fmt: skip
+        },
         seeds=[],
         results={
             **{k: v for k, v in feats.items()},
             "ablation_change": change,
             "clusters": _describe_clusters(feats, labels),
             "labels": labels,
-        },  # fmt: skip
+        },
         figures=figures,
         verdict=verdict,
     )

@@ -58,8 +58,9 @@ class Setting:
 
 
 QUICK = Setting(lengths=(16, 64, 256), batch=8, width=64, layers=2, heads=4, repeats=3)
-FULL = Setting(lengths=(16, 32, 64, 128, 256, 512, 1024), batch=16, width=256, layers=2,
-               heads=4, repeats=5)  # fmt: skip
+FULL = Setting(
+    lengths=(16, 32, 64, 128, 256, 512, 1024), batch=16, width=256, layers=2, heads=4, repeats=5
+)
 
 
 class GRUEncoder(nn.Module):
@@ -132,10 +133,14 @@ def _slope(lengths: list[int], seconds: list[float]) -> float:
 
 
 def _row(length: int, t_gru: float, t_attn: float, gru, attn) -> dict:
-    return {"length": length, "gru_seconds": t_gru, "attention_seconds": t_attn,
-            "gru_steps": gru.sequential_steps(length),
-            "attention_steps": attn.sequential_steps(length),
-            "time_ratio_gru_over_attention": t_gru / t_attn}  # fmt: skip
+    return {
+        "length": length,
+        "gru_seconds": t_gru,
+        "attention_seconds": t_attn,
+        "gru_steps": gru.sequential_steps(length),
+        "attention_steps": attn.sequential_steps(length),
+        "time_ratio_gru_over_attention": t_gru / t_attn,
+    }
 
 
 def measure(setting: Setting, device: str) -> dict:
@@ -167,14 +172,17 @@ def _figure(results: dict[str, dict], out: Path) -> str:
     for device, r in results.items():
         lengths = [row["length"] for row in r["rows"]]
         ax_t.plot(lengths, [row["gru_seconds"] for row in r["rows"]], "-o", label=f"GRU ({device})")
-        ax_t.plot(lengths, [row["attention_seconds"] for row in r["rows"]], "-s",
-                  label=f"self-attention ({device})")  # fmt: skip
+        ax_t.plot(
+            lengths,
+            [row["attention_seconds"] for row in r["rows"]],
+            "-s",
+            label=f"self-attention ({device})",
+        )
     first = next(iter(results.values()))["rows"]
     lengths = [row["length"] for row in first]
     ax_s.plot(lengths, [row["gru_steps"] for row in first], "-o", label="GRU: L·T")
     ax_s.plot(lengths, [row["attention_steps"] for row in first], "-s", label="self-attention: L")
-    for ax, ylabel in ((ax_t, "forward + backward time per batch (s)"),
-                       (ax_s, "sequential steps")):  # fmt: skip
+    for ax, ylabel in ((ax_t, "forward + backward time per batch (s)"), (ax_s, "sequential steps")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length T")
@@ -213,9 +221,11 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
 def _growth(label: str, r: dict) -> str:
     """How the times of one device grow with T, and their ratio at the longest T."""
     last = r["rows"][-1]
-    return (f"{label}: time grows as T^{r['gru_slope']:.2f} for the GRU and "
-            f"T^{r['attention_slope']:.2f} for self-attention, GRU/attention "
-            f"{last['time_ratio_gru_over_attention']:.2f} at T={last['length']}")  # fmt: skip
+    return (
+        f"{label}: time grows as T^{r['gru_slope']:.2f} for the GRU and "
+        f"T^{r['attention_slope']:.2f} for self-attention, GRU/attention "
+        f"{last['time_ratio_gru_over_attention']:.2f} at T={last['length']}"
+    )
 
 
 def _verdict(results: dict[str, dict]) -> str:
@@ -223,8 +233,10 @@ def _verdict(results: dict[str, dict]) -> str:
     measurement that can show the parallel speed-up) when one was timed."""
     cpu = results["cpu-1thread"]
     last = cpu["rows"][-1]
-    verdict = (f"{_growth('CPU (1 thread)', cpu)}; sequential steps {last['gru_steps']} vs "
-               f"{last['attention_steps']} at T={last['length']}")  # fmt: skip
+    verdict = (
+        f"{_growth('CPU (1 thread)', cpu)}; sequential steps {last['gru_steps']} vs "
+        f"{last['attention_steps']} at T={last['length']}"
+    )
     if "cuda" in results:
         return f"{verdict}; {_growth('GPU', results['cuda'])}"
     return f"{verdict}; no GPU here"
@@ -235,9 +247,14 @@ def table(run: LabRun) -> Table:
     rows = []
     for device, r in run.results.items():
         for row in r["rows"]:
-            rows.append([f"{device} T={row['length']}", f"{1e3 * row['gru_seconds']:.1f}",
-                         f"{1e3 * row['attention_seconds']:.1f}",
-                         f"{row['time_ratio_gru_over_attention']:.2f}",
-                         f"{row['gru_steps']} / {row['attention_steps']}"])  # fmt: skip
+            rows.append(
+                [
+                    f"{device} T={row['length']}",
+                    f"{1e3 * row['gru_seconds']:.1f}",
+                    f"{1e3 * row['attention_seconds']:.1f}",
+                    f"{row['time_ratio_gru_over_attention']:.2f}",
+                    f"{row['gru_steps']} / {row['attention_steps']}",
+                ]
+            )
     columns = ["device, length", "GRU ms", "attention ms", "GRU/attn", "sequential steps"]
     return Table("forward + backward per batch (matched parameters)", columns, rows)

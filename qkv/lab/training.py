@@ -44,7 +44,7 @@ def _training_bar(name: str, out_dir: Path, max_seconds: float) -> Iterator[None
     if not common.bars_shown():
         yield
         return
-    from qkv.progress import LogProgress
+    from qkv.train.progress import LogProgress
 
     stop = threading.Event()
     with LogProgress({name: out_dir / "log.jsonl"}, {name: max_seconds}) as bars:
@@ -92,8 +92,7 @@ def vocab_sizes(
     tok = {"kind": "word", "vocab_size": 8000, "joint": False, **(tokenizer or {})}
     src = Path(src_file).read_text(encoding="utf-8").splitlines()
     tgt = Path(tgt_file).read_text(encoding="utf-8").splitlines()
-    s, t = train_tokenizers(tok["kind"], src, tgt, vocab_size=tok["vocab_size"],
-                            joint=tok["joint"])  # fmt: skip
+    s, t = train_tokenizers(tok["kind"], src, tgt, vocab_size=tok["vocab_size"], joint=tok["joint"])
     return s.vocab_size, t.vocab_size
 
 
@@ -109,15 +108,29 @@ def count_parameters(model: dict[str, Any], vocab: tuple[int, int]) -> int:
 
 def _rnn(attention: str, **extra: Any) -> Callable[[int, int], dict[str, Any]]:
     def make(width: int, embed: int) -> dict[str, Any]:
-        return {"type": "rnn", "cell": "gru", "embed_dim": embed, "hidden_dim": width,
-                "bidirectional": True, "attention": attention, **extra}  # fmt: skip
+        return {
+            "type": "rnn",
+            "cell": "gru",
+            "embed_dim": embed,
+            "hidden_dim": width,
+            "bidirectional": True,
+            "attention": attention,
+            **extra,
+        }
 
     return make
 
 
 def _transformer(width: int, embed: int) -> dict[str, Any]:
-    return {"type": "transformer", "d_model": width, "num_heads": 4, "num_encoder_layers": 2,
-            "num_decoder_layers": 2, "ff_dim": 2 * width, "dropout": 0.1}  # fmt: skip
+    return {
+        "type": "transformer",
+        "d_model": width,
+        "num_heads": 4,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "ff_dim": 2 * width,
+        "dropout": 0.1,
+    }
 
 
 # name -> (width, embed) -> model section; width = RNN hidden_dim or Transformer d_model
@@ -127,7 +140,7 @@ MODEL_FAMILIES: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "rnn-luong": _rnn("luong", score="general", input_feeding=True),
     "rnn-luong-local": _rnn(
         "luong", score="general", input_feeding=True, window="predictive", window_size=3
-    ),  # fmt: skip
+    ),
     "transformer": _transformer,
 }
 
@@ -167,7 +180,7 @@ def train_model(
     *,
     tokenizer: dict[str, Any] | None = None,
 ) -> Trained:
-    """Train ``model`` with :func:`qkv.train.train`; load the result.
+    """Train ``model`` with :func:`qkv.train.loop.train`; load the result.
 
     Args:
         name: the run's name (its folder under ``out``).
@@ -179,8 +192,8 @@ def train_model(
     """
     from qkv.data.tokenizers import tokenizer_from_json
     from qkv.models.checkpoint import load_checkpoint
-    from qkv.recipe import recipe_from_dict
-    from qkv.train import train
+    from qkv.train.loop import train
+    from qkv.train.recipe import recipe_from_dict
 
     recipe = recipe_from_dict(
         {
@@ -197,7 +210,7 @@ def train_model(
                 "threads": 1,
                 **optim,
             },
-        }  # fmt: skip
+        }
     )
     log.info("training %s", name)
     with _training_bar(name, recipe.out_dir, recipe.train.max_seconds):

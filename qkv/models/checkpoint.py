@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from qkv.errors import CheckpointError
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
@@ -38,15 +40,11 @@ __all__ = [
 FORMAT = "qkv-checkpoint-1"
 
 
-class CheckpointError(ValueError):
-    """A file that is not a readable qkv checkpoint (the message names the file)."""
-
-
 def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
     """Build a seq2seq model from its type name and config dict."""
-    from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
-    from qkv.models.seq2seq_rnn import RNNSeq2Seq
-    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+    from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+    from qkv.models.translators.rnn import RNNSeq2Seq
+    from qkv.models.translators.transformer import TransformerSeq2Seq
 
     if kind == "transformer":
         return TransformerSeq2Seq(TransformerSeq2SeqConfig.from_dict(config))

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.backends import get_backend
 from qkv.functional import causal_mask, combine_masks, scaled_dot_product_attention
-from qkv.modules._sizes import is_size
+from qkv.kernels.dispatch import get_backend
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.positional import AttentionPositional
+from qkv.modules.sizes import is_size
 
 __all__ = ["MultiHeadAttention"]
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
-from qkv.modules.dropout import Dropout
 
 __all__ = ["FeedForward"]
 
@@ -115,11 +115,16 @@ def _layer_from_torch(cls: type, layer: nn.Module, norms: list[str], **extra):
     in the layer's dtype: no rounding); ``extra`` goes to ``cls`` as it is."""
     attn = layer.self_attn
     new = cls(
-        attn.embed_dim, attn.num_heads, layer.linear1.out_features,
-        dropout=layer.dropout.p, activation=_torch_activation(layer),
-        norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps,
-        bias=layer.linear1.bias is not None, **extra,
-    ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)  # fmt: skip
+        attn.embed_dim,
+        attn.num_heads,
+        layer.linear1.out_features,
+        dropout=layer.dropout.p,
+        activation=_torch_activation(layer),
+        norm_first=layer.norm_first,
+        layer_norm_eps=layer.norm1.eps,
+        bias=layer.linear1.bias is not None,
+        **extra,
+    ).to(layer.linear1.weight.device, layer.linear1.weight.dtype)
     new.self_attn = MultiHeadAttention.from_torch(attn)
     _copy_ff_norms(new, layer, norms)
     return new.train(layer.training)  # an eval-mode layer must not come back dropping

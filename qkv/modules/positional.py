@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from qkv.modules._sizes import is_size
+from qkv.modules.sizes import is_size
 
 __all__ = [
     "ALiBi",

@@ -48,8 +48,9 @@ def _as_sequence(query: Tensor) -> tuple[Tensor, bool]:
 
 def _check_keys(query: Tensor, keys: Tensor, key_mask: Tensor | None) -> None:
     if keys.ndim != 3 or keys.shape[0] != query.shape[0]:
-        raise ValueError(f"keys must be (B, Tk, Dk) with B={query.shape[0]}, "
-                         f"got {tuple(keys.shape)}")  # fmt: skip
+        raise ValueError(
+            f"keys must be (B, Tk, Dk) with B={query.shape[0]}, got {tuple(keys.shape)}"
+        )
     if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != keys.shape[:2]):
         raise ValueError(
             f"key_mask must be boolean (B, Tk) = {tuple(keys.shape[:2])} (True = real token), "
@@ -115,8 +116,10 @@ class BahdanauAttention(nn.Module):
         projected = self.project_keys(keys) if projected_keys is None else projected_keys
         want = (*keys.shape[:2], score.key_proj.out_features)
         if projected.shape != want:  # a (1, Tk, A) broadcast silently over the batch
-            raise ValueError(f"projected_keys must be (B, Tk, A) = {want} (project_keys(keys)), "
-                             f"got {tuple(projected.shape)}")  # fmt: skip
+            raise ValueError(
+                f"projected_keys must be (B, Tk, A) = {want} (project_keys(keys)), "
+                f"got {tuple(projected.shape)}"
+            )
         scores = self.score.score_projected(q, projected)  # (B, Tq, Tk)
         mask = None if key_mask is None else key_mask[:, None, :]  # (B, 1, Tk)
         weights = masked_softmax(scores, mask)  # (B, Tq, Tk)
@@ -142,8 +145,10 @@ class LocationScore(Score):
         check_widths(query, keys, self.proj.in_features, keys.shape[-1])
         tk = keys.shape[1]
         if tk > self.proj.out_features:
-            raise ValueError(f"the location score handles sources up to "
-                             f"{self.proj.out_features} tokens, got {tk}")  # fmt: skip
+            raise ValueError(
+                f"the location score handles sources up to "
+                f"{self.proj.out_features} tokens, got {tk}"
+            )
         return self.proj(query)[..., :tk]
 
 
@@ -219,9 +224,10 @@ class LuongAttention(nn.Module):
         self.score = _make_score(score, query_dim, key_dim, max_len)
         if window == "predictive":
             self.position = nn.Sequential(
-                nn.Linear(query_dim, query_dim, bias=False), nn.Tanh(),
+                nn.Linear(query_dim, query_dim, bias=False),
+                nn.Tanh(),
                 nn.Linear(query_dim, 1, bias=False),
-            )  # fmt: skip
+            )
 
     def forward(
         self,

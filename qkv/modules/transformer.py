@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, LayerCache
-from qkv.modules.dropout import Dropout
 from qkv.modules.feedforward import FeedForward, _layer_from_torch, _norm, _residual
 from qkv.modules.positional import AttentionPositional
 
@@ -80,9 +80,14 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(
-            dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-            positional=positional, backend=backend,
-        )  # fmt: skip
+            dim,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            bias=bias,
+            dropout=dropout,
+            positional=positional,
+            backend=backend,
+        )
         self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
         self.norm1 = _norm(dim, layer_norm_eps, bias)
         self.norm2 = _norm(dim, layer_norm_eps, bias)
@@ -155,15 +160,26 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(
-            dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-            positional=positional, backend=backend,
-        )  # fmt: skip
+            dim,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            bias=bias,
+            dropout=dropout,
+            positional=positional,
+            backend=backend,
+        )
         self.cross_attn = None
         if cross:
             self.cross_attn = MultiHeadAttention(
-                dim, num_heads, num_kv_heads=num_kv_heads, kdim=memory_dim, vdim=memory_dim,
-                bias=bias, dropout=dropout, backend=backend,
-            )  # fmt: skip
+                dim,
+                num_heads,
+                num_kv_heads=num_kv_heads,
+                kdim=memory_dim,
+                vdim=memory_dim,
+                bias=bias,
+                dropout=dropout,
+                backend=backend,
+            )
         self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
         self.norm1 = _norm(dim, layer_norm_eps, bias)
         self.norm2 = _norm(dim, layer_norm_eps, bias) if cross else None
@@ -193,9 +209,13 @@ class DecoderLayer(nn.Module):
 
         def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, w = self.self_attn(
-                h, mask=self_mask, key_mask=key_mask, causal=True,
-                need_weights=need_weights, cache=self_kv,
-            )  # fmt: skip
+                h,
+                mask=self_mask,
+                key_mask=key_mask,
+                causal=True,
+                need_weights=need_weights,
+                cache=self_kv,
+            )
             return self.dropout1(out), w
 
         def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -364,10 +384,14 @@ class Decoder(nn.Module):
         out = DecoderOutput(hidden=x, cache=cache)
         for i, layer in enumerate(self.layers):
             x, self_w, cross_w = layer(
-                x, memory, memory_key_mask=memory_key_mask, self_mask=self_mask,
-                key_mask=key_mask, need_weights=need_weights,
+                x,
+                memory,
+                memory_key_mask=memory_key_mask,
+                self_mask=self_mask,
+                key_mask=key_mask,
+                need_weights=need_weights,
                 cache=cache[i] if cache is not None else None,
-            )  # fmt: skip
+            )
             if need_weights:
                 out.self_attentions.append(self_w)
                 if cross_w is not None:

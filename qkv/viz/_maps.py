@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qkv._text import utf8_problem
+from qkv.data.text import utf8_problem
 
 __all__ = [
     "AttentionMaps",

@@ -85,7 +85,7 @@ def describe_alignment(model: Any) -> str:
     """What a translator's ``alignment`` map is, in words, for the viewer's labels.
 
     A Transformer's alignment is the mean over the heads of the last decoder layer's
-    cross-attention (:class:`~qkv.models.seq2seq.Seq2SeqAttention`); an RNN decoder has
+    cross-attention (:class:`~qkv.models.translators.seq2seq.Seq2SeqAttention`); an RNN decoder has
     a single attention.
 
     Args:
@@ -264,8 +264,13 @@ def _save_images(
                 fig.axes[0].set_title(_plain(lines), fontsize=10)
                 _save(fig, out)
         else:
-            fig = plot_heads(am.weights, src_tokens=am.key_tokens, tgt_tokens=am.query_tokens,
-                             title=label, path=out)  # fmt: skip
+            fig = plot_heads(
+                am.weights,
+                src_tokens=am.key_tokens,
+                tgt_tokens=am.query_tokens,
+                title=label,
+                path=out,
+            )
         fig.clear()  # free the figure's memory before the next sentence
         written.append(out)
     log.info("wrote %d alignment images %s ... %s", len(written), written[0], written[-1])
@@ -277,11 +282,18 @@ def _warn_of_older_images(path: Path, written: list[Path]) -> None:
     """Say which numbered images beside ``written`` this call did not write (an earlier
     run's, of more sentences): they are left alone, but must not pass for this run's."""
     older = sorted(
-        (p for p in path.parent.glob(f"{glob.escape(path.stem)}-*{path.suffix}")
-         if p.stem[len(path.stem) + 1 :].isdigit() and p not in written),
+        (
+            p
+            for p in path.parent.glob(f"{glob.escape(path.stem)}-*{path.suffix}")
+            if p.stem[len(path.stem) + 1 :].isdigit() and p not in written
+        ),
         key=lambda p: int(p.stem[len(path.stem) + 1 :]),
-    )  # fmt: skip
+    )
     if older:
         names = ", ".join(p.name for p in older[:5]) + (", ..." if len(older) > 5 else "")
-        log.warning("%s: %d older image(s) beside this run's, not from it: %s",
-                    path.parent / f"{path.stem}-N{path.suffix}", len(older), names)  # fmt: skip
+        log.warning(
+            "%s: %d older image(s) beside this run's, not from it: %s",
+            path.parent / f"{path.stem}-N{path.suffix}",
+            len(older),
+            names,
+        )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qkv._files import writing
+from qkv.files import writing
 from qkv.viz._maps import _to_numpy, prepare
 from qkv.viz.fonts import font_chain
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from qkv._files import writing
+from qkv.files import writing
 from qkv.viz._maps import AttentionMaps, prepare, summarize, summarize_map
 from qkv.viz.page import PER_LAYER, Summary, fill_page
 from qkv.viz.payload import decode_payload, encode_payload, extract_payload

@@ -162,8 +162,11 @@ def save_translations(
         log.warning(
             "%s shows the alignments only: every layer and head of %d sentences would be "
             "%.0f MiB (more than %.0f); give fewer lines to see them",
-            path, len(entries), size, budget_mib,
-        )  # fmt: skip
+            path,
+            len(entries),
+            size,
+            budget_mib,
+        )
     items = [
         (best.alignment, tokens, best.target_labels, text) for text, _, tokens, best in entries
     ]

@@ -61,9 +61,12 @@ def test_a_side_without_spaces_is_too_long_by_its_characters():
     chinese = "我们昨天在公园里看见了一只很大的狗" * 8  # 136 characters, no spaces
     near = "x" * (CHARS_PER_WORD * 10)  # exactly at the bound for max_len 10
     corpus = filter_pairs(
-        ["a dog", junk, chinese, near, near + "x"], [junk, "junk", "a big dog", "x", "y"],
-        source="t", max_len=10, max_ratio=None,
-    )  # fmt: skip
+        ["a dog", junk, chinese, near, near + "x"],
+        [junk, "junk", "a big dog", "x", "y"],
+        source="t",
+        max_len=10,
+        max_ratio=None,
+    )
     assert corpus.src == [chinese, near]
     assert corpus.report.too_long == 3
     assert len(filter_pairs([junk], ["y"], source="t", max_len=None).src) == 1
@@ -120,8 +123,9 @@ def scratch(tmp_path_factory):
 def test_read_lines_round_trips(scratch, lines):
     path = scratch
     path.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
-    assert read_lines(path) == [line.removeprefix("\ufeff") if i == 0 else line
-                                for i, line in enumerate(lines)]  # fmt: skip
+    assert read_lines(path) == [
+        line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(lines)
+    ]
 
 
 def test_tsv_columns_and_errors(tmp_path):

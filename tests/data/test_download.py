@@ -199,10 +199,22 @@ def test_cli_failure_is_one_line_without_a_blank_line(tmp_path):
 
     url = (tmp_path / "none").as_uri()
     proc = subprocess.run(
-        [sys.executable, "-m", "qkv", "data", "download", "multi30k", "--cache", str(tmp_path),
-         "--base-url", url],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "qkv",
+            "data",
+            "download",
+            "multi30k",
+            "--cache",
+            str(tmp_path),
+            "--base-url",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         f"qkv data: error: {url}/train.en.gz: No such file or directory"
@@ -239,8 +251,7 @@ def test_an_unknown_host_fails_at_once(monkeypatch, tmp_path, code, tries):
 
 
 @pytest.mark.parametrize("code, tries", [(socket.EAI_NONAME, 1), (socket.EAI_AGAIN, dl.RETRIES)])
-def test_offline_the_message_says_the_host_cannot_be_looked_up(monkeypatch, tmp_path, code,
-                                                               tries):  # fmt: skip
+def test_offline_the_message_says_the_host_cannot_be_looked_up(monkeypatch, tmp_path, code, tries):
     """Offline, the message was the URL and the resolver's words alone ('Name or service
     not known', 'Temporary failure in name resolution'): it now names the host and says
     that the machine seems offline."""

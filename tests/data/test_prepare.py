@@ -8,7 +8,7 @@ import random
 import pytest
 
 from qkv.data.prepare import load_pairs
-from qkv.recipe import DataConfig
+from qkv.train.recipe import DataConfig
 
 
 def _files(tmp_path, pairs) -> DataConfig:
@@ -23,8 +23,10 @@ def test_a_filter_that_drops_many_pairs_is_a_warning(tmp_path, caplog, outliers,
     """Words are counted between spaces: each Chinese sentence below is one word beside
     eleven English ones, a length-ratio outlier. A corpus that lost most of its pairs
     this way trained on the rest with no word unless run with --verbose."""
-    long = ("我昨天在公园里看到了一只很大的黑猫。",
-            "Yesterday I saw a very big black cat in the park.")  # fmt: skip
+    long = (
+        "我昨天在公园里看到了一只很大的黑猫。",
+        "Yesterday I saw a very big black cat in the park.",
+    )
     pairs = [long] * outliers + [("我喜欢猫。", "I like cats.")] * (10 - outliers)
     random.shuffle(pairs)
     with caplog.at_level(logging.WARNING, logger="qkv.data.prepare"):

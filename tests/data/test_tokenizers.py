@@ -132,8 +132,9 @@ def alphabet(corpus_lines):
 def test_bpe_round_trips_text_from_the_corpus_alphabet(bpe, alphabet, data):
     word = st.text(st.sampled_from(alphabet), min_size=1, max_size=12)
     words = data.draw(st.lists(word, min_size=1, max_size=8))
-    separators = data.draw(st.lists(st.sampled_from([" ", "  "]), min_size=len(words) - 1,
-                                    max_size=len(words) - 1))  # fmt: skip
+    separators = data.draw(
+        st.lists(st.sampled_from([" ", "  "]), min_size=len(words) - 1, max_size=len(words) - 1)
+    )
     text = words[0] + "".join(sep + w for sep, w in zip(separators, words[1:]))
     assert bpe.decode(bpe.encode(text)) == text
     char = CharTokenizer.train([text])
@@ -148,8 +149,9 @@ def test_special_token_strings_in_text_are_unknown_words(data):
     Mapped to the pad id it broke the source mask of every model (a pad inside the
     sentence: the RNN encoder refused it); to ``</s>`` it ended a training target early.
     """
-    vocab = data.draw(st.lists(st.text("abcdefgh", min_size=1, max_size=4), min_size=1,
-                               max_size=6, unique=True))  # fmt: skip
+    vocab = data.draw(
+        st.lists(st.text("abcdefgh", min_size=1, max_size=4), min_size=1, max_size=6, unique=True)
+    )
     word = WordTokenizer.train([" ".join(vocab)])
     words = data.draw(st.lists(st.sampled_from(vocab + list(SPECIAL_TOKENS)), min_size=1))
     ids = word.encode(" ".join(words))
@@ -172,8 +174,13 @@ def test_special_token_strings_in_training_text_are_not_vocabulary(special):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.text(st.characters(blacklist_characters=" ", codec="utf-8"), min_size=1),
-                min_size=1, max_size=8))  # fmt: skip
+@given(
+    st.lists(
+        st.text(st.characters(blacklist_characters=" ", codec="utf-8"), min_size=1),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_word_tokenizer_round_trips_any_words_between_single_spaces(words):
     """Words may hold no-break spaces (Multi30k's "Nummer\\u00a028"), tabs or other Unicode
     spaces: str.split() cut them there, and decoding joined the pieces with a plain space."""
@@ -219,8 +226,9 @@ def test_bpe_trained_on_special_token_strings_keeps_them_text(data):
     breaks the source mask for "<pad>"), and decoding dropped it ("b")."""
     part = st.sampled_from(["a", "b", "c", *SPECIAL_TOKENS])
     word = st.lists(part, min_size=1, max_size=4).map("".join)
-    texts = data.draw(st.lists(st.lists(word, min_size=1, max_size=4).map(" ".join),
-                               min_size=1, max_size=6))  # fmt: skip
+    texts = data.draw(
+        st.lists(st.lists(word, min_size=1, max_size=4).map(" ".join), min_size=1, max_size=6)
+    )
     alphabet = "a b c < > / s p d u n k"  # every character seen, spaced: never merged
     bpe = BPETokenizer.train([alphabet] + texts * 30, vocab_size=200, min_frequency=1)
     probe = data.draw(st.lists(word, min_size=1, max_size=5).map(" ".join))

@@ -65,11 +65,17 @@ def test_batchim_agrees_with_unicode_decomposition(code):
 
 def test_particles_follow_batchim():
     assert [particle("고양이", r) for r in ("subj", "obj", "topic", "and")] == [
-        "고양이가", "고양이를", "고양이는", "고양이와",
-    ]  # fmt: skip
+        "고양이가",
+        "고양이를",
+        "고양이는",
+        "고양이와",
+    ]
     assert [particle("곰", r) for r in ("subj", "obj", "topic", "and")] == [
-        "곰이", "곰을", "곰은", "곰과",
-    ]  # fmt: skip
+        "곰이",
+        "곰을",
+        "곰은",
+        "곰과",
+    ]
     with pytest.raises(ValueError):
         has_batchim("cat")
 

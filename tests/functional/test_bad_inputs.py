@@ -84,8 +84,9 @@ def test_nan_reaches_the_rows_the_docstring_says(backend):
         fused = backend != "reference" and not masks
         want = torch.zeros(8) if fused else torch.full((8,), float("nan"))
         torch.testing.assert_close(out[0, 1, 2], want, equal_nan=True)
-        torch.testing.assert_close(peer[0, 1, 2], torch.zeros(8) if not masks else want,
-                                   equal_nan=True)  # fmt: skip
+        torch.testing.assert_close(
+            peer[0, 1, 2], torch.zeros(8) if not masks else want, equal_nan=True
+        )
         assert out.isnan().any(-1).sum() == (not fused)
 
 

@@ -29,7 +29,7 @@ def test_cpu_training_takes_the_reference_backend_where_it_is_faster(dtype):
     for short rows under autograd, auto takes the reference backend (measured in
     ``qkv bench attention``); inference, float32 and long rows stay with SDPA. With dropout
     SDPA's CPU kernels give way to torch's explicit math: the reference is faster then."""
-    from qkv.backends import SHORT_HALF_SCORES
+    from qkv.kernels.dispatch import SHORT_HALF_SCORES
 
     def choice(t, tk=None, grad=True, dt=dtype, dropout_p=0.0):
         q = torch.randn(2, 4, t, 16, dtype=dt, requires_grad=grad)
@@ -64,11 +64,12 @@ def test_cpu_training_takes_the_reference_backend_where_it_is_faster(dtype):
     grad=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
 )
-def test_auto_choice_equals_the_full_explanation(t, mask_kind, causal, dropout, weights, lse,
-                                                 grad, dtype):  # fmt: skip
+def test_auto_choice_equals_the_full_explanation(
+    t, mask_kind, causal, dropout, weights, lse, grad, dtype
+):
     """Every call stops at the first backend that fits; explain_dispatch asks them all."""
-    from qkv.backends import choose, explain
     from qkv.functional import _request
+    from qkv.kernels.dispatch import choose, explain
 
     q, k, v = (torch.randn(1, 2, t, 8, dtype=dtype, requires_grad=grad) for _ in range(3))
     i = torch.arange(t)
@@ -90,9 +91,9 @@ def test_auto_choice_equals_the_full_explanation(t, mask_kind, causal, dropout, 
 def test_a_remembered_choice_is_forgotten_when_a_backend_is_registered(monkeypatch):
     """``choose`` remembers mask-free choices; registering a backend must not leave them
     stale."""
-    from qkv import backends
-    from qkv.backends import Backend, choose
     from qkv.functional import _request
+    from qkv.kernels import dispatch as backends
+    from qkv.kernels.dispatch import Backend, choose
 
     class Eager(Backend):
         name = "triton"  # first in PREFERENCE: serves everything once registered
@@ -127,7 +128,7 @@ def test_forcing_an_unsupported_backend_lists_reasons():
 def test_the_lse_goes_to_the_reference_unless_its_scores_pass_the_auto_limit():
     """The lse is the reference's or chunked's: the reference while its score matrix fits in
     REFERENCE_MAX_BYTES, chunked beyond (expanded tensors: nothing is allocated)."""
-    from qkv.backends import REFERENCE_MAX_BYTES
+    from qkv.kernels.dispatch import REFERENCE_MAX_BYTES
 
     t = 4096
     big = torch.zeros(()).expand(8, 16, t, 64)  # 8 GiB of float32 scores

@@ -89,10 +89,14 @@ def test_merge_of_any_split_equals_whole(tk, tq, split, causal, seed):
 
 @pytest.mark.parametrize(
     "shapes",
-    [((2, 5, 8), (2, 5), (2, 5, 8), (2, 6)), ((2, 5, 8), (2, 5), (2, 5, 4), (2, 5)),
-     ((2, 5, 8), (2, 4), (2, 5, 8), (2, 4)), ((1, 5, 8), (1, 5), (2, 5, 8), (2, 5))],
+    [
+        ((2, 5, 8), (2, 5), (2, 5, 8), (2, 6)),
+        ((2, 5, 8), (2, 5), (2, 5, 4), (2, 5)),
+        ((2, 5, 8), (2, 4), (2, 5, 8), (2, 4)),
+        ((1, 5, 8), (1, 5), (2, 5, 8), (2, 5)),
+    ],
     ids=["lse-length", "value-size", "lse-rows", "batch"],
-)  # fmt: skip
+)
 def test_merge_of_mismatched_parts_names_the_shapes(shapes):
     """Parts that broadcast or do not fit at all are refused in one line, by shape."""
     parts = [torch.randn(s) for s in shapes]
@@ -120,14 +124,20 @@ def test_merge_computes_in_the_wider_lse_dtype(inplace):
 
 @pytest.mark.parametrize(
     ("change", "says"),
-    [({"lse_b": "int"}, "lse_b must be floating point, got torch.int64"),
-     ({"out_b": "meta"}, "out_b is on meta, out_a on cpu"),
-     ({"lse_a": "meta"}, "lse_a is on meta, out_a on cpu")],
+    [
+        ({"lse_b": "int"}, "lse_b must be floating point, got torch.int64"),
+        ({"out_b": "meta"}, "out_b is on meta, out_a on cpu"),
+        ({"lse_a": "meta"}, "lse_a is on meta, out_a on cpu"),
+    ],
     ids=["integer-lse", "out-elsewhere", "lse-elsewhere"],
-)  # fmt: skip
+)
 def test_merge_names_parts_of_another_kind_or_device(change, says):
-    parts = {"out_a": torch.randn(2, 5, 8), "lse_a": torch.randn(2, 5),
-             "out_b": torch.randn(2, 5, 8), "lse_b": torch.randn(2, 5)}  # fmt: skip
+    parts = {
+        "out_a": torch.randn(2, 5, 8),
+        "lse_a": torch.randn(2, 5),
+        "out_b": torch.randn(2, 5, 8),
+        "lse_b": torch.randn(2, 5),
+    }
     for name, how in change.items():
         parts[name] = parts[name].long() if how == "int" else parts[name].to("meta")
     with pytest.raises(ValueError, match=f"^merge_attention: {says}"):
@@ -221,7 +231,7 @@ def test_causal_with_cache_alignment_matches_naive():
 
 
 def test_scratch_hands_out_one_buffer_while_it_fits():
-    from qkv.backends.base import Scratch
+    from qkv.kernels.base import Scratch
 
     scratch, cpu = Scratch(), torch.device("cpu")
     first = scratch.take((4, 5), torch.int32, cpu)
@@ -242,7 +252,7 @@ def test_scratch_hands_out_one_buffer_while_it_fits():
 def test_mask_helpers_equal_their_plain_torch_forms(seed, shape, dtype, expand):
     """The byte-maximum ``any`` and the bit-pattern bias give what ``any``/``where`` give,
     also when the bias is written into a reused buffer that held something else."""
-    from qkv.backends.base import Scratch, any_visible, bool_to_bias
+    from qkv.kernels.base import Scratch, any_visible, bool_to_bias
 
     g = torch.Generator().manual_seed(seed)
     mask = torch.rand(shape, generator=g) < torch.rand((), generator=g)
@@ -270,7 +280,7 @@ def test_float_masks_for_half_kernels_saturate_instead_of_becoming_infinite(seed
     """Off the CPU a float32 mask meets half inputs in their dtype: finite values past the
     half range clamp to its ends (``finfo(float32).min`` penalises, it does not hide),
     infinities stay, and values in range cast as ``.to`` casts them."""
-    from qkv.backends.base import kernel_bias, saturating_cast
+    from qkv.kernels.base import kernel_bias, saturating_cast
 
     g = torch.Generator().manual_seed(seed)
     mask = torch.randn(3, 40, generator=g, dtype=torch.float64).float() * 1e3

@@ -222,8 +222,9 @@ def test_dropout_only_in_backends_that_support_it():
 
 
 @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
-@pytest.mark.parametrize("sizes", [(0, 4, 5), (2, 0, 5), (2, 4, 0), (0, 0, 0)],
-                         ids=["B=0", "Tq=0", "Tk=0", "all-0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sizes", [(0, 4, 5), (2, 0, 5), (2, 4, 0), (0, 0, 0)], ids=["B=0", "Tq=0", "Tk=0", "all-0"]
+)
 @pytest.mark.parametrize("request_kind", ["weights", "some-heads", "causal-mask", "lse"])
 def test_zero_length_inputs_give_empty_or_zero_results(backend, sizes, request_kind):
     """B, Tq or Tk of 0: results of the right shapes; with no key, zeros (and lse -inf),

@@ -80,8 +80,9 @@ def test_multi30k_test_lines_end_at_line_feeds_only(tmp_path, monkeypatch):
     monkeypatch.setattr(bottleneck, "_train_all", stop)
     folder = tmp_path / "m30k"
     _tiny_multi30k(folder, "ein\u2028Hund\nzwei Katzen\n", "a dog\ntwo cats\n")
-    setting = dataclasses.replace(FULL.multi30k, folder=str(folder), vocab_size=40,
-                                  models=("rnn-none",))  # fmt: skip
+    setting = dataclasses.replace(
+        FULL.multi30k, folder=str(folder), vocab_size=40, models=("rnn-none",)
+    )
     with pytest.raises(KeyboardInterrupt):
         multi30k_part(tmp_path / "out", setting)
     assert seen["test"] == (["ein\u2028Hund", "zwei Katzen"], ["a dog", "two cats"])
@@ -92,8 +93,13 @@ def test_multi30k_test_lines_end_at_line_feeds_only(tmp_path, monkeypatch):
 
 def _scored(buckets: list[str], bleu_all: float) -> dict:
     rows = [{"bucket": b, "bleu": 10.0 + i} for i, b in enumerate(buckets)]
-    return {"parameters": 1e6, "steps": 7, "buckets": rows, "bleu_all": bleu_all,
-            "relative_drop": 0.5}  # fmt: skip
+    return {
+        "parameters": 1e6,
+        "steps": 7,
+        "buckets": rows,
+        "bleu_all": bleu_all,
+        "relative_drop": 0.5,
+    }
 
 
 def test_the_table_lines_up_when_multi30k_has_more_buckets_than_the_toy_part():

@@ -36,8 +36,14 @@ def test_run_experiment_rejects_unknown_names(tmp_path):
 def test_every_registered_experiment_has_run_and_table():
     import importlib
 
-    assert set(EXPERIMENTS) == {"bottleneck", "gradients", "parallelism", "word-order", "heads",
-                                "alignment"}  # fmt: skip
+    assert set(EXPERIMENTS) == {
+        "bottleneck",
+        "gradients",
+        "parallelism",
+        "word-order",
+        "heads",
+        "alignment",
+    }
     for module in EXPERIMENTS.values():
         loaded = importlib.import_module(module)
         assert callable(loaded.run) and callable(loaded.table)
@@ -48,8 +54,13 @@ def test_result_json_holds_config_seeds_versions_and_clean_numbers(tmp_path):
     import numpy as np
     import torch
 
-    run = LabRun("gradients", True, {"a": (1, 2)}, [3],
-                 {"t": torch.tensor([1.5]), "n": np.float32(2.0), "inf": float("inf")})  # fmt: skip
+    run = LabRun(
+        "gradients",
+        True,
+        {"a": (1, 2)},
+        [3],
+        {"t": torch.tensor([1.5]), "n": np.float32(2.0), "inf": float("inf")},
+    )
     doc = json.loads(write_result(tmp_path, run, 1.234).read_text())
     assert doc["config"] == {"a": [1, 2]} and doc["seeds"] == [3]
     assert doc["results"] == {"t": [1.5], "n": 2.0, "inf": "inf"}
@@ -151,10 +162,23 @@ def test_the_table_prints_whatever_the_locale(monkeypatch, encoding):
 
     import qkv.lab
 
-    toy = {"rnn-none": {"buckets": [{"bucket": "2-5", "bleu": 9.5}], "parameters": 1e6,
-                        "steps": 3, "bleu_all": 9.5, "relative_drop": 0.25}}  # fmt: skip
-    run = LabRun("bottleneck", True, {}, [0], {"toy": toy, "multi30k": {"skipped": "quick"}},
-                 verdict="고양이 de→en")  # fmt: skip
+    toy = {
+        "rnn-none": {
+            "buckets": [{"bucket": "2-5", "bleu": 9.5}],
+            "parameters": 1e6,
+            "steps": 3,
+            "bleu_all": 9.5,
+            "relative_drop": 0.25,
+        }
+    }
+    run = LabRun(
+        "bottleneck",
+        True,
+        {},
+        [0],
+        {"toy": toy, "multi30k": {"skipped": "quick"}},
+        verdict="고양이 de→en",
+    )
     monkeypatch.setattr(qkv.lab, "run_experiment", lambda name, out, *, quick: run)
     stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
     monkeypatch.setattr(sys, "stdout", stdout)
@@ -200,8 +224,9 @@ def test_numpy_booleans_and_sets_are_written_not_a_traceback(tmp_path):
     import numpy as np
 
     results = {"better": np.float64(2.0) > 1.0, "links": {(2, 1), (0, 0)}, "k": np.int64(3)}
-    doc = json.loads(write_result(tmp_path, LabRun("alignment", True, {}, [0], results), 1.0)
-                     .read_text())  # fmt: skip
+    doc = json.loads(
+        write_result(tmp_path, LabRun("alignment", True, {}, [0], results), 1.0).read_text()
+    )
     assert doc["results"] == {"better": True, "links": [[0, 0], [2, 1]], "k": 3}
 
 

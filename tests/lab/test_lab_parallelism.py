@@ -41,8 +41,12 @@ def test_build_pair_outputs_keep_shape():
 
 
 def _timed(gru_slope: float, attention_slope: float, ratio: float) -> dict:
-    row = {"length": 256, "gru_steps": 512, "attention_steps": 2,
-           "time_ratio_gru_over_attention": ratio}  # fmt: skip
+    row = {
+        "length": 256,
+        "gru_steps": 512,
+        "attention_steps": 2,
+        "time_ratio_gru_over_attention": ratio,
+    }
     return {"rows": [row], "gru_slope": gru_slope, "attention_slope": attention_slope}
 
 

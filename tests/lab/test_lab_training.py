@@ -57,10 +57,10 @@ def test_the_long_measurements_show_a_bar_under_qkv_lab(capsys):
     with its count of steps, and a library call stays quiet."""
     from qkv.lab import gradients, parallelism
 
-    timing = parallelism.Setting(lengths=(2, 4, 8), batch=1, width=8, layers=1, heads=1,
-                                 repeats=1)  # fmt: skip
-    norms = gradients.Setting(steps=3, hidden=4, input_dim=2, input_scale=0.5, heads=1,
-                              seeds=(0, 1))  # fmt: skip
+    timing = parallelism.Setting(lengths=(2, 4, 8), batch=1, width=8, layers=1, heads=1, repeats=1)
+    norms = gradients.Setting(
+        steps=3, hidden=4, input_dim=2, input_scale=0.5, heads=1, seeds=(0, 1)
+    )
     with progress_bars():
         parallelism.measure(timing, "cpu")
         gradients.measure(norms)

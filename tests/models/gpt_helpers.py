@@ -7,18 +7,30 @@ from pathlib import Path
 
 
 def random_gpt2_folder(
-    path: Path, *, layers: int, heads: int, dim: int, vocab: int, positions: int,
+    path: Path,
+    *,
+    layers: int,
+    heads: int,
+    dim: int,
+    vocab: int,
+    positions: int,
     init: float = 0.1,
-) -> Path:  # fmt: skip
+) -> Path:
     """``save_pretrained`` of a random ``GPT2LMHeadModel`` into ``path``, with no end or
     start token; ``init``: the weights' standard deviation (GPT-2's is 0.02; larger makes
     the next token depend more on the context)."""
     import transformers
 
     config = transformers.GPT2Config(
-        n_layer=layers, n_head=heads, n_embd=dim, vocab_size=vocab, n_positions=positions,
-        initializer_range=init, bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
+        n_layer=layers,
+        n_head=heads,
+        n_embd=dim,
+        vocab_size=vocab,
+        n_positions=positions,
+        initializer_range=init,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(path)
     return path
 

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from qkv.models import BertModel, encode, load_tokenizer, minilm_path, sentence_options  # noqa: E402
-from qkv.models.hf import load_state_dict  # noqa: E402
+from qkv.models.pretrained.hf import load_state_dict  # noqa: E402
 
 LONG = (
     "Attention lets every token of a sentence look at every other token, weigh how relevant "
@@ -155,8 +155,12 @@ def test_float64_matches_transformers_float64(ours, peer, batch):
 def test_sentence_embeddings_match_sentence_transformers(folder, ours, pooling, tmp_path):
     st = pytest.importorskip("sentence_transformers")
     if pooling != "mean":  # the same encoder with another pooling and no Normalize module
-        folder = _repooled(folder, tmp_path, pooling_mode_mean_tokens=False,
-                           **{f"pooling_mode_{POOLS[pooling]}": True})  # fmt: skip
+        folder = _repooled(
+            folder,
+            tmp_path,
+            pooling_mode_mean_tokens=False,
+            **{f"pooling_mode_{POOLS[pooling]}": True},
+        )
         modules = json.loads((folder / "modules.json").read_text())[:2]
         (folder / "modules.json").write_text(json.dumps(modules))
     options = sentence_options(folder)

@@ -15,56 +15,81 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
 from qkv.models import BertModel, load_tokenizer, minilm_path  # noqa: E402
-from qkv.models.bert import relative_buckets  # noqa: E402
+from qkv.models.pretrained.bert import relative_buckets  # noqa: E402
 
 VOCAB, POSITIONS = 120, 40
 SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's, pad id 1
 SIZES = dict(
-    vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-    intermediate_size=48, max_position_embeddings=POSITIONS, layer_norm_eps=1e-5,
-)  # fmt: skip
-DISTILBERT = dict(
-    vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=48,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
     max_position_embeddings=POSITIONS,
-)  # fmt: skip
+    layer_norm_eps=1e-5,
+)
+DISTILBERT = dict(
+    vocab_size=VOCAB,
+    dim=32,
+    n_layers=2,
+    n_heads=4,
+    hidden_dim=48,
+    max_position_embeddings=POSITIONS,
+)
 FAMILIES = {  # name -> (config, bare model, model with a task head, head's encoder attribute)
     "roberta": (
         lambda: transformers.RobertaConfig(**SIZES, pad_token_id=1),
-        transformers.RobertaModel, transformers.RobertaForSequenceClassification, "roberta",
+        transformers.RobertaModel,
+        transformers.RobertaForSequenceClassification,
+        "roberta",
     ),
     "xlm-roberta": (
         lambda: transformers.XLMRobertaConfig(**SIZES, pad_token_id=1),
-        transformers.XLMRobertaModel, transformers.XLMRobertaForMaskedLM, "roberta",
+        transformers.XLMRobertaModel,
+        transformers.XLMRobertaForMaskedLM,
+        "roberta",
     ),
     "camembert": (
         lambda: transformers.CamembertConfig(**SIZES, pad_token_id=1),
-        transformers.CamembertModel, transformers.CamembertForMaskedLM, "roberta",
+        transformers.CamembertModel,
+        transformers.CamembertForMaskedLM,
+        "roberta",
     ),
     "electra": (  # embeddings narrower than the encoder: a projection in between
         lambda: transformers.ElectraConfig(
             **SIZES, embedding_size=16, hidden_act="gelu_pytorch_tanh"
         ),
-        transformers.ElectraModel, transformers.ElectraForPreTraining, "electra",
+        transformers.ElectraModel,
+        transformers.ElectraForPreTraining,
+        "electra",
     ),
     "mpnet": (  # a relative-position bias in every layer
         lambda: transformers.MPNetConfig(**SIZES),
-        transformers.MPNetModel, transformers.MPNetForMaskedLM, "mpnet",
+        transformers.MPNetModel,
+        transformers.MPNetForMaskedLM,
+        "mpnet",
     ),
     "albert": (  # narrow embeddings, and both layers share one set of weights
         lambda: transformers.AlbertConfig(**SIZES, embedding_size=16),
-        transformers.AlbertModel, transformers.AlbertForMaskedLM, "albert",
+        transformers.AlbertModel,
+        transformers.AlbertForMaskedLM,
+        "albert",
     ),
     "albert-groups": (  # four layers in two groups of weights, embeddings as wide as layers
         lambda: transformers.AlbertConfig(
             **{**SIZES, "num_hidden_layers": 4}, num_hidden_groups=2, embedding_size=32
         ),
-        transformers.AlbertModel, transformers.AlbertForPreTraining, "albert",
+        transformers.AlbertModel,
+        transformers.AlbertForPreTraining,
+        "albert",
     ),
     "distilbert": (
         lambda: transformers.DistilBertConfig(**DISTILBERT),
-        transformers.DistilBertModel, transformers.DistilBertForMaskedLM, "distilbert",
+        transformers.DistilBertModel,
+        transformers.DistilBertForMaskedLM,
+        "distilbert",
     ),
-}  # fmt: skip
+}
 
 
 def _save(model, path):
@@ -202,7 +227,7 @@ def _roberta_folder(path):
 
 
 def test_show_maps_of_a_roberta_folder_match_transformers(tmp_path):
-    from qkv.viz.show_cli import encoder_attention
+    from qkv.cli.show import encoder_attention
 
     peer, peer_tokenizer = _roberta_folder(tmp_path)
     text = "Each query weighs the keys, and values follow."

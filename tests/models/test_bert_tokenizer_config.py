@@ -23,9 +23,27 @@ pytest.importorskip("tokenizers")
 
 from qkv.models import load_tokenizer, minilm_path  # noqa: E402
 
-WORDS = ["Héllo", "World", "CAFÉ", "naïve", "École", "Ångström", "façade", "résumé", "Zürich",
-         "注意力", "机器翻译", "is", "all", "you", "NEED", "Straße", "ÑANDÚ",
-         "the", "Cat"]  # fmt: skip
+WORDS = [
+    "Héllo",
+    "World",
+    "CAFÉ",
+    "naïve",
+    "École",
+    "Ångström",
+    "façade",
+    "résumé",
+    "Zürich",
+    "注意力",
+    "机器翻译",
+    "is",
+    "all",
+    "you",
+    "NEED",
+    "Straße",
+    "ÑANDÚ",
+    "the",
+    "Cat",
+]
 
 # name -> (changes to tokenizer_config.json (None: remove the key), to tokenizer.json's normalizer)
 CASES = {
@@ -45,7 +63,7 @@ CASES = {
     "distilbert_class": (
         {"tokenizer_class": "DistilBertTokenizerFast", "do_lower_case": False},
         {},
-    ),  # fmt: skip
+    ),
     # a generic class reads tokenizer.json as it is: the options are ignored
     "generic_class_keeps_the_file": (
         {"tokenizer_class": "PreTrainedTokenizerFast", "do_lower_case": False},

@@ -17,9 +17,18 @@ from qkv.models.checkpoint import CheckpointError, build_model, load_checkpoint,
 
 
 def _model():
-    config = {"src_vocab_size": 11, "tgt_vocab_size": 13, "d_model": 16, "num_heads": 2,
-              "num_encoder_layers": 1, "num_decoder_layers": 1, "ff_dim": 32,
-              "pad_id": 0, "bos_id": 2, "eos_id": 3}  # fmt: skip
+    config = {
+        "src_vocab_size": 11,
+        "tgt_vocab_size": 13,
+        "d_model": 16,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "ff_dim": 32,
+        "pad_id": 0,
+        "bos_id": 2,
+        "eos_id": 3,
+    }
     model = build_model("transformer", config)
     with torch.no_grad():
         for p in model.parameters():
@@ -56,17 +65,44 @@ def test_a_crash_while_writing_leaves_the_old_checkpoint(tmp_path, monkeypatch):
     assert checkpoint.FORMAT in path.read_bytes()[:4096].decode("utf-8", "replace")
 
 
-RNN_OPTIONS = {"src_vocab_size": 17, "tgt_vocab_size": 19, "embed_dim": 6, "hidden_dim": 10,
-               "cell": "lstm", "num_layers": 2, "bidirectional": True, "attention": "luong",
-               "score": "location", "window": "predictive", "window_size": 3,
-               "input_feeding": False, "max_src_len": 14, "dropout": 0.125,
-               "pad_id": 4, "bos_id": 1, "eos_id": 2}  # fmt: skip
-TRANSFORMER_OPTIONS = {"src_vocab_size": 17, "tgt_vocab_size": 17, "d_model": 16,
-                       "num_heads": 4, "num_encoder_layers": 2, "num_decoder_layers": 1,
-                       "ff_dim": 24, "dropout": 0.25, "activation": "gelu",
-                       "positional": "learned", "max_len": 33, "norm_first": False,
-                       "share_vocab": True, "tie_embeddings": True,
-                       "pad_id": 3, "bos_id": 0, "eos_id": 5}  # fmt: skip
+RNN_OPTIONS = {
+    "src_vocab_size": 17,
+    "tgt_vocab_size": 19,
+    "embed_dim": 6,
+    "hidden_dim": 10,
+    "cell": "lstm",
+    "num_layers": 2,
+    "bidirectional": True,
+    "attention": "luong",
+    "score": "location",
+    "window": "predictive",
+    "window_size": 3,
+    "input_feeding": False,
+    "max_src_len": 14,
+    "dropout": 0.125,
+    "pad_id": 4,
+    "bos_id": 1,
+    "eos_id": 2,
+}
+TRANSFORMER_OPTIONS = {
+    "src_vocab_size": 17,
+    "tgt_vocab_size": 17,
+    "d_model": 16,
+    "num_heads": 4,
+    "num_encoder_layers": 2,
+    "num_decoder_layers": 1,
+    "ff_dim": 24,
+    "dropout": 0.25,
+    "activation": "gelu",
+    "positional": "learned",
+    "max_len": 33,
+    "norm_first": False,
+    "share_vocab": True,
+    "tie_embeddings": True,
+    "pad_id": 3,
+    "bos_id": 0,
+    "eos_id": 5,
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
@@ -164,8 +200,9 @@ def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path, kin
     with torch.no_grad():
         weight.view(-1)[random.randrange(weight.numel())] = bad
     optimizer = torch.optim.AdamW(model.parameters())
-    path = save_checkpoint(tmp_path / "bad.safetensors", model, optimizer=optimizer,
-                           rng=checkpoint.rng_state())  # fmt: skip
+    path = save_checkpoint(
+        tmp_path / "bad.safetensors", model, optimizer=optimizer, rng=checkpoint.rng_state()
+    )
     saved = sorted(f"model.{k}" for k, v in model.state_dict().items() if not v.isfinite().all())
     assert f"model.{name}" in saved  # more than one when the weight is tied
     what = "NaN" if bad != bad else "inf"

@@ -15,7 +15,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
 from qkv.models import GPTConfig, sample_next  # noqa: E402
-from qkv.models.generation import filter_logits  # noqa: E402
+from qkv.models.pretrained.generation import filter_logits  # noqa: E402
 
 VOCAB = 1000
 
@@ -86,9 +86,13 @@ def test_generation_ends_at_eos_as_transformers_does(ours, peer):
     ends = [int(plain[0, 3]), int(plain[2, 11])]
     with torch.no_grad():
         ref = peer.generate(
-            ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
-            eos_token_id=ends, pad_token_id=0,
-        )  # fmt: skip
+            ids,
+            attention_mask=mask,
+            max_new_tokens=40,
+            do_sample=False,
+            eos_token_id=ends,
+            pad_token_id=0,
+        )
     out = ours.generate(ids, 40, attention_mask=mask, eos_token_id=ends, pad_token_id=0)
     assert torch.equal(out, ref), (out.shape, ref.shape)
     new = out[:, 17:]
@@ -152,9 +156,14 @@ def test_beam_search_matches_transformers(ours, peer, beams, options):
     end = dict(eos_token_id=[int(plain[1, 1]), int(plain[2, 5])], pad_token_id=3)
     with torch.no_grad():
         ref = peer.generate(
-            ids, attention_mask=mask, max_new_tokens=16, num_beams=beams, do_sample=False,
-            **end, **options,
-        )  # fmt: skip
+            ids,
+            attention_mask=mask,
+            max_new_tokens=16,
+            num_beams=beams,
+            do_sample=False,
+            **end,
+            **options,
+        )
     out = ours.generate(ids, 16, attention_mask=mask, num_beams=beams, **end, **options)
     assert out.shape == ref.shape and torch.equal(out, ref)
     rows = options.get("num_return_sequences", 1)
@@ -168,9 +177,13 @@ def test_beam_search_without_end_tokens(ours, peer):
     ids[0, 4] = 0  # a real token 0: transformers must not take it for padding (pad_token_id)
     with torch.no_grad():
         ref = peer.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, num_beams=3,
-            do_sample=False, pad_token_id=0,
-        )  # fmt: skip
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            num_beams=3,
+            do_sample=False,
+            pad_token_id=0,
+        )
     assert torch.equal(ours.generate(ids, 12, num_beams=3), ref)
     with pytest.raises(ValueError, match="num_return_sequences"):
         ours.generate(ids, 5, num_beams=2, num_return_sequences=3)
@@ -244,12 +257,18 @@ def test_sampling_several_sequences_per_prompt_matches_transformers(ours, peer, 
     torch.manual_seed(seed)  # both libraries draw from the global generator, in the same order
     with torch.no_grad():
         ref = peer.generate(
-            ids, attention_mask=mask, max_new_tokens=12, do_sample=True, pad_token_id=0,
-            num_return_sequences=3, **{"top_k": 0, **options},
-        )  # fmt: skip
+            ids,
+            attention_mask=mask,
+            max_new_tokens=12,
+            do_sample=True,
+            pad_token_id=0,
+            num_return_sequences=3,
+            **{"top_k": 0, **options},
+        )
     torch.manual_seed(seed)
-    out = ours.generate(ids, 12, attention_mask=mask, num_return_sequences=3,
-                        **{"temperature": 1.0, **options})  # fmt: skip
+    out = ours.generate(
+        ids, 12, attention_mask=mask, num_return_sequences=3, **{"temperature": 1.0, **options}
+    )
     assert out.shape == (12, 17 + 12) and torch.equal(out, ref)
     assert not torch.equal(out[0::3], out[1::3])  # independent samples of each prompt
     with pytest.raises(ValueError, match="greedy decoding gives one continuation"):
@@ -293,7 +312,9 @@ def test_config_and_length_errors(ours):
     with pytest.raises(ValueError, match=r"input_ids must be \(B, T\)"):
         ours.generate(torch.zeros(4, dtype=torch.long), 2)
     prompts = torch.zeros(2, 3, dtype=torch.long)
-    assert torch.equal(ours.generate(prompts, 0, num_beams=2, num_return_sequences=2),
-                       prompts.repeat_interleave(2, 0))  # fmt: skip
+    assert torch.equal(
+        ours.generate(prompts, 0, num_beams=2, num_return_sequences=2),
+        prompts.repeat_interleave(2, 0),
+    )
     with pytest.raises(ValueError, match="attention_mask"):
         ours(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 3))

@@ -18,7 +18,7 @@ from gpt_helpers import random_gpt2_folder
 transformers = pytest.importorskip("transformers")
 
 from qkv.models import GPT  # noqa: E402
-from qkv.models.gen_defaults import GenerationDefaults  # noqa: E402
+from qkv.models.pretrained.gen_defaults import GenerationDefaults  # noqa: E402
 
 VOCAB, T, N = 1000, 17, 40
 
@@ -88,13 +88,18 @@ def _ends_at(row, end):
 
 
 @pytest.mark.parametrize("where", ["config.json", "generation_config.json"])
-def test_greedy_stops_at_the_folders_end_token_as_transformers(base, prompts, plain, where,
-                                                               tmp_path):  # fmt: skip
+def test_greedy_stops_at_the_folders_end_token_as_transformers(
+    base, prompts, plain, where, tmp_path
+):
     ids, mask = prompts
     end = int(plain[0, 3])  # a token that row 0 emits by step 3
     entry = {"eos_token_id": end}
-    path = _folder(base, tmp_path, config=entry if where == "config.json" else None,
-                   generation=entry if where != "config.json" else None)  # fmt: skip
+    path = _folder(
+        base,
+        tmp_path,
+        config=entry if where == "config.json" else None,
+        generation=entry if where != "config.json" else None,
+    )
     ours, peer = GPT.from_pretrained(path), _peer(path)
     assert ours.generation_defaults.eos_token_id == (end,)
     assert ours.generation_defaults.source.endswith(where)
@@ -112,8 +117,9 @@ def test_greedy_stops_at_the_folders_end_token_as_transformers(base, prompts, pl
     assert full.shape == (4, T + N) and torch.equal(full[:, T:], plain)
     # explicit arguments still win over the folder's
     other = dict(eos_token_id=int(plain[2, 5]), pad_token_id=7)
-    assert torch.equal(ours.generate(ids, N, attention_mask=mask, **other),
-                       _hf(peer, ids, mask, **other))  # fmt: skip
+    assert torch.equal(
+        ours.generate(ids, N, attention_mask=mask, **other), _hf(peer, ids, mask, **other)
+    )
 
 
 def test_beam_search_takes_the_same_defaults(base, prompts, plain, tmp_path):
@@ -125,8 +131,9 @@ def test_beam_search_takes_the_same_defaults(base, prompts, plain, tmp_path):
         ref = _hf(peer, ids, mask, new=16, num_beams=beams, **options)
         out = ours.generate(ids, 16, attention_mask=mask, num_beams=beams, **options)
         assert out.shape == ref.shape and torch.equal(out, ref)
-        endless = ours.generate(ids, 16, attention_mask=mask, num_beams=beams,
-                                eos_token_id=[], **options)  # fmt: skip
+        endless = ours.generate(
+            ids, 16, attention_mask=mask, num_beams=beams, eos_token_id=[], **options
+        )
         assert endless.shape[1] == T + 16 and not torch.equal(endless[:, : out.shape[1]], out)
 
 
@@ -134,8 +141,12 @@ def test_generation_config_wins_over_config_json(base, prompts, plain, tmp_path)
     ids, mask = prompts
     in_config, in_generation = int(plain[0, 3]), int(plain[2, 5])
     assert in_config != in_generation
-    path = _folder(base, tmp_path / "both", config={"eos_token_id": in_config},
-                   generation={"eos_token_id": in_generation, "pad_token_id": 5})  # fmt: skip
+    path = _folder(
+        base,
+        tmp_path / "both",
+        config={"eos_token_id": in_config},
+        generation={"eos_token_id": in_generation, "pad_token_id": 5},
+    )
     ours, peer = GPT.from_pretrained(path), _peer(path)
     assert ours.generation_defaults == GenerationDefaults(
         (in_generation,), 5, str(path / "generation_config.json")
@@ -148,8 +159,12 @@ def test_generation_config_wins_over_config_json(base, prompts, plain, tmp_path)
     from_config = ours.generate(ids, N, attention_mask=mask, eos_token_id=in_config)
     assert not torch.equal(out, from_config)  # config.json's end token was not taken
     # a generation_config.json without eos_token_id: none, though config.json has one
-    path = _folder(base, tmp_path / "pad-only", config={"eos_token_id": in_config},
-                   generation={"pad_token_id": 5})  # fmt: skip
+    path = _folder(
+        base,
+        tmp_path / "pad-only",
+        config={"eos_token_id": in_config},
+        generation={"pad_token_id": 5},
+    )
     ours, peer = GPT.from_pretrained(path), _peer(path)
     assert ours.generation_defaults.eos_token_id == ()
     out = ours.generate(ids, N, attention_mask=mask)
@@ -185,10 +200,16 @@ def test_ids_outside_the_vocabulary_are_ignored_with_a_warning(
 ):
     ids, _ = prompts
     end = int(plain[0, 3])
-    entry = {k: [end if i == "END" else i for i in v] if isinstance(v, list) else
-             end if v == "END" else v for k, v in entry.items()}  # fmt: skip
+    entry = {
+        k: [end if i == "END" else i for i in v]
+        if isinstance(v, list)
+        else end
+        if v == "END"
+        else v
+        for k, v in entry.items()
+    }
     path = _folder(base, tmp_path, generation=entry)
-    with caplog.at_level(logging.WARNING, logger="qkv.models.gen_defaults"):
+    with caplog.at_level(logging.WARNING, logger="qkv.models.pretrained.gen_defaults"):
         ours = GPT.from_pretrained(path)
     assert "outside the vocabulary (0..999): ignored" in caplog.text
     assert "generation_config.json" in caplog.text

@@ -17,7 +17,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 
 from qkv.models import GPT  # noqa: E402
-from qkv.models.hf import load_state_dict  # noqa: E402
+from qkv.models.pretrained.hf import load_state_dict  # noqa: E402
 
 VOCAB = 1000
 
@@ -133,11 +133,21 @@ def test_dropout_for_fine_tuning_is_gpt2s(folder, tmp_path, p):
     assert not ours.training and ours.config.dropout == p
     # GPT-2 drops out the embeddings, attention weights and the two residual branches only
     block = peer.transformer.h[0]
-    want = [peer.transformer.drop.p, block.attn.attn_dropout.p, block.attn.resid_dropout.p,
-            block.mlp.dropout.p, 0.0]  # fmt: skip
+    want = [
+        peer.transformer.drop.p,
+        block.attn.attn_dropout.p,
+        block.attn.resid_dropout.p,
+        block.mlp.dropout.p,
+        0.0,
+    ]
     layer = ours.decoder.layers[0]
-    got = [ours.drop.p, layer.self_attn.dropout, layer.dropout1.p, layer.dropout3.p,
-           layer.ff.dropout.p]  # fmt: skip
+    got = [
+        ours.drop.p,
+        layer.self_attn.dropout,
+        layer.dropout1.p,
+        layer.dropout3.p,
+        layer.ff.dropout.p,
+    ]
     assert got == want
 
 
@@ -153,8 +163,10 @@ def test_an_untied_lm_head_is_its_own_weight(folder, tmp_path):
     ids = torch.randint(0, VOCAB, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, peer(ids).logits, atol=1e-5, rtol=1e-5)
-        assert torch.equal(ours.generate(ids, 6), peer.generate(
-            ids, max_new_tokens=6, min_new_tokens=6, do_sample=False))  # fmt: skip
+        assert torch.equal(
+            ours.generate(ids, 6),
+            peer.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False),
+        )
 
 
 def test_differing_gpt2_dropouts_use_resid_pdrop_and_say_so(folder, tmp_path, caplog):

@@ -58,10 +58,15 @@ def test_pad_tokens_of_the_call_are_masked_as_transformers(base, beams):
     out = ours.generate(ids, N, pad_token_id=PAD, num_beams=beams)
     assert torch.equal(out, ref), (out[:, T:] != ref[:, T:]).nonzero()[:5]
     # the same as with the mask given; and not what an unmasked prompt gives
-    assert torch.equal(out, ours.generate(ids, N, attention_mask=mask, pad_token_id=PAD,
-                                          num_beams=beams))  # fmt: skip
-    assert not torch.equal(out, ours.generate(ids, N, attention_mask=torch.ones_like(ids),
-                                              pad_token_id=PAD, num_beams=beams))  # fmt: skip
+    assert torch.equal(
+        out, ours.generate(ids, N, attention_mask=mask, pad_token_id=PAD, num_beams=beams)
+    )
+    assert not torch.equal(
+        out,
+        ours.generate(
+            ids, N, attention_mask=torch.ones_like(ids), pad_token_id=PAD, num_beams=beams
+        ),
+    )
 
 
 def test_the_folders_pad_token_is_masked_as_transformers(base, tmp_path):

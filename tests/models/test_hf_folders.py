@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from qkv.models import GPT, BertModel, GPTConfig  # noqa: E402
-from qkv.models.hf import load_state_dict  # noqa: E402
+from qkv.models.pretrained.hf import load_state_dict  # noqa: E402
 
 VOCAB = 90
 
@@ -25,9 +25,13 @@ VOCAB = 90
 @pytest.fixture(scope="module")
 def bert_folder(tmp_path_factory):
     config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=24, max_position_embeddings=32,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=32,
+    )
     path = tmp_path_factory.mktemp("bert")
     transformers.BertModel(config).save_pretrained(path)
     return path
@@ -185,7 +189,7 @@ TRIMMED = {  # family -> (its config with transformers' defaults for the keys th
         embedding_size=128,
         hidden_act="gelu_new",
         num_hidden_groups=1,
-    ),  # fmt: skip
+    ),
     "distilbert": lambda s: transformers.DistilBertConfig(
         vocab_size=VOCAB, dim=16, n_heads=2, hidden_dim=24, n_layers=6
     ),

@@ -9,12 +9,13 @@ import torch
 from safetensors.torch import save_file
 
 from qkv.models import GPT, BertModel, GPTConfig
-from qkv.models.bert import BertConfig
-from qkv.models.bert_hf import layer_groups
+from qkv.models.pretrained.bert import BertConfig
+from qkv.models.pretrained.bert_hf import layer_groups
 
 GPT_SIZES = dict(vocab_size=50, max_len=8, num_layers=1, num_heads=2, dim=8)
-BERT_SIZES = dict(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=16)  # fmt: skip
+BERT_SIZES = dict(
+    vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+)
 
 
 def _gpt() -> GPT:
@@ -32,12 +33,19 @@ def _prompt(t: int = 4) -> torch.Tensor:
         (lambda m: m.generate(_prompt(), 6), r"^prompt length 4 \+ max_new_tokens 6 = 10 exceeds"),
         (lambda m: m.generate(_prompt(), -1), r"^max_new_tokens must be >= 0, got -1$"),
         (lambda m: m.generate(_prompt(), -1, num_beams=2), r"^max_new_tokens must be >= 0"),
-        (lambda m: m.generate(_prompt(), 2, num_beams=2, early_stopping="yes"),
-         r"^early_stopping must be True, False or 'never', got 'yes'$"),
+        (
+            lambda m: m.generate(_prompt(), 2, num_beams=2, early_stopping="yes"),
+            r"^early_stopping must be True, False or 'never', got 'yes'$",
+        ),
     ],
-    ids=["forward-past-max-len", "generate-past-max-len", "greedy-negative", "beam-negative",
-         "early-stopping"],
-)  # fmt: skip
+    ids=[
+        "forward-past-max-len",
+        "generate-past-max-len",
+        "greedy-negative",
+        "beam-negative",
+        "early-stopping",
+    ],
+)
 def test_gpt_calls_that_cannot_run_say_why(call, message):
     with pytest.raises(ValueError, match=message) as err:
         call(_gpt())
@@ -69,9 +77,15 @@ def test_other_bad_model_arguments_say_why():
 
 
 def test_relative_position_embeddings_are_refused_by_name(tmp_path):
-    config = {"model_type": "bert", "vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "intermediate_size": 16,
-              "position_embedding_type": "relative_key"}  # fmt: skip
+    config = {
+        "model_type": "bert",
+        "vocab_size": 50,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 16,
+        "position_embedding_type": "relative_key",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file({"unused": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"position_embedding_type 'relative_key' is not suppo"):

@@ -6,20 +6,20 @@ import pytest
 import torch
 from seq2seq_helpers import BOS, EOS, PAD, padded_batch
 
-from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
-from qkv.models.seq2seq_rnn import RNNSeq2Seq
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq
-from qkv.search import beam, greedy
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq
+from qkv.models.translators.transformer import TransformerSeq2Seq
+from qkv.translate.search import beam, greedy
 
 V = 13
-SPECIAL = {"src_vocab_size": V, "tgt_vocab_size": V, "pad_id": PAD, "bos_id": BOS,
-           "eos_id": EOS}  # fmt: skip
+SPECIAL = {"src_vocab_size": V, "tgt_vocab_size": V, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS}
 
 
 def _model(kind: str):
     if kind == "transformer":
-        config = TransformerSeq2SeqConfig(d_model=8, num_heads=2, ff_dim=16, num_encoder_layers=1,
-                                          num_decoder_layers=1, **SPECIAL)  # fmt: skip
+        config = TransformerSeq2SeqConfig(
+            d_model=8, num_heads=2, ff_dim=16, num_encoder_layers=1, num_decoder_layers=1, **SPECIAL
+        )
         return TransformerSeq2Seq(config).eval()
     return RNNSeq2Seq(RNNSeq2SeqConfig(embed_dim=8, hidden_dim=8, **SPECIAL)).eval()
 

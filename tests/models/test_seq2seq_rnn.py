@@ -11,8 +11,8 @@ from seq2seq_helpers import (
     train_copy,
 )
 
-from qkv.models.config import RNNSeq2SeqConfig
-from qkv.models.seq2seq_rnn import RNNSeq2Seq, RNNState
+from qkv.models.translators.config import RNNSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
 
 V = 13
 CONFIGS = {
@@ -198,7 +198,8 @@ def test_copy_task_is_learned_by_every_decoder(decoder):
     """
     torch.manual_seed(0)
     options, bound = COPY[decoder]
-    cfg = RNNSeq2SeqConfig(src_vocab_size=12, tgt_vocab_size=12, embed_dim=32, hidden_dim=64,
-                           **options)  # fmt: skip
+    cfg = RNNSeq2SeqConfig(
+        src_vocab_size=12, tgt_vocab_size=12, embed_dim=32, hidden_dim=64, **options
+    )
     loss = train_copy(RNNSeq2Seq(cfg), steps=150, lr=1e-2, batch_size=64)
     assert loss < bound, f"held-out copy loss {loss:.3f} (initially about 2.5)"

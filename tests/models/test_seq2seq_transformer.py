@@ -8,8 +8,8 @@ import pytest
 import torch
 from seq2seq_helpers import PAD, assert_every_parameter_gets_gradient, padded_batch, train_copy
 
-from qkv.models.config import TransformerSeq2SeqConfig
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq, TransformerState
+from qkv.models.translators.config import TransformerSeq2SeqConfig
+from qkv.models.translators.transformer import TransformerSeq2Seq, TransformerState
 
 V, E, H, LAYERS = 13, 16, 4, 2
 VARIANTS = {
@@ -26,9 +26,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _model(name: str, dtype=torch.float64, **extra) -> TransformerSeq2Seq:
     options = dict(
-        src_vocab_size=V, tgt_vocab_size=V + 3, d_model=E, num_heads=H,
-        num_encoder_layers=LAYERS, num_decoder_layers=LAYERS, ff_dim=32, dropout=0.0,
-    )  # fmt: skip
+        src_vocab_size=V,
+        tgt_vocab_size=V + 3,
+        d_model=E,
+        num_heads=H,
+        num_encoder_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        ff_dim=32,
+        dropout=0.0,
+    )
     options.update(VARIANTS[name])
     options.update(extra)
     return TransformerSeq2Seq(TransformerSeq2SeqConfig(**options)).to(dtype).eval()
@@ -183,21 +189,28 @@ def test_config_from_dict_names_bad_fields():
 def test_copy_task_is_learned():
     torch.manual_seed(0)
     cfg = TransformerSeq2SeqConfig(
-        src_vocab_size=12, tgt_vocab_size=12, d_model=64, num_heads=4, num_encoder_layers=1,
-        num_decoder_layers=1, ff_dim=128, dropout=0.0,
-    )  # fmt: skip
+        src_vocab_size=12,
+        tgt_vocab_size=12,
+        d_model=64,
+        num_heads=4,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        ff_dim=128,
+        dropout=0.0,
+    )
     loss = train_copy(TransformerSeq2Seq(cfg), steps=150, lr=5e-3, batch_size=64)
     assert loss < 0.1, f"held-out copy loss {loss:.3f} (initially about 2.5)"
 
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
 def test_bad_inputs_are_named(kind):
-    from qkv.models.config import RNNSeq2SeqConfig
-    from qkv.models.seq2seq_rnn import RNNSeq2Seq
+    from qkv.models.translators.config import RNNSeq2SeqConfig
+    from qkv.models.translators.rnn import RNNSeq2Seq
 
     if kind == "rnn":
-        model = RNNSeq2Seq(RNNSeq2SeqConfig(src_vocab_size=V, tgt_vocab_size=V + 3,
-                                            embed_dim=8, hidden_dim=8))  # fmt: skip
+        model = RNNSeq2Seq(
+            RNNSeq2SeqConfig(src_vocab_size=V, tgt_vocab_size=V + 3, embed_dim=8, hidden_dim=8)
+        )
     else:
         model = _model("sinusoidal-pre-ln")
     src = padded_batch([4, 2], V)

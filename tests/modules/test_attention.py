@@ -211,9 +211,12 @@ def test_kv_cache_decoding_equals_one_causal_pass(positional, kv_heads, padded, 
     pieces.append(out)
     for t in range(first, 9):
         out, w = m(
-            x[:, t : t + 1], causal=True, key_mask=_upto(keys, t + 1), cache=cache,
+            x[:, t : t + 1],
+            causal=True,
+            key_mask=_upto(keys, t + 1),
+            cache=cache,
             need_weights=True,
-        )  # fmt: skip
+        )
         pieces.append(out)
         torch.testing.assert_close(w[:, :, 0], w_full[:, :, t, : t + 1])
     torch.testing.assert_close(torch.cat(pieces, 1), full)
@@ -306,10 +309,22 @@ def test_explicit_sdpa_returns_weights_under_autograd(heads, rows):
         ({}, lambda m: m(X, mask=[[True] * 5] * 5), "^mask must be a tensor or None, got list$"),
         ({}, lambda m: m(X, key_mask=KEYS.tolist()), "^key_mask must be a tensor .* got list$"),
     ],
-    ids=["rank", "width", "key-mask", "batch", "key-mask-batch", "mask-and-key-mask",
-         "mask-batch", "mask-and-alibi", "mask-and-bias-kv", "dtype-query", "dtype-key",
-         "mask-a-list", "key-mask-a-list"],
-)  # fmt: skip
+    ids=[
+        "rank",
+        "width",
+        "key-mask",
+        "batch",
+        "key-mask-batch",
+        "mask-and-key-mask",
+        "mask-batch",
+        "mask-and-alibi",
+        "mask-and-bias-kv",
+        "dtype-query",
+        "dtype-key",
+        "mask-a-list",
+        "key-mask-a-list",
+    ],
+)
 def test_bad_inputs_raise_value_errors_with_shapes(kwargs, call, match):
     """One ValueError naming the shapes, not a broadcasting or matmul RuntimeError
     from inside torch (as masks combined with key padding, ALiBi or extra keys gave), nor

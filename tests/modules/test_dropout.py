@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.modules.dropout import Dropout, dropout
+from qkv.kernels.cpu.dropout import Dropout, dropout
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 

@@ -112,9 +112,13 @@ def test_positions_that_do_not_fit_the_heads_are_refused_when_the_module_is_buil
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: qkv.SinusoidalPositionalEncoding(6, max_len=20),
-             lambda: qkv.LearnedPositionalEncoding(20, 6)], ids=["sinusoidal", "learned"]
-)  # fmt: skip
+    "make",
+    [
+        lambda: qkv.SinusoidalPositionalEncoding(6, max_len=20),
+        lambda: qkv.LearnedPositionalEncoding(20, 6),
+    ],
+    ids=["sinusoidal", "learned"],
+)
 def test_positions_name_bad_inputs(make):
     pe = make()
     with pytest.raises(ValueError, match=r"\(B, T, E\) with E=6, got \(1, 4, 5\)"):
@@ -209,18 +213,27 @@ def test_causal_alibi_with_left_padding_matches_bloom(heads):
 
 @pytest.mark.parametrize(
     ("call", "says"),
-    [(lambda: qkv.ALiBi(4).bias(3, 5, -2), "ALiBi.bias needs tq, tk, q_start >= 0"),
-     (lambda: qkv.causal_mask(-1, 3), "causal_mask needs lengths >= 0, got tq=-1, tk=3"),
-     (lambda: qkv.causal_mask(2, -4), "causal_mask needs lengths >= 0, got tq=2, tk=-4"),
-     (lambda: qkv.ALiBi(0), "ALiBi needs a positive int of heads, got 0"),
-     (lambda: qkv.ALiBi(-3), "ALiBi needs a positive int of heads, got -3"),
-     (lambda: qkv.ALiBi(2.5), "ALiBi needs a positive int of heads, got 2.5"),
-     (lambda: qkv.RotaryPositionalEncoding(-2), "RoPE needs a positive even head size, got -2"),
-     (lambda: qkv.RotaryPositionalEncoding(0), "RoPE needs a positive even head size, got 0")],
-    ids=["alibi-before-position-0", "causal-negative-queries", "causal-negative-keys",
-         "alibi-no-heads", "alibi-negative-heads", "alibi-float-heads", "rope-negative",
-         "rope-zero"],
-)  # fmt: skip
+    [
+        (lambda: qkv.ALiBi(4).bias(3, 5, -2), "ALiBi.bias needs tq, tk, q_start >= 0"),
+        (lambda: qkv.causal_mask(-1, 3), "causal_mask needs lengths >= 0, got tq=-1, tk=3"),
+        (lambda: qkv.causal_mask(2, -4), "causal_mask needs lengths >= 0, got tq=2, tk=-4"),
+        (lambda: qkv.ALiBi(0), "ALiBi needs a positive int of heads, got 0"),
+        (lambda: qkv.ALiBi(-3), "ALiBi needs a positive int of heads, got -3"),
+        (lambda: qkv.ALiBi(2.5), "ALiBi needs a positive int of heads, got 2.5"),
+        (lambda: qkv.RotaryPositionalEncoding(-2), "RoPE needs a positive even head size, got -2"),
+        (lambda: qkv.RotaryPositionalEncoding(0), "RoPE needs a positive even head size, got 0"),
+    ],
+    ids=[
+        "alibi-before-position-0",
+        "causal-negative-queries",
+        "causal-negative-keys",
+        "alibi-no-heads",
+        "alibi-negative-heads",
+        "alibi-float-heads",
+        "rope-negative",
+        "rope-zero",
+    ],
+)
 def test_negative_positions_and_lengths_are_named(call, says):
     """A negative query start biased keys as if queries sat before position 0, and
     causal_mask(-1, 3) raised torch's 'upper bound and lower bound inconsistent'; ALiBi(0)

@@ -83,9 +83,13 @@ def test_decoder_layer_matches_torch(norm_first, dtype):
     tgt_mask, mem_mask = _lengths_mask([7, 4, 6], 7), _lengths_mask([11, 3, 8], 11)
     causal = torch.ones(7, 7, dtype=torch.bool).triu(1)  # torch: True = hidden
     ref = torch_layer(
-        x, memory, tgt_mask=causal, tgt_key_padding_mask=~tgt_mask,
-        memory_key_padding_mask=~mem_mask, tgt_is_causal=True,
-    )  # fmt: skip
+        x,
+        memory,
+        tgt_mask=causal,
+        tgt_key_padding_mask=~tgt_mask,
+        memory_key_padding_mask=~mem_mask,
+        tgt_is_causal=True,
+    )
     out, self_w, cross_w = ours(
         x, memory, key_mask=tgt_mask, memory_key_mask=mem_mask, need_weights=True
     )
@@ -123,9 +127,15 @@ def _decoder(cross: bool, positional=None, norm_first=True) -> Decoder:
 
     def layer() -> DecoderLayer:
         return DecoderLayer(
-            E, H, FF, norm_first=norm_first, cross=cross, positional=positional,
-            num_kv_heads=2, activation="gelu_tanh",
-        )  # fmt: skip
+            E,
+            H,
+            FF,
+            norm_first=norm_first,
+            cross=cross,
+            positional=positional,
+            num_kv_heads=2,
+            activation="gelu_tanh",
+        )
 
     return Decoder(layer, 3, final_norm=nn.LayerNorm(E)).double().eval()
 
@@ -147,9 +157,13 @@ def test_incremental_decoding_equals_teacher_forcing(cross, rope):
     for i, n in enumerate([3, 1, 1, 2, 1]):  # a prompt, then tokens one or two at a time
         start = cache.length
         out = decoder(
-            x[:, start : start + n], memory, memory_key_mask=mem_mask,
-            key_mask=key_mask[:, : start + n], need_weights=True, cache=cache,
-        )  # fmt: skip
+            x[:, start : start + n],
+            memory,
+            memory_key_mask=mem_mask,
+            key_mask=key_mask[:, : start + n],
+            need_weights=True,
+            cache=cache,
+        )
         assert out.cache is cache and cache.length == start + n
         for layer, w in enumerate(out.self_attentions):
             ref = full.self_attentions[layer][:, :, start : start + n, : start + n]
@@ -193,9 +207,11 @@ def test_padding_does_not_change_real_tokens(norm_first):
     y_pads = torch.randn(2, 3, E, dtype=torch.float64)
     dec_short = decoder(y, x).hidden
     dec_padded = decoder(
-        torch.cat([y, y_pads], 1), torch.cat([x, pads], 1),
-        key_mask=_lengths_mask([5, 5], 8), memory_key_mask=key_mask,
-    ).hidden  # fmt: skip
+        torch.cat([y, y_pads], 1),
+        torch.cat([x, pads], 1),
+        key_mask=_lengths_mask([5, 5], 8),
+        memory_key_mask=key_mask,
+    ).hidden
     torch.testing.assert_close(dec_padded[:, :5], dec_short, atol=1e-10, rtol=0)
 
 

@@ -21,8 +21,15 @@ SOURCES = [  # toy-corpus sentences; the first is shown
     "소리치는 조용한 남자가 한 학생을 쫓는다",
     "한 가수는 아이를 따른다",
 ]
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def qkv(*args: str, stdin: str | None = None) -> None:

@@ -14,8 +14,20 @@ import numpy as np
 
 from qkv.viz import save_html
 
-TOKENS = ["[CLS]", "고양이가", "생선을", "먹었다", ".", "the", "cat", "ate", "the", "fish", ".",
-          "[SEP]"]  # fmt: skip
+TOKENS = [
+    "[CLS]",
+    "고양이가",
+    "생선을",
+    "먹었다",
+    ".",
+    "the",
+    "cat",
+    "ate",
+    "the",
+    "fish",
+    ".",
+    "[SEP]",
+]
 ALIGN = {1: 6, 2: 9, 3: 7, 6: 1, 9: 2, 7: 3, 4: 10, 10: 4, 5: 8, 8: 5}  # Korean <-> English
 
 
@@ -47,11 +59,22 @@ def main(out: Path) -> None:
     """Save the page, open it, focus a token in layer 1 and take the screenshot."""
     from playwright.sync_api import sync_playwright
 
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+    ]
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        page_path = save_html(Path(tmp) / "viewer.html", structured_maps(), TOKENS,
-                              title="qkv viewer: 2 layers × 4 heads")  # fmt: skip
+        page_path = save_html(
+            Path(tmp) / "viewer.html",
+            structured_maps(),
+            TOKENS,
+            title="qkv viewer: 2 layers × 4 heads",
+        )
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=args)
         page = browser.new_page(viewport={"width": 980, "height": 430}, device_scale_factor=2)
         page.goto(page_path.resolve().as_uri())

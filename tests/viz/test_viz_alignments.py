@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.models.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
-from qkv.models.seq2seq_rnn import RNNSeq2Seq
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq
+from qkv.models.translators.transformer import TransformerSeq2Seq
 from qkv.viz import save_alignments
 from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload, render_html, render_pages
@@ -81,10 +81,14 @@ def test_a_right_to_left_label_isolates_each_side_and_cuts_like_a_plain_one():
 
 @pytest.mark.parametrize(
     "initial, match",
-    [({"view": "graph"}, "initial view"), ({"layer": 2}, "layer 2 out of range"),
-     ({"head": -1}, "head -1 out of range"), ({"zoom": 2}, "unknown keys")],
+    [
+        ({"view": "graph"}, "initial view"),
+        ({"layer": 2}, "layer 2 out of range"),
+        ({"head": -1}, "head -1 out of range"),
+        ({"zoom": 2}, "unknown keys"),
+    ],
     ids=["view", "layer", "head", "key"],
-)  # fmt: skip
+)
 def test_bad_initial_view(make_maps, initial, match):
     with pytest.raises(ValueError, match=match):
         render_html(make_maps(2, 3, 4, 4), list("abcd"), initial=initial)
@@ -163,14 +167,22 @@ def test_selector_in_browser(open_page, tmp_path, make_maps, hostile_tokens):
 
 @pytest.mark.parametrize(
     "layers, heads, want",
-    [(2, 4, "last of 2 decoder layers, mean of 4 heads"),
-     (1, 1, "the one decoder layer, its one head")],
+    [
+        (2, 4, "last of 2 decoder layers, mean of 4 heads"),
+        (1, 1, "the one decoder layer, its one head"),
+    ],
     ids=["2-layers-4-heads", "1-layer-1-head"],
-)  # fmt: skip
+)
 def test_describe_alignment_says_how_a_transformer_makes_it(layers, heads, want):
-    cfg = TransformerSeq2SeqConfig(src_vocab_size=11, tgt_vocab_size=13, d_model=16,
-                                   num_heads=heads, num_encoder_layers=1,
-                                   num_decoder_layers=layers, ff_dim=32)  # fmt: skip
+    cfg = TransformerSeq2SeqConfig(
+        src_vocab_size=11,
+        tgt_vocab_size=13,
+        d_model=16,
+        num_heads=heads,
+        num_encoder_layers=1,
+        num_decoder_layers=layers,
+        ff_dim=32,
+    )
     model = TransformerSeq2Seq(cfg).eval()
     src, tgt = torch.randint(4, 11, (2, 5)), torch.randint(4, 13, (2, 3))
     _, attn = model(src, tgt)
@@ -179,11 +191,13 @@ def test_describe_alignment_says_how_a_transformer_makes_it(layers, heads, want)
     assert describe_alignment(model) == want
 
 
-@pytest.mark.parametrize("kind, want", [("luong", "Luong attention"),
-                                        ("bahdanau", "Bahdanau attention")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, want", [("luong", "Luong attention"), ("bahdanau", "Bahdanau attention")]
+)
 def test_describe_alignment_of_an_rnn_is_its_one_attention(kind, want):
-    cfg = RNNSeq2SeqConfig(src_vocab_size=11, tgt_vocab_size=13, embed_dim=8, hidden_dim=8,
-                           attention=kind)  # fmt: skip
+    cfg = RNNSeq2SeqConfig(
+        src_vocab_size=11, tgt_vocab_size=13, embed_dim=8, hidden_dim=8, attention=kind
+    )
     model = RNNSeq2Seq(cfg).eval()
     _, attn = model(torch.randint(4, 11, (2, 5)), torch.randint(4, 13, (2, 3)))
     assert len(attn.cross) == 1 and attn.cross[0].shape[1] == 1  # one map, no heads
@@ -214,8 +228,9 @@ def test_page_names_the_map_instead_of_layer_and_head(tmp_path, make_maps, hosti
 
 def test_labelled_map_in_browser(open_page, tmp_path, make_maps, hostile_tokens):
     label = "last of 3 decoder layers, mean of 8 heads"
-    (path,) = save_alignments(_items(make_maps, hostile_tokens), tmp_path / "a.html",
-                              map_label=label)  # fmt: skip
+    (path,) = save_alignments(
+        _items(make_maps, hostile_tokens), tmp_path / "a.html", map_label=label
+    )
     p = open_page(path)
     caption = p.page.text_content("#qkv-matrix-caption")
     assert caption.startswith(f"{label}: rows target tokens, columns source tokens")

@@ -174,8 +174,14 @@ def test_tabs_are_aria_tabs_and_take_the_arrow_keys(self_page):
         assert p.page.get_attribute(f"#qkv-{view}-view", "role") == "tabpanel"
         assert p.page.get_attribute(f"#qkv-{view}-view", "aria-labelledby") == f"qkv-tab-{view}"
     p.page.focus("#qkv-tab-head")
-    for key, view in (("ArrowRight", "model"), ("ArrowRight", "matrix"), ("ArrowRight", "head"),
-                      ("ArrowLeft", "matrix"), ("Home", "head"), ("End", "matrix")):  # fmt: skip
+    for key, view in (
+        ("ArrowRight", "model"),
+        ("ArrowRight", "matrix"),
+        ("ArrowRight", "head"),
+        ("ArrowLeft", "matrix"),
+        ("Home", "head"),
+        ("End", "matrix"),
+    ):
         p.page.keyboard.press(key)
         assert _visible_view(p) == [view], key
         assert _active(p)["id"] == f"qkv-tab-{view}"  # the focus moves with the view
@@ -279,10 +285,18 @@ def test_matrix_cells_are_read_with_the_arrow_keys(self_page):
         return i, j
 
     assert cell() == (0, 0)
-    for key, want in (("ArrowRight", (0, 1)), ("ArrowDown", (1, 1)), ("ArrowDown", (2, 1)),
-                      ("ArrowLeft", (2, 0)), ("ArrowLeft", (2, 0)), ("End", (2, t - 1)),
-                      ("PageDown", (t - 1, t - 1)), ("ArrowDown", (t - 1, t - 1)),
-                      ("Home", (t - 1, 0)), ("PageUp", (0, 0))):  # fmt: skip
+    for key, want in (
+        ("ArrowRight", (0, 1)),
+        ("ArrowDown", (1, 1)),
+        ("ArrowDown", (2, 1)),
+        ("ArrowLeft", (2, 0)),
+        ("ArrowLeft", (2, 0)),
+        ("End", (2, t - 1)),
+        ("PageDown", (t - 1, t - 1)),
+        ("ArrowDown", (t - 1, t - 1)),
+        ("Home", (t - 1, 0)),
+        ("PageUp", (0, 0)),
+    ):
         p.page.keyboard.press(key)
         assert cell() == want, key
     p.page.keyboard.press("ArrowDown")

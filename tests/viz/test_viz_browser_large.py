@@ -65,8 +65,12 @@ def test_large_matrix_is_a_canvas_read_on_hover(cross_page):
     for i, j in ((0, 0), (5, 77), (69, 89), (41, 3)):
         x, y = _cell_center(p, i, j)
         p.page.mouse.move(x, y)
-        assert _tooltip(p) == (i, j, decoded[0, 0, i, j], f"{tgt[i]} → {src[j]}: "
-                               f"{decoded[0, 0, i, j]:.6f}")  # fmt: skip
+        assert _tooltip(p) == (
+            i,
+            j,
+            decoded[0, 0, i, j],
+            f"{tgt[i]} → {src[j]}: {decoded[0, 0, i, j]:.6f}",
+        )
         lit = p.page.eval_on_selector_all(
             "#qkv-matrix .qkv-hl", "ns => ns.map(n => [n.className, n.textContent])"
         )
@@ -115,9 +119,16 @@ def test_large_matrix_takes_the_arrow_keys(cross_page):
         return i, j
 
     assert cell() == (0, 0)
-    for key, want in (("ArrowRight", (0, 1)), ("ArrowDown", (1, 1)), ("End", (1, 89)),
-                      ("PageDown", (69, 89)), ("ArrowRight", (69, 89)), ("Home", (69, 0)),
-                      ("ArrowUp", (68, 0)), ("PageUp", (0, 0))):  # fmt: skip
+    for key, want in (
+        ("ArrowRight", (0, 1)),
+        ("ArrowDown", (1, 1)),
+        ("End", (1, 89)),
+        ("PageDown", (69, 89)),
+        ("ArrowRight", (69, 89)),
+        ("Home", (69, 0)),
+        ("ArrowUp", (68, 0)),
+        ("PageUp", (0, 0)),
+    ):
         p.page.keyboard.press(key)
         assert cell() == want, key
     p.page.keyboard.press("End")  # far right: the marked cell was scrolled into view
@@ -136,8 +147,9 @@ def test_large_matrix_takes_the_arrow_keys(cross_page):
 @pytest.mark.parametrize("tk, surface", [(64, "td"), (65, "canvas")], ids=["64x64", "64x65"])
 def test_matrix_is_a_table_up_to_64_by_64(open_page, tmp_path, make_maps, tk, surface):
     maps = make_maps(1, 1, 64, tk, seed=4)
-    path, decoded = _save(tmp_path, maps, src_tokens=list(map(str, range(tk))),
-                          tgt_tokens=list(map(str, range(64))))  # fmt: skip
+    path, decoded = _save(
+        tmp_path, maps, src_tokens=list(map(str, range(tk))), tgt_tokens=list(map(str, range(64)))
+    )
     p = open_page(path)
     p.page.click("#qkv-tab-matrix")
     assert p.page.locator(f"#qkv-matrix {surface}").count() == (64 * tk if surface == "td" else 1)
@@ -151,9 +163,14 @@ def test_every_layer_decodes_to_the_payload(open_page, tmp_path, make_maps, quan
     start layers 1 and 2 inside a base64 group (bytes 35, 70 / 70, 140), at each offset;
     with Uint8Array.fromBase64 and, where a browser lacks it, with atob."""
     tokens = ["a", "b", "c", "d", "e"]
-    path, decoded = _save(tmp_path, make_maps(3, 1, 5, 7, seed=12), name="layers.html",
-                          src_tokens=[*tokens, "f", "g"], tgt_tokens=tokens,
-                          quantization=quantization)  # fmt: skip
+    path, decoded = _save(
+        tmp_path,
+        make_maps(3, 1, 5, 7, seed=12),
+        name="layers.html",
+        src_tokens=[*tokens, "f", "g"],
+        tgt_tokens=tokens,
+        quantization=quantization,
+    )
     p = open_page(path)
     if decoder == "atob":
         p.page.add_init_script("delete Uint8Array.fromBase64")
@@ -247,8 +264,12 @@ def test_negative_scores_are_coloured_from_the_smallest(open_page, tmp_path, tq,
     """Scores given instead of weights: the colour scale runs from the page's smallest
     value to the head's largest, so negative cells differ instead of all being 0's."""
     scores = np.random.default_rng().normal(size=(1, 1, tq, tk)) * 2
-    path, decoded = _save(tmp_path, scores, src_tokens=[f"s{j}" for j in range(tk)],
-                          tgt_tokens=[f"t{i}" for i in range(tq)])  # fmt: skip
+    path, decoded = _save(
+        tmp_path,
+        scores,
+        src_tokens=[f"s{j}" for j in range(tk)],
+        tgt_tokens=[f"t{i}" for i in range(tq)],
+    )
     p = open_page(path)
     p.page.click("#qkv-tab-matrix")
     lo, hi = decoded.min(), decoded.max()

@@ -87,16 +87,26 @@ def test_a_right_to_left_translation_is_named_source_arrow_translation(open_page
     """Arabic → Hebrew in the sentence line was one right-to-left run: it showed the
     translation first, the arrow pointing from it to the source."""
     from qkv.data.tokenizers import train_tokenizers
-    from qkv.evaluate import Translation
-    from qkv.models.config import TransformerSeq2SeqConfig
-    from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+    from qkv.models.translators.config import TransformerSeq2SeqConfig
+    from qkv.models.translators.transformer import TransformerSeq2Seq
+    from qkv.translate.evaluate import Translation
     from qkv.viz.translations import save_translations, translation_attention
 
     source, translation = " ".join(ARABIC), " ".join(HEBREW)
     src, tgt = train_tokenizers("word", [source], [translation], joint=False)
-    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=8, num_heads=2,
-                                   num_encoder_layers=1, num_decoder_layers=1, ff_dim=8,
-                                   max_len=8, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    cfg = TransformerSeq2SeqConfig(
+        src.vocab_size,
+        tgt.vocab_size,
+        d_model=8,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        ff_dim=8,
+        max_len=8,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+    )
     model = TransformerSeq2Seq(cfg).eval()
     ids, out = src.encode(source), tgt.encode(translation)
     cross = translation_attention(model, ids, out, True).cross[-1][0].mean(0)

@@ -150,14 +150,29 @@ def test_a_missing_glyph_is_one_log_line_not_matplotlib_warnings(tmp_path, caplo
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with _fonts_for(["a", LINEAR_B, "title " + LINEAR_B]):  # as qkv show does for one head
-            plot_alignment(w, [LINEAR_B, "b", "c"], ["x", "y"], title="title " + LINEAR_B,
-                           path=tmp_path / "a.png")  # fmt: skip
-        plot_heads(w[None, None], src_tokens=["a", LINEAR_B, "c"], tgt_tokens=["x", "y"],
-                   path=tmp_path / "g.png")  # fmt: skip
+            plot_alignment(
+                w,
+                [LINEAR_B, "b", "c"],
+                ["x", "y"],
+                title="title " + LINEAR_B,
+                path=tmp_path / "a.png",
+            )
+        plot_heads(
+            w[None, None],
+            src_tokens=["a", LINEAR_B, "c"],
+            tgt_tokens=["x", "y"],
+            path=tmp_path / "g.png",
+        )
     assert not [str(c.message) for c in caught if "missing from font" in str(c.message)]
     lines = [r.getMessage() for r in caplog.records if "no installed font" in r.getMessage()]
-    assert lines == [f"no installed font has glyphs for {LINEAR_B}; install fonts-noto or "
-                     "pip install 'qkv[viz]'"] * 2  # fmt: skip
+    assert (
+        lines
+        == [
+            f"no installed font has glyphs for {LINEAR_B}; install fonts-noto or "
+            "pip install 'qkv[viz]'"
+        ]
+        * 2
+    )
 
 
 def test_heads_grid_names_its_axes_and_wraps_its_title(make_maps, tmp_path):
@@ -209,8 +224,9 @@ def test_dollar_signs_are_text_not_mathtext(tmp_path, make_maps):
     from qkv.viz import save_alignments
 
     toks = ["$x$", "$\\bad{$", "a"]
-    fig = plot_alignment(make_maps(1, 1, 3, 3)[0, 0], toks, toks, title="costs $5 to $10",
-                         path=tmp_path / "a.png")  # fmt: skip
+    fig = plot_alignment(
+        make_maps(1, 1, 3, 3)[0, 0], toks, toks, title="costs $5 to $10", path=tmp_path / "a.png"
+    )
     ax = fig.axes[0]
     assert ax.get_title() == "costs \\$5 to \\$10"  # an escaped '$' is drawn as a '$'
     assert [t.get_text() for t in ax.get_xticklabels()] == ["\\$x\\$", "\\$\\bad{\\$", "a"]
@@ -266,8 +282,9 @@ def test_a_long_alignment_title_is_wrapped_inside_the_figure(make_maps):
     """plot_alignment did not wrap its title: qkv show's one-head PNG of an 80-character
     text ran its title off both sides of the figure."""
     text = "all-MiniLM-L6-v2: The quick brown fox jumps over the lazy dog while the cat sleeps"
-    fig = plot_alignment(make_maps(1, 1, 4, 4)[0, 0], list("abcd"), list("abcd"),
-                         title=f"{text}\nlayer 0, head 0")  # fmt: skip
+    fig = plot_alignment(
+        make_maps(1, 1, 4, 4)[0, 0], list("abcd"), list("abcd"), title=f"{text}\nlayer 0, head 0"
+    )
     fig.canvas.draw()
     title = fig.axes[0].title
     box, page = title.get_window_extent(), fig.bbox

@@ -116,8 +116,9 @@ def test_bad_quantization_is_rejected(make_maps):
 
 def test_map_label_names_a_single_map(make_maps):
     label = "last of 6 decoder layers, mean of 8 heads"
-    page = render_html(make_maps(1, 1, 3, 4), src_tokens=list("abcd"), tgt_tokens=list("xyz"),
-                       map_label=label)  # fmt: skip
+    page = render_html(
+        make_maps(1, 1, 3, 4), src_tokens=list("abcd"), tgt_tokens=list("xyz"), map_label=label
+    )
     payload = extract_payload(page)
     assert payload["mapLabel"] == label
     assert payload["title"] == f"cross-attention: {label}, 3 × 4 tokens"
@@ -128,10 +129,13 @@ def test_map_label_names_a_single_map(make_maps):
 
 @pytest.mark.parametrize(
     "shape, label, match",
-    [((2, 1), "mean", "2 layers x 1 heads"), ((1, 3), "mean", "1 layers x 3 heads"),
-     ((1, 1), "  ", "non-empty")],
+    [
+        ((2, 1), "mean", "2 layers x 1 heads"),
+        ((1, 3), "mean", "1 layers x 3 heads"),
+        ((1, 1), "  ", "non-empty"),
+    ],
     ids=["two-layers", "three-heads", "blank"],
-)  # fmt: skip
+)
 def test_map_label_is_refused_where_it_would_mislabel(make_maps, shape, label, match):
     with pytest.raises(ValueError, match=match):
         render_html(make_maps(*shape, 3, 3), list("abc"), map_label=label)

@@ -137,9 +137,13 @@ def small_bert(minilm, tmp_path_factory):
     folders = {}
     for vocab in (100, 30522):
         config = transformers.BertConfig(
-            vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=48, max_position_embeddings=40,
-        )  # fmt: skip
+            vocab_size=vocab,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=40,
+        )
         folder = folders[vocab] = tmp_path_factory.mktemp(f"bert-{vocab}")
         transformers.BertModel(config).save_pretrained(folder)
         for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -203,9 +207,14 @@ def small_gpt(tmp_path_factory):
     tokenizer.train_from_iterator([TEXT, TEXT_B, "The mat was red."] * 10, trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
     config = transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=32,
-        bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        vocab_size=300,
+        n_positions=32,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     return folder
 

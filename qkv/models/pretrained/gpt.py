@@ -1,0 +1,378 @@
+"""GPT: a decoder-only Transformer language model (GPT-2 layout).
+
+Radford et al. 2019, "Language Models are Unsupervised Multitask Learners". Token and
+learned position embeddings feed pre-LN causal decoder layers (GELU-tanh feed-forward); a
+final layer norm and the transposed token embedding (tied weights) give the logits:
+
+.. math::
+    h_0 = E_{tok}[x] + E_{pos}[p],\\quad h_l = \\mathrm{DecoderLayer}(h_{l-1}),\\quad
+    \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
+
+:meth:`GPT.generate` decodes greedily or by sampling, with a key/value cache (each step
+feeds only the new token) or by recomputing the whole prefix, up to end tokens if any.
+:meth:`GPT.from_pretrained` reads a Hugging Face GPT-2 folder (and its default end tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.models.inputs import check_position_ids, check_token_ids
+from qkv.models.pretrained.gen_defaults import (
+    GenerationDefaults,
+    read_generation_defaults,
+    with_defaults,
+)
+from qkv.models.pretrained.generation import DecodingRules, decode, prompt_mask
+from qkv.models.pretrained.gpt_hf import gpt2_config_values, gpt2_weights
+from qkv.models.pretrained.hf import (
+    check_values,
+    config_errors,
+    load_into,
+    load_state_dict,
+    read_config,
+)
+from qkv.models.pretrained.lm_beam import beam_decode
+from qkv.modules.positional import LearnedPositionalEncoding
+from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
+
+__all__ = ["GPT", "GPTConfig", "GPTOutput"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and options of a :class:`GPT`.
+
+    Args:
+        vocab_size: V. max_len: longest sequence (learned positions).
+        num_layers: decoder layers. num_heads: H. dim: model width E.
+        ff_dim: feed-forward inner width (default 4E).
+        activation: ``"gelu_tanh"`` (GPT-2), ``"gelu"``, ``"relu"``, ``"silu"`` or
+            ``"quick_gelu"``.
+        dropout: on embeddings, attention weights and residual branches while training.
+        layer_norm_eps: epsilon of every layer norm.
+        tie_embeddings: the output projection is the token embedding (transposed).
+        scale_by_head_dim: scores are divided by ``sqrt(D)`` (GPT-2's
+            ``scale_attn_weights``; ``False`` leaves them unscaled).
+        scale_by_layer: scores of layer ``l`` (from 0) are also divided by ``l + 1``
+            (``scale_attn_by_inverse_layer_idx``, used by Stanford's Mistral GPT-2 runs).
+    """
+
+    vocab_size: int = 50257
+    max_len: int = 1024
+    num_layers: int = 12
+    num_heads: int = 12
+    dim: int = 768
+    ff_dim: int | None = None
+    activation: str = "gelu_tanh"
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    scale_by_head_dim: bool = True
+    scale_by_layer: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = dict.fromkeys(("vocab_size", "max_len", "num_layers", "num_heads", "dim"), "count")
+        kinds.update(
+            ff_dim="count?",
+            activation="name",
+            dropout="probability",
+            layer_norm_eps="positive",
+            tie_embeddings="flag",
+            scale_by_head_dim="flag",
+            scale_by_layer="flag",
+        )
+        try:
+            check_values(vars(self), kinds)
+        except ValueError as err:
+            raise ValueError(f"GPTConfig.{err}") from None
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def attention_scale(self, layer: int) -> float:
+        """The factor on ``QK^T`` in layer ``layer`` (0-based)."""
+        scale = (self.dim // self.num_heads) ** -0.5 if self.scale_by_head_dim else 1.0
+        return scale / (layer + 1) if self.scale_by_layer else scale
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> GPTConfig:
+        """Build from a Hugging Face GPT-2 ``config.json`` dict (dropout: ``resid_pdrop``).
+
+        Raises ``ValueError`` for another ``model_type``, a missing size, and GPT-2 options
+        that change the computation and that qkv does not implement (cross-attention).
+        ``reorder_and_upcast_attn`` is accepted: it changes how half-precision scores are
+        rounded (Hugging Face then computes them in float32), not what is computed.
+        """
+        return cls(**gpt2_config_values(config))
+
+
+@dataclass
+class GPTOutput:
+    """What :class:`GPT` returns.
+
+    Attributes:
+        logits: ``(B, T, V)``.
+        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
+        cache: the updated cache that was passed in, or ``None``.
+    """
+
+    logits: Tensor
+    attentions: list[Tensor] = field(default_factory=list)
+    cache: DecoderCache | None = None
+
+
+class GPT(nn.Module):
+    """Decoder-only language model (GPT-2): learned positions, pre-LN, tied embeddings.
+
+    Args:
+        config: a :class:`GPTConfig`.
+
+    Attributes:
+        generation_defaults: the end and pad tokens that :meth:`generate` takes when given
+            none (a :class:`~qkv.models.GenerationDefaults`): the folder's after
+            :meth:`from_pretrained`, ``None`` (no end token) for a model built from a
+            config; may be set.
+
+    Shape:
+        input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
+        1/True for real tokens. Returns :class:`GPTOutput`.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.generation_defaults: GenerationDefaults | None = None  # set by from_pretrained
+        c = config
+
+        def layer() -> DecoderLayer:
+            new = DecoderLayer(
+                c.dim,
+                c.num_heads,
+                c.ff_dim or 4 * c.dim,
+                dropout=c.dropout,
+                activation=c.activation,
+                norm_first=True,
+                layer_norm_eps=c.layer_norm_eps,
+                cross=False,
+            )
+            new.ff.dropout.p = 0.0  # GPT-2 has no dropout inside the feed-forward block
+            return new
+
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        self.pos_emb = LearnedPositionalEncoding(c.max_len, c.dim)
+        self.drop = nn.Dropout(c.dropout)
+        self.decoder = Decoder(
+            layer, c.num_layers, final_norm=nn.LayerNorm(c.dim, c.layer_norm_eps)
+        )
+        for i, layer in enumerate(self.decoder.layers):
+            layer.self_attn.scale = c.attention_scale(i)
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2 initialisation: N(0, 0.02) weights, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty key/value cache for incremental decoding."""
+        return self.decoder.new_cache()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+        position_ids: Tensor | None = None,
+    ) -> GPTOutput:
+        """Next-token logits for every position.
+
+        Positions, unless ``position_ids`` gives them, count real tokens only: with
+        ``attention_mask``, token ``t`` of a row is at position ``(number of real tokens up
+        to t) - 1``, so a left-padded prompt starts at position 0 (as Hugging Face
+        ``generate`` does); without it, positions are ``cache.length + arange(T)``.
+
+        Args:
+            input_ids: token ids ``(B, T)`` (only the new ones when ``cache`` is given).
+            attention_mask: ``(B, cache.length + T)``, 1/True for real tokens.
+            cache: from :meth:`new_cache`; updated in place and returned.
+            need_weights: also return every layer's attention weights.
+            position_ids: ``(B, T)`` or ``(1, T)`` (shared by the rows), the position of
+                each token of ``input_ids`` in ``0 .. max_len - 1``, as Hugging Face
+                ``GPT2LMHeadModel`` takes them.
+        """
+        b, t = input_ids.shape
+        past = cache.length if cache is not None else 0
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (b, past + t):
+                raise ValueError(
+                    f"attention_mask must be (B, cache length + T) = {(b, past + t)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            key_mask = attention_mask.bool()  # (B, Tk)
+        if position_ids is None:
+            if past + t > self.config.max_len:
+                raise ValueError(
+                    f"sequence length {past + t} exceeds max_len {self.config.max_len}"
+                )
+            position_ids = _real_token_positions(key_mask, past, b, t, input_ids.device)
+        else:
+            check_position_ids(position_ids, b, t, self.config.max_len)
+        check_token_ids(input_ids, self.config.vocab_size)
+
+        x = self.tok_emb(input_ids) + F.embedding(position_ids, self.pos_emb.weight)  # (B, T, E)
+        out = self.decoder(self.drop(x), key_mask=key_mask, need_weights=need_weights, cache=cache)
+        logits = self.lm_head(out.hidden)  # (B, T, V)
+        return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
+
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+        attention_mask: Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        min_new_tokens: int = 0,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        num_return_sequences: int = 1,
+    ) -> Tensor:
+        """Continue each prompt by ``max_new_tokens`` tokens (as transformers' ``generate``).
+
+        Args:
+            input_ids: prompts ``(B, T)``; pad batches on the left.
+            max_new_tokens: tokens to add.
+            temperature: 0: the most likely token (greedy); else sample from logits / it.
+            top_k, top_p: sample only among the k most likely tokens / the smallest set
+                whose probability reaches p (Holtzman et al. 2020).
+            seed: seed of a private random generator (reproducible sampling).
+            use_cache: reuse cached keys/values (``False`` recomputes: same tokens, slower).
+            attention_mask: ``(B, T)``, 0 on the prompts' padding; ``None``: 0 on the
+                prompts' pad tokens when the pad token (below) is not an end token, as in
+                transformers (:func:`~qkv.models.pretrained.generation.prompt_mask`).
+            eos_token_id: token id(s) that end a row; ``None``: the loaded folder's, as in
+                transformers (none for a model built from a :class:`GPTConfig`); ``[]``: no
+                end token. A finished row continues with ``pad_token_id`` (``None``: the
+                folder's, else the first end id); generation stops once every row finished.
+            repetition_penalty, no_repeat_ngram_size, min_new_tokens: the rules of
+                :class:`~qkv.models.pretrained.generation.DecodingRules`, applied as
+                transformers does.
+            num_beams, length_penalty, early_stopping, num_return_sequences: beam search
+                (:mod:`qkv.models.pretrained.lm_beam`) when ``num_beams > 1``: the best
+                ``num_return_sequences`` continuations of each prompt, best first (always
+                with the cache). Sampling can also return several (independent) draws.
+
+        Returns:
+            ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
+            ``N = max_new_tokens`` unless every row ended earlier.
+        """
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must have the prompts' shape {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        longest = input_ids.shape[1] + max_new_tokens
+        if longest > self.config.max_len:
+            raise ValueError(
+                f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = "
+                f"{longest} exceeds the model's {self.config.max_len} positions (max_len)"
+            )
+        rules = DecodingRules(
+            temperature,
+            top_k,
+            top_p,
+            repetition_penalty,
+            no_repeat_ngram_size,
+            min_new_tokens,
+            *with_defaults(self.generation_defaults, eos_token_id, pad_token_id),
+        )
+        if attention_mask is None:
+            attention_mask = prompt_mask(input_ids, rules)
+        if num_beams != 1:
+            return beam_decode(
+                self,
+                input_ids,
+                max_new_tokens,
+                num_beams,
+                rules,
+                length_penalty=length_penalty,
+                early_stopping=early_stopping,
+                num_return_sequences=num_return_sequences,
+                attention_mask=attention_mask,
+            )
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+        return decode(
+            self,
+            input_ids,
+            max_new_tokens,
+            rules,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            generator=generator,
+            num_return_sequences=num_return_sequences,
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> GPT:
+        """Load a Hugging Face GPT-2 folder: ``config.json``, the weights, and the end and
+        pad tokens that :meth:`generate` takes by default
+        (:mod:`~qkv.models.pretrained.gen_defaults`).
+
+        GPT-2 stores its linear layers transposed (``Conv1D``: ``(in, out)``) and packs the
+        query, key and value projections in one ``c_attn``; both are converted
+        (:mod:`qkv.models.pretrained.gpt_hf`). Names may
+        carry the ``transformer.`` prefix, and then other heads than ``lm_head``
+        (``score.*`` of ``GPT2ForSequenceClassification``) are ignored; the causal-mask
+        buffers of old checkpoints (``attn.bias``, ``attn.masked_bias``) are ignored, and so
+        is a tied ``lm_head``. Missing or unknown names are an error that lists them.
+        ``dtype``: float32 (``None``), the checkpoint's own type (``"auto"``) or a floating
+        ``torch.dtype``. Returns the model in eval mode.
+        """
+        raw = read_config(path)
+        with config_errors(path):
+            config = GPTConfig.from_hf(raw)
+        model = cls(config)
+        state = gpt2_weights(load_state_dict(path), config.tie_embeddings)
+        load_into(model, state, what=str(path), dtype=dtype, config=raw)
+        model.generation_defaults = read_generation_defaults(path, config.vocab_size)
+        return model.eval()
+
+
+def _real_token_positions(
+    key_mask: Tensor | None, past: int, b: int, t: int, device: torch.device
+) -> Tensor:
+    """``(B, T)``: the positions of the new tokens, counting the real tokens of ``key_mask``
+    ``(B, past + T)`` (padding at 0), or ``past + arange(T)`` without a mask."""
+    if key_mask is None:
+        return torch.arange(past, past + t, device=device).expand(b, t)
+    return (key_mask.long().cumsum(-1) - 1).masked_fill(~key_mask, 0)[:, past:]

@@ -1,0 +1,141 @@
+"""Data-parallel training under ``torchrun``: one small object instead of scattered ifs.
+
+Started by ``torchrun --nproc_per_node N``, each process reads ``RANK`` and ``WORLD_SIZE``
+from the environment, joins a process group (gloo on CPU, NCCL on GPU) and wraps the
+model in ``DistributedDataParallel``, which averages gradients over processes. Without
+torchrun everything here is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as td
+from torch import nn
+
+from qkv.errors import DeviceError, LaunchError
+
+__all__ = ["DeviceError", "Dist", "LaunchError", "native_bf16", "uses_bf16"]
+
+
+_TORCHRUN = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class Dist:
+    """This process's place in a (possibly one-process) data-parallel run."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @classmethod
+    def from_env(cls, device: str = "auto") -> Dist:
+        world, rank = _place()
+        cuda = torch.cuda.is_available() and device in ("auto", "cuda")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise DeviceError("'cuda' was asked for but no CUDA device is available")
+        if cuda:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            dev = torch.device("cuda", local)
+        else:
+            dev = torch.device("cpu")
+        if world > 1 and not td.is_initialized():
+            td.init_process_group("nccl" if cuda else "gloo")
+        return cls(rank, world, dev)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def no_sync(self, wrapped: nn.Module, last_micro_batch: bool):
+        """Skip the gradient all-reduce on all but the last accumulated micro-batch."""
+        if self.world_size > 1 and not last_micro_batch:
+            return wrapped.no_sync()
+        return contextlib.nullcontext()
+
+    def micro_batch_seed(self, seed: int, step: int, micro: int) -> int:
+        """The torch seed of one micro-batch (its dropout masks): a function of the run's
+        seed, the step and the micro-batch's place in the global batch only.
+
+        Rank ``r``'s micro-batch ``m`` is global batch ``m * world_size + r`` of the step,
+        the batch one process with ``world_size`` times the accumulation draws there, so
+        both draw the same masks; and a resumed run draws the uninterrupted run's masks
+        without the RNG states of other ranks or of CUDA, which no checkpoint holds.
+        """
+        index = micro * self.world_size + self.rank
+        digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1  # below 2**63: torch.manual_seed's range
+
+    def mean(self, value: torch.Tensor) -> float:
+        if self.world_size > 1:
+            value = value.to(self.device, torch.float64)
+            td.all_reduce(value)
+            value = value / self.world_size
+        return float(value)
+
+    def sum_int(self, value: int) -> int:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor(value, dtype=torch.long, device=self.device)
+        td.all_reduce(t)
+        return int(t)
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's decision, seen by every rank (also a barrier)."""
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor(int(flag), device=self.device)
+        td.broadcast(t, 0)
+        return bool(t)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware, so that bf16 autocast
+    pays off: a CUDA device with bf16 support, or a CPU with AMX tiles or AVX-512 BF16
+    (oneDNN's bf16 kernels; elsewhere torch emulates bf16 and it runs slower than fp32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def uses_bf16(setting: bool | str, device: torch.device) -> bool:
+    """Whether ``train.bf16`` (``True``, ``False`` or ``"auto"``) means bf16 on ``device``."""
+    return native_bf16(device) if setting == "auto" else bool(setting)
+
+
+def _place() -> tuple[int, int]:
+    """``(WORLD_SIZE, RANK)`` from the environment, checked: torchrun sets them all."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        raise LaunchError(
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}, RANK={os.environ.get('RANK')!r}: "
+            "not whole numbers; start a data-parallel run with 'torchrun --nproc_per_node N'"
+        ) from None
+    missing = [name for name in _TORCHRUN if world > 1 and name not in os.environ]
+    if missing:
+        problem = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set"
+    elif world < 1 or not 0 <= rank < world:
+        problem = "RANK must be in 0..WORLD_SIZE-1"
+    else:
+        return world, rank
+    raise LaunchError(
+        f"WORLD_SIZE={world} and RANK={rank} ask for a data-parallel run, but {problem}: "
+        "start it with 'torchrun --nproc_per_node N' (or unset WORLD_SIZE)"
+    )

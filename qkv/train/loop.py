@@ -1,0 +1,373 @@
+"""One readable training loop for every seq2seq model.
+
+AdamW with warmup then an inverse-square-root or cosine schedule (Vaswani et al. 2017),
+label-smoothed cross-entropy (Szegedy et al. 2016), gradient clipping and accumulation,
+optional bf16 autocast, validation loss and sacreBLEU every ``eval_every`` steps, the
+best checkpoint kept, early stopping, a progress bar and a JSON-lines log. Training
+resumes exactly: the checkpoint holds the optimiser and the position in the epoch's batch
+order, and each micro-batch seeds its dropout from (seed, step, place in the global
+batch), so an interrupted run continues with the same losses. Under ``torchrun`` it
+trains data-parallel with ``DistributedDataParallel`` (gloo on CPU), as one process
+with ``accumulate`` times the processes would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.data.batching import TokenBatcher, collate
+from qkv.data.prepare import Prepared, prepare
+from qkv.kernels.cpu.memory import bound_onednn_caches, reuse_freed_memory
+from qkv.models.checkpoint import rng_state, save_checkpoint
+from qkv.train.checks import check_lengths, check_loss, check_memory, finished, restore
+from qkv.train.distributed import DeviceError, Dist, LaunchError, uses_bf16
+from qkv.train.recipe import ConfigError, Recipe
+from qkv.train.run_folder import check_out_dir, prepare_out_dir
+from qkv.train.schedule import make_schedule
+from qkv.translate.evaluate import bleu, translate_texts
+
+__all__ = ["TrainResult", "make_schedule", "train"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """Where the run ended and how good its best checkpoint is."""
+
+    out_dir: Path
+    steps: int
+    best_bleu: float
+    best_step: int
+    last_valid_loss: float
+    seconds: float
+    target_tokens_per_s: float
+    bf16: bool = False  # whether the forward passes ran under bf16 autocast
+    already_done: bool = False  # resumed a finished run: nothing was trained
+    done_because: str = ""  # why it was finished, or stopped before train.steps
+    first_step: int = 0  # where this process started: a resumed run's checkpoint step
+
+
+@dataclass
+class _State:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_bleu: float = -1.0
+    best_loss: float = float("inf")  # what picks the best without BLEU (valid_bleu_sentences 0)
+    best_step: int = 0
+    bad_evals: int = 0
+    valid_loss: float = float("nan")
+    seconds: float = 0.0  # training time so far, counted over every resume (max_seconds)
+
+
+def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
+    """The recipe's model, with vocabulary sizes and special ids from the tokenizers."""
+    from qkv.models.checkpoint import build_model
+
+    fields = {k: v for k, v in recipe.model.items() if k != "type"}
+    src, tgt = data.src_tok, data.tgt_tok
+    fields.update(
+        src_vocab_size=src.vocab_size,
+        tgt_vocab_size=tgt.vocab_size,
+        pad_id=tgt.pad_id,
+        bos_id=tgt.bos_id,
+        eos_id=tgt.eos_id,
+    )
+    if recipe.model["type"] == "transformer" and src is tgt:
+        fields.setdefault("share_vocab", True)
+    return build_model(recipe.model["type"], fields)
+
+
+def _loss(model: nn.Module, batch, smoothing: float, pad_id: int) -> tuple[torch.Tensor, int]:
+    """Summed label-smoothed cross-entropy over real target tokens, and their count."""
+    logits, _ = model(batch.src, batch.tgt_in, need_weights=False)  # (B, T, V)
+    loss = F.cross_entropy(
+        logits.float().flatten(0, 1),
+        batch.tgt_out.flatten(),
+        ignore_index=pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+    return loss, batch.num_target_tokens
+
+
+@torch.no_grad()
+def validate(model: nn.Module, data: Prepared, recipe: Recipe, device) -> tuple[float, float]:
+    """Per-token validation loss (no smoothing) and greedy sacreBLEU on valid sentences."""
+    model.eval()
+    total, tokens = 0.0, 0
+    batcher = _batcher(data, data.valid_examples, recipe, shuffle=False)
+    for batch in batcher.epoch(0):
+        loss, n = _loss(model, batch.to(device), 0.0, data.tgt_tok.pad_id)
+        total, tokens = total + loss.item(), tokens + n
+    pairs = data.valid[: recipe.train.valid_bleu_sentences]
+    hyps = translate_texts(model, data.src_tok, data.tgt_tok, [s for s, _ in pairs])
+    score = bleu([h[0].text for h in hyps], [t for _, t in pairs]).score if pairs else 0.0
+    model.train()
+    return total / max(tokens, 1), score
+
+
+def _batcher(data: Prepared, examples, recipe: Recipe, shuffle: bool, dist: Dist | None = None):
+    tok = data.tgt_tok
+    return TokenBatcher(
+        examples,
+        recipe.train.max_tokens,
+        shuffle=shuffle,
+        seed=recipe.train.seed,
+        pad_id=tok.pad_id,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+        rank=dist.rank if dist else 0,
+        world_size=dist.world_size if dist else 1,
+    )
+
+
+def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> TrainResult:
+    """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``.
+
+    With ``resume``, a ``last.safetensors`` in the output folder is continued; it must
+    have been trained on the same data (data and tokenizer sections, tokenizers) and model.
+    A checkpoint of a finished run (at ``train.steps``, or stopped by ``train.patience``
+    or ``train.max_seconds``) trains nothing (``already_done``; ``done_because`` says why).
+    ``train.threads`` holds only while it trains: torch's thread count is restored after.
+    """
+    before = torch.get_num_threads()
+    try:
+        return _train(recipe, resume, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
+    cfg = recipe.train
+    try:
+        dist = Dist.from_env(cfg.device)
+    except DeviceError as err:  # the config asks for what this machine lacks
+        raise ConfigError(f"train.device: {err}") from None
+    except LaunchError as err:
+        raise ConfigError(f"the environment: {err}") from None
+    check_out_dir(recipe.out_dir)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = recipe.out_dir
+    data = prepare(recipe)
+    check_memory(lambda: build_model_for(recipe, data), dist.device)  # before the seed
+    torch.manual_seed(cfg.seed)
+    model = build_model_for(recipe, data).to(dist.device)
+    check_lengths(model, data)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=1e-9,
+        weight_decay=cfg.weight_decay,
+        fused=dist.device.type in ("cpu", "cuda"),  # one kernel for all parameters: ~5% of a step
+    )
+    state = _State()
+    if resume and (out / "last.safetensors").exists():
+        saved = restore(out / "last.safetensors", model, optimizer, recipe, data)
+        state = _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
+        done = finished(state, cfg)
+        if done:
+            return TrainResult(
+                out,
+                state.step,
+                state.best_bleu,
+                state.best_step,
+                state.valid_loss,
+                0.0,
+                0.0,
+                already_done=True,
+                done_because=done,
+            )
+    before, started = state.seconds, time.perf_counter()
+    clock = (lambda: before + time.perf_counter() - started) if dist.world_size == 1 else None
+    schedule = make_schedule(optimizer, cfg, state.step, clock)
+    wrapped = dist.wrap(model)
+    loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
+    if not loop.batcher.batch_indices(state.epoch):
+        raise ConfigError(
+            f"data: {len(data.train_examples)} training pairs give no batch for each of the "
+            f"{dist.world_size} processes; use more data or fewer processes"
+        )
+    if dist.is_main:
+        prepare_out_dir(out, state.step)
+    with reuse_freed_memory():  # each step's activations reuse the last one's pages
+        return loop.run(progress and dist.is_main)
+
+
+class _Loop:
+    """The training loop proper, split in small steps."""
+
+    def __init__(self, recipe, data, model, wrapped, optimizer, schedule, state, dist):
+        self.recipe, self.cfg, self.data = recipe, recipe.train, data
+        self.model, self.wrapped = model, wrapped
+        self.optimizer, self.schedule = optimizer, schedule
+        self.state, self.dist, self.out = state, dist, recipe.out_dir
+        self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
+        self.tokens_seen, self.started = 0, time.perf_counter()
+        self.before, self.first_step = state.seconds, state.step  # from the checkpoint
+        self.bf16 = uses_bf16(self.cfg.bf16, dist.device)
+        if self.bf16 and dist.device.type == "cpu":
+            bound_onednn_caches()  # else they grow with every new batch shape (kernels.cpu.memory)
+
+    def batches(self):
+        """Batches from the saved position on, epoch after epoch (order fixed by the seed)."""
+        while True:
+            order = self.batcher.batch_indices(self.state.epoch)
+            if not order:  # train() checked the first epoch; the others have as many batches
+                raise ConfigError("data: the training set gives no batch")
+            while self.state.batch_in_epoch < len(order):
+                idx = order[self.state.batch_in_epoch]
+                self.state.batch_in_epoch += 1
+                yield collate(self.batcher.examples, idx, **self.batcher.special).to(
+                    self.dist.device
+                )
+            self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+
+    def run(self, show: bool) -> TrainResult:
+        from qkv.train.progress import TrainingProgress
+
+        self.model.train()
+        stream = self.batches()
+        with TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar:
+            while self.state.step < self.cfg.steps:
+                loss, tokens, lr = self.update(stream)
+                self.state.step += 1
+                self.tokens_seen += tokens
+                seconds = time.perf_counter() - self.started
+                rate = self.tokens_seen / seconds
+                bar.update(self.state.step, loss=loss, tokens_per_s=rate)
+                self.log(
+                    {
+                        "step": self.state.step,
+                        "loss": loss,
+                        "target_tokens": tokens,
+                        "lr": lr,
+                        "tokens_per_s": rate,
+                        "seconds": self.trained_seconds(),
+                    }
+                )
+                if self.after_step() == "stop":
+                    break
+        return self.result()
+
+    def update(self, stream) -> tuple[float, int, float]:
+        """One optimiser step over ``accumulate`` batches: per-token loss, tokens, and the
+        learning rate this step used (the schedule's ``get_last_lr`` is the next step's)."""
+        cfg, pad = self.cfg, self.data.tgt_tok.pad_id
+        total, tokens = torch.zeros((), dtype=torch.float64), 0
+        for micro in range(cfg.accumulate):
+            batch = next(stream)
+            torch.manual_seed(self.dist.micro_batch_seed(cfg.seed, self.state.step + 1, micro))
+            last = micro == cfg.accumulate - 1
+            with (
+                self.dist.no_sync(self.wrapped, last),
+                torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.bf16),
+            ):
+                loss, n = _loss(self.wrapped, batch, cfg.label_smoothing, pad)
+            (loss / n / cfg.accumulate).backward()
+            total, tokens = total + loss.detach().double() / n, tokens + n
+        if cfg.clip_norm > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        mean_loss = check_loss(self.dist.mean(total / cfg.accumulate), self.state.step + 1)
+        return mean_loss, self.dist.sum_int(tokens), lr
+
+    def after_step(self) -> str | None:
+        cfg, st = self.cfg, self.state
+        out_of_time = self.dist.broadcast_flag(
+            cfg.max_seconds > 0 and self.trained_seconds() > cfg.max_seconds
+        )
+        last = st.step == cfg.steps or out_of_time
+        verdict = "stop" if out_of_time else None
+        if st.step % cfg.eval_every == 0 or last:
+            verdict = self.evaluate() or verdict
+        if st.step % cfg.save_every == 0 or last or verdict == "stop":
+            self.save("last.safetensors")
+        return verdict
+
+    def trained_seconds(self) -> float:
+        """Training time of the whole run, the processes it was resumed from included."""
+        return self.before + time.perf_counter() - self.started
+
+    def evaluate(self) -> str | None:
+        st = self.state
+        if self.dist.is_main:
+            st.valid_loss, score = validate(self.model, self.data, self.recipe, self.dist.device)
+            # at equal BLEU (all 0 early on, and without BLEU sentences) the lower loss
+            if score > st.best_bleu or (score == st.best_bleu and st.valid_loss < st.best_loss):
+                st.best_bleu, st.best_loss, st.best_step, st.bad_evals = (
+                    score,
+                    st.valid_loss,
+                    st.step,
+                    0,
+                )
+                self.save("best.safetensors")
+            else:
+                st.bad_evals += 1
+            self.log(
+                {
+                    "step": st.step,
+                    "valid_loss": st.valid_loss,
+                    "valid_bleu": score,
+                    "best_bleu": st.best_bleu,
+                }
+            )
+        stop = self.cfg.patience > 0 and st.bad_evals >= self.cfg.patience
+        return "stop" if self.dist.broadcast_flag(stop) else None
+
+    def save(self, name: str) -> None:
+        if not self.dist.is_main:
+            return
+        st = self.state
+        st.seconds = self.trained_seconds()
+        extra = {"train": {k: getattr(st, k) for k in vars(st)}, "recipe": self.recipe_dict()}
+        extra["folder"] = os.getcwd()  # where the recipe's relative corpus paths were read
+        tokenizers = {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
+        save_checkpoint(
+            self.out / name,
+            self.model,
+            tokenizers=tokenizers,
+            optimizer=self.optimizer,
+            rng=rng_state(),
+            extra=extra,
+        )
+
+    def recipe_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self.recipe), default=list))
+
+    def log(self, row: dict) -> None:
+        if self.dist.is_main:
+            with open(self.out / "log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def result(self) -> TrainResult:
+        seconds = time.perf_counter() - self.started
+        st = self.state
+        return TrainResult(
+            self.out,
+            st.step,
+            st.best_bleu,
+            st.best_step,
+            st.valid_loss,
+            seconds,
+            self.tokens_seen / max(seconds, 1e-9),
+            self.bf16,
+            done_because=(finished(st, self.cfg) or "") if st.step < self.cfg.steps else "",
+            first_step=self.first_step,
+        )

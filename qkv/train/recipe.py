@@ -1,0 +1,410 @@
+"""A training recipe: data, tokenizers, model and optimisation in one validated config.
+
+YAML is read only by the command line (:func:`load_yaml`); everything below it takes the
+frozen :class:`Recipe`. Unknown keys and impossible values are :class:`ConfigError` s that
+name the key, e.g. ``train.lr: must be > 0``.
+
+.. code-block:: yaml
+
+    name: toy-transformer
+    data: {kind: toy, n_train: 6000}
+    tokenizer: {kind: word}
+    model: {type: transformer, d_model: 128, num_heads: 4}
+    train: {steps: 1500, max_tokens: 2048, lr: 0.001}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qkv.errors import ConfigError
+from qkv.train.yaml_config import yaml_error, yaml_loader
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "OptimConfig",
+    "Recipe",
+    "TokenizerConfig",
+    "apply_overrides",
+    "load_yaml",
+    "recipe_from_dict",
+]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the sentence pairs come from.
+
+    ``kind: toy`` generates the built-in Korean→English corpus; ``kind: files`` reads
+    aligned files (``train: [SRC, TGT]``, same for ``valid`` and ``test``); ``kind: tsv``
+    reads one tab-separated file (Tatoeba's format) and splits off valid/test sets.
+    """
+
+    kind: str = "toy"
+    n_train: int = 8000
+    n_valid: int = 300
+    n_test: int = 300
+    min_len: int = 2
+    max_len: int = 12
+    seed: int = 0
+    train: tuple[str, ...] = ()
+    valid: tuple[str, ...] = ()
+    test: tuple[str, ...] = ()
+    path: str = ""
+    src_column: int = 1
+    tgt_column: int = 0
+    max_tokens: int = 100
+    max_ratio: float = 3.0
+
+    def __post_init__(self) -> None:
+        _choice(self, "kind", ("toy", "files", "tsv"))
+        for name in ("n_train", "n_valid", "n_test", "min_len", "max_len", "max_tokens"):
+            _positive(self, name, allow_zero=name == "n_test")  # validation picks the best
+        if self.kind == "toy" and not 2 <= self.min_len <= self.max_len:
+            raise ConfigError(
+                f"data.min_len: the toy corpus needs 2 <= data.min_len <= data.max_len, "
+                f"got min_len {self.min_len}, max_len {self.max_len}"
+            )
+        if self.kind == "files":
+            for name in ("train", "valid", "test"):
+                files = getattr(self, name)
+                if len(files) != 2 and (name != "test" or files):
+                    optional = " (or none)" if name == "test" else ""
+                    raise ConfigError(
+                        f"data.{name}: give two files [SOURCE, TARGET]{optional}, "
+                        f"got {list(files)!r}"
+                    )
+        for name in ("train", "valid", "test"):
+            if self.kind != "files" and getattr(self, name):
+                raise ConfigError(
+                    f"data.{name}: files are read only with kind 'files', not {self.kind!r}"
+                )
+        if not self.max_ratio >= 1:  # the smoothed ratio of any pair is >= 1
+            raise ConfigError(
+                f"data.max_ratio: must be >= 1 (a pair's ratio is), got {self.max_ratio}"
+            )
+        if self.kind != "tsv" and self.path:
+            raise ConfigError(f"data.path: read only with kind 'tsv', not {self.kind!r}")
+        if self.kind == "tsv" and not self.path:
+            raise ConfigError("data.path: a TSV file is needed for kind 'tsv'")
+        if self.kind == "tsv":
+            self._check_columns()
+        if self.kind != "toy":
+            self._refuse_toy_keys()
+
+    def _refuse_toy_keys(self) -> None:
+        """Keys that only shape the toy corpus would do nothing for files, silently."""
+        for name in ("n_train", "min_len", "max_len"):
+            if getattr(self, name) != getattr(DataConfig, name):  # the toy defaults
+                hint = " (data.max_tokens drops long pairs of files)" * (name == "max_len")
+                raise ConfigError(
+                    f"data.{name}: read only with kind 'toy', not {self.kind!r}{hint}"
+                )
+
+    def _check_columns(self) -> None:
+        for name in ("src_column", "tgt_column"):
+            _positive(self, name, allow_zero=True)
+        if self.src_column == self.tgt_column:
+            raise ConfigError(
+                f"data.tgt_column: must differ from data.src_column, both are {self.src_column}"
+            )
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """``kind``: ``word``, ``char`` or ``bpe``; ``joint``: one vocabulary for both sides."""
+
+    kind: str = "word"
+    vocab_size: int = 8000
+    joint: bool = False
+
+    def __post_init__(self) -> None:
+        _choice(self, "kind", ("word", "char", "bpe"))
+        if not self.vocab_size > 4:  # word and char would map every token to <unk>
+            raise ConfigError(
+                f"tokenizer.vocab_size: must be > 4 (the special tokens <pad>, <unk>, <s> "
+                f"and </s> take 4 ids), got {self.vocab_size}"
+            )
+        if self.kind == "bpe" and self.vocab_size > 2**20:  # 2**31 made the trainer abort
+            raise ConfigError(
+                f"tokenizer.vocab_size: must be <= {2**20} for bpe (its trainer "
+                f"reserves memory for every id), got {self.vocab_size}"
+            )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimisation: AdamW, warmup then ``inverse_sqrt`` / ``cosine`` / ``constant``."""
+
+    steps: int = 2000
+    max_tokens: int = 2048
+    accumulate: int = 1
+    lr: float = 1e-3
+    warmup: int = 200
+    schedule: str = "inverse_sqrt"
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    bf16: bool | str = False  # bf16 autocast: true, false or "auto" (where bf16 is native)
+    eval_every: int = 250
+    save_every: int = 250
+    patience: int = 0
+    valid_bleu_sentences: int = 300
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 0
+    max_seconds: float = 0.0  # stop (and checkpoint) after this much training time, counted
+    # over resumes; 0 = none
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "max_tokens", "accumulate", "eval_every", "save_every"):
+            _positive(self, name)
+        for name in ("warmup", "patience", "valid_bleu_sentences", "threads", "max_seconds"):
+            _positive(self, name, allow_zero=True)
+        if not 0 < self.lr < math.inf:
+            raise ConfigError(f"train.lr: must be > 0 and finite, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:  # a negative rate would climb the loss
+            raise ConfigError(
+                f"train.min_lr: must be in [0, train.lr = {self.lr}], got {self.min_lr}"
+            )
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"train.betas: each must be in [0, 1), got {self.betas}")
+        _positive(self, "weight_decay", allow_zero=True)
+        if not self.clip_norm >= 0:
+            raise ConfigError(
+                f"train.clip_norm: must be >= 0 (0: no clipping), got {self.clip_norm}"
+            )
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(
+                f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}"
+            )
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            raise ConfigError(f"train.seed: must be in [-2**63, 2**64), got {self.seed}")
+        if self.threads > 2**31 - 1:  # torch.set_num_threads takes a C int
+            raise ConfigError(f"train.threads: must be <= {2**31 - 1}, got {self.threads}")
+        _choice(self, "schedule", ("inverse_sqrt", "cosine", "constant"), section="train")
+        _choice(self, "device", ("auto", "cpu", "cuda"), section="train")
+        if not isinstance(self.bf16, bool) and self.bf16 != "auto":
+            raise ConfigError(f"train.bf16: must be true, false or 'auto', got {self.bf16!r}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a training run needs. ``model`` holds ``type`` plus the model config."""
+
+    name: str = "run"
+    out: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: dict = field(default_factory=lambda: {"type": "transformer"})
+    train: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        check_model_section(self.model)
+        if self.model.get("share_vocab") and not self.tokenizer.joint:  # else built mid-run
+            raise ConfigError(
+                "model.share_vocab: one embedding for both sides needs one "
+                "vocabulary for both; set tokenizer.joint: true"
+            )
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out or f"runs/{self.name}")
+
+
+def check_model_section(model: dict) -> None:
+    """Validate the model section now (with placeholder vocabulary sizes)."""
+    from qkv.models.translators.config import (
+        ConfigFieldError,
+        RNNSeq2SeqConfig,
+        TransformerSeq2SeqConfig,
+    )
+
+    kinds = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
+    if not isinstance(model, dict) or model.get("type") not in kinds:
+        raise ConfigError("model.type: must be 'transformer' or 'rnn'")
+    fields = {k: v for k, v in model.items() if k != "type"}
+    placeholders = {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+    for reserved in placeholders:
+        if reserved in fields:
+            raise ConfigError(f"model.{reserved}: set from the tokenizer, do not give it")
+    kind = kinds[model["type"]]
+    known = {f.name for f in dataclasses.fields(kind)} - set(placeholders)
+    for key in fields:
+        if key not in known:
+            raise ConfigError(
+                f"model.{key}: unknown key for type {model['type']}; "
+                f"known: {', '.join(sorted(known | {'type'}))}"
+            )
+    try:
+        kind.from_dict({**fields, **placeholders})
+    except ConfigFieldError as err:  # named by its YAML key, not the config class's field
+        raise ConfigError(f"model.{err.field}: {err.why}, got {err.value!r}") from None
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from None
+
+
+def recipe_from_dict(d: dict) -> Recipe:
+    """Build a :class:`Recipe` from nested dicts (as read from YAML)."""
+    return _build(Recipe, d, "")
+
+
+def _build(cls, d: Any, where: str):
+    if not isinstance(d, dict):
+        raise ConfigError(
+            f"{where.rstrip('.') or 'config'}: expected a mapping, got {type(d).__name__}"
+        )
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in d:
+        if key not in known:
+            raise ConfigError(f"{where}{key}: unknown key; known: {', '.join(sorted(known))}")
+    kwargs = {}
+    for key, value in d.items():
+        kwargs[key] = _convert(hints[key], value, f"{where}{key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: {err}") from None
+
+
+def _convert(hint, value, where: str):
+    if dataclasses.is_dataclass(hint):  # a section left empty (``data:``): its defaults
+        return _build(hint, {} if value is None else value, where + ".")
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return _convert_tuple(typing.get_args(hint), value, where)
+    if origin in (typing.Union, types.UnionType) or hint is Any or origin is dict or hint is dict:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and (
+        not isinstance(value, hint) or (hint is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def _convert_tuple(args: tuple, value, where: str) -> tuple:
+    """A list for ``tuple[X, ...]`` (any length) or ``tuple[X, Y]`` (exactly that many)."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where}: expected a list, got {value!r}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        kinds = [args[0]] * len(value)
+    else:
+        kinds = list(args)
+        if len(value) != len(kinds):
+            raise ConfigError(f"{where}: expected a list of {len(kinds)}, got {list(value)!r}")
+    return tuple(_convert(k, v, f"{where}[{i}]") for i, (k, v) in enumerate(zip(kinds, value)))
+
+
+def _choice(obj, name: str, choices, section: str | None = None) -> None:
+    if getattr(obj, name) not in choices:
+        where = f"{section or _section(obj)}.{name}"
+        raise ConfigError(
+            f"{where}: must be one of {', '.join(map(repr, choices))}, got {getattr(obj, name)!r}"
+        )
+
+
+def _positive(obj, name: str, allow_zero: bool = False) -> None:
+    value = getattr(obj, name)
+    if not (value > 0 or (allow_zero and value == 0)):  # NaN too
+        raise ConfigError(
+            f"{_section(obj)}.{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value}"
+        )
+
+
+def _section(obj) -> str:
+    return {"DataConfig": "data", "TokenizerConfig": "tokenizer", "OptimConfig": "train"}.get(
+        type(obj).__name__, type(obj).__name__
+    )
+
+
+def apply_overrides(d: dict, overrides: list[str]) -> dict:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a nested dict copy."""
+    import copy
+
+    import yaml
+
+    d = copy.deepcopy(d)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        key, raw = item.split("=", 1)
+        node = d
+        parts = key.strip().split(".")
+        if not all(parts):  # "=3", "train..lr=1", "train.=1": no key to set
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.lr=3e-4")
+        for part in parts[:-1]:
+            if node.get(part) is None:  # absent, or left empty in the YAML (``data:``)
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        try:
+            node[parts[-1]] = yaml.load(raw, Loader=yaml_loader())
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"--set {key}: the value is not valid YAML ({yaml_error(err)})"
+            ) from None
+    return d
+
+
+def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read a YAML recipe, apply ``--set`` overrides and validate it."""
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a YAML config file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte {err.start + 1})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        d = yaml.load(text, Loader=yaml_loader())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {yaml_error(err)}") from None
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of sections at the top, got a {type(d).__name__}"
+        )
+    try:
+        return recipe_from_dict(apply_overrides(d, overrides or []))
+    except ConfigError as err:
+        raise ConfigError(f"{_origin(path, d, overrides or [], err)}: {err}") from None
+
+
+def _origin(path: Path, d: dict, overrides: list[str], err: ConfigError) -> str:
+    """Where the value that ``err`` refuses was given: the file, when the file alone has
+    the same error, else the ``--set`` of that key (or the file with all the ``--set``s)."""
+    if not overrides or str(err).startswith("--set "):
+        return str(path)
+    try:
+        recipe_from_dict(d)
+    except ConfigError as alone:
+        if str(alone) == str(err):
+            return str(path)
+    key = str(err).split(":", 1)[0].split("[", 1)[0]  # "train.betas[0]" -> "train.betas"
+    for item in reversed(overrides):  # the last --set of a key is the one that holds
+        name = item.split("=", 1)[0].strip()
+        if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+            return f"--set {item}"
+    return f"{path} with --set {' --set '.join(overrides)}"

@@ -1,0 +1,362 @@
+"""The chunked backend's block skipping: key ranges from masks, exactness, and dispatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+from qkv.functional import _request
+from qkv.kernels import chunked, native, rows
+from tests.conftest import half_ulp, naive_attention, naive_scores, uninitialised_is_nan
+
+
+def _band(tq: int, tk: int, width: int) -> torch.Tensor:
+    i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+    return (i + (tk - tq) - j).abs() <= width
+
+
+def _ranges(q, k, v, mask=None, causal=False, block_q=16):
+    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+    return chunked.key_ranges(req, block_q)
+
+
+def test_key_ranges_follow_the_mask_structure():
+    q = k = v = torch.randn(2, 1, 64, 4)
+    causal = _ranges(q, k, v, causal=True)
+    assert causal.lo == [[0, 0, 0, 0]] and causal.hi == [[16, 32, 48, 64]]
+    band = _ranges(q, k, v, _band(64, 64, 5))
+    assert band.lo == [[0, 11, 27, 43]] and band.hi == [[21, 37, 53, 64]]
+    assert band.dense == [[False] * 4]
+    pad = _ranges(q, k, v, qkv.padding_mask(torch.tensor([64, 20]), 64)[:, None, None, :])
+    assert pad.hi == [[64] * 4, [20] * 4] and pad.dense == [[True] * 4] * 2  # per sequence
+    hidden = torch.ones(64, 64, dtype=torch.bool)
+    hidden[16:32] = False  # the second query block sees nothing at all
+    none = _ranges(q, k, v, hidden)
+    assert none.lo[0][1] == none.hi[0][1] == 0
+    assert 0 < band.visible_share(64, 64) < 0.6
+    bias = _ranges(q, k, v, torch.randn(64, 64))  # finite everywhere: one reduction a block
+    assert bias.lo == [[0] * 4] and bias.hi == [[64] * 4] and bias.dense == [[False] * 4]
+    hiding = torch.randn(64, 64).masked_fill(~_band(64, 64, 5), float("-inf"))
+    assert _ranges(q, k, v, hiding).lo == band.lo and _ranges(q, k, v, hiding).hi == band.hi
+
+
+# fused: SDPA per block (no lse asked for); online: qkv's tiles (lse); 64: many key chunks
+@pytest.mark.parametrize("path", ["fused", "online", "online-many-chunks"])
+@pytest.mark.parametrize(
+    "kind", ["band", "band-causal", "padding", "rows-hidden", "alibi", "random", "random-causal"]
+)
+def test_skipping_is_exact(kind, path, monkeypatch):
+    tile = 64 if path == "online-many-chunks" else chunked.TILE_ELEMENTS
+    monkeypatch.setattr(chunked, "TILE_ELEMENTS", tile)
+    b, h, hkv, tq, tk = 2, 4, 2, 70, 90
+    _check_skipping(kind, path, b, h, hkv, tq, tk)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "kind", ["band", "band-causal", "padding", "rows-hidden", "alibi", "random", "random-causal"]
+)
+def test_masked_runs_split_into_small_calls_merge_exactly(kind, dtype, monkeypatch):
+    """Without grouped heads, masked runs go in calls of SPLIT_ROWS x SPLIT_KEYS scores,
+    merged by their lse; keys chunks where a row sees nothing must not count."""
+    monkeypatch.setattr(chunked, "SPLIT_ROWS", 12)
+    monkeypatch.setattr(chunked, "SPLIT_KEYS", 16)
+    monkeypatch.setattr(rows, "serves", lambda req: False)  # float32 would take whole rows
+    _check_skipping(kind, "fused", 2, 3, 3, 70, 90, dtype)
+
+
+@pytest.mark.skipif(native.why_unavailable() is not None, reason="needs the native kernel")
+@pytest.mark.parametrize("hkv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize(
+    "kind", ["band", "band-causal", "padding", "rows-hidden", "alibi", "random", "random-causal"]
+)
+def test_float32_masked_runs_take_whole_rows_through_the_c_softmax(kind, hkv, monkeypatch):
+    """float32 masked runs without autograd: scores of whole key ranges, 5 rows at a time
+    here, through :func:`qkv.kernels.native.softmax_rows` with the mask, the bias or the
+    causal limit (Tq < Tk, so the limit is bottom-right aligned)."""
+    monkeypatch.setattr(rows, "SCORES", 5 * 90)
+    calls = []
+    real = rows.masked_rows
+    monkeypatch.setattr(rows, "masked_rows", lambda *a: calls.append(a[2]) or real(*a))
+    q, k, v, mask, causal = _inputs(kind, 2, 4, hkv, 70, 90, torch.float32)
+    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+    with uninitialised_is_nan():  # a row the backend forgets to write shows as NaN
+        out = chunked.chunked_attention(req, block_q=16).out
+    assert bool(calls) == (kind != "padding")  # padding only shortens the ranges
+    ref, _ = naive_attention(q, k, v, mask, causal)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["split", "whole-ranges"])
+@pytest.mark.parametrize("kind", ["band", "padding", "rows-hidden", "alibi", "random-causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_masked_runs(kind, path, dtype, monkeypatch):
+    """bf16/fp16 masked runs, split into small calls merged in float32 (no grouped heads) or in
+    calls of whole key ranges and at most FUSED_MASK_BYTES of bias (grouped heads), here a
+    few rows each: within twice the error of torch's SDPA in that dtype on the same inputs
+    (plus a small atol, and for split calls their rounding before the merge), against a
+    float64 reference."""
+    monkeypatch.setattr(chunked, "SPLIT_ROWS", 12)
+    monkeypatch.setattr(chunked, "SPLIT_KEYS", 16)  # 32 keys a call in bf16
+    monkeypatch.setattr(chunked, "FUSED_MASK_BYTES", 90 * 2 * 7)  # 7 bf16 rows of 90 keys
+    hkv = 3 if path == "split" else 1
+    q, k, v, mask, causal = _inputs(kind, 2, 3, hkv, 70, 90, dtype)
+    assert chunked._splittable(_request(q, k, v, None, False, None, 0.0, False, False)) == (
+        path == "split"
+    )
+    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+    out = chunked.chunked_attention(req, block_q=16).out
+    assert out.dtype == dtype
+    _assert_near_reference(out, q, k, v, mask, causal, split=path == "split")
+
+
+def _assert_near_reference(out, q, k, v, mask, causal, split):
+    """``out`` against float64 attention: float32 and float64 by a tolerance, half types
+    within twice the error of torch's SDPA on the same inputs (plus a small atol, and for
+    split calls their rounding before the merge); rows that see no key are zeros."""
+    ref, ref_w = naive_attention(q, k, v, mask, causal)
+    seen = ref_w.sum(-1, keepdim=True).expand_as(ref) > 0  # torch gives NaN for the others
+    assert (out.double()[~seen] == 0).all()
+    if q.dtype in (torch.float64, torch.float32):
+        tol = 1e-12 if q.dtype == torch.float64 else 2e-6
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=0)
+        return
+    full = _request(q, k, v, mask, causal, None, 0.0, False, False).full_mask()
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    gqa = k.shape[1] < q.shape[1]
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full, enable_gqa=gqa)
+    err, peer_err = ((x.double() - ref)[seen].abs().max().item() for x in (out, peer))
+    bound = 2 * peer_err + {torch.bfloat16: 1e-3, torch.float16: 2e-4}[q.dtype]
+    if split:  # each call's output is rounded to dtype before the merge; the merge
+        # averages them (weights summing to 1): at most half an ulp of max |v| more
+        bound += half_ulp(v.double(), q.dtype)
+    assert err <= bound, (err, peer_err)
+
+
+# How a (B, H, T, D) tensor may lie in memory: torch's CPU flash kernel needs the last
+# dimension of stride 1, and read the others wrongly without an error.
+LAYOUTS = {
+    "contiguous": lambda x: x,
+    "transposed": lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2),
+    "every-other": lambda x: torch.stack([x, torch.randn_like(x)], -1).flatten(-2)[..., ::2],
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]),
+    layouts=st.tuples(*[st.sampled_from(list(LAYOUTS))] * 3),
+    dv=st.sampled_from([4, 8, 12]),  # D = 8: value heads narrower, equal, wider
+    kind=st.sampled_from(["band", "band-causal", "rows-hidden", "alibi", "random-causal"]),
+    seed=st.integers(0, 2**16),
+)
+def test_masked_split_calls_take_any_layout_and_value_head_size(dtype, layouts, dv, kind, seed):
+    """Split calls to torch's CPU flash kernel (float32 too, as with QKV_NATIVE=0) get the
+    right answer from strided q, k, v and from value heads of another size than D."""
+    torch.manual_seed(seed)
+    q, k, _, mask, causal = _inputs(kind, 2, 3, 3, 70, 90, dtype)
+    v = torch.randn(2, 3, 90, dv, dtype=torch.float64).to(dtype)
+    q, k, v = (LAYOUTS[name](x) for name, x in zip(layouts, (q, k, v)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunked, "SPLIT_ROWS", 12)
+        patch.setattr(chunked, "SPLIT_KEYS", 16)
+        patch.setattr(rows, "serves", lambda req: False)
+        req = _request(q, k, v, mask, causal, None, 0.0, False, False)
+        assert chunked._splittable(req)
+        out = chunked.chunked_attention(req, block_q=16).out
+    assert out.shape == (2, 3, 70, dv) and out.dtype == dtype
+    _assert_near_reference(out, q, k, v, mask, causal, split=True)
+
+
+def test_auto_runs_chunked_for_value_heads_of_another_size():
+    """explain_dispatch says chunked for a sliding window with Dv != D, and chunked runs it."""
+    t = 1024
+    q, k = (torch.randn(1, 2, t, 16, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, 2, t, 8, dtype=torch.bfloat16)
+    mask = _band(t, t, 32)
+    assert qkv.explain_dispatch(q, k, v, mask).chosen == "chunked"
+    out = qkv.scaled_dot_product_attention(q, k, v, mask)
+    _assert_near_reference(out, q, k, v, mask, False, split=True)
+
+
+def _inputs(kind, b, h, hkv, tq, tk, dtype):
+    """q, k, v, a mask of ``kind`` and the causal flag."""
+    q = torch.randn(b, h, tq, 8, dtype=torch.float64).to(dtype)
+    k, v = (torch.randn(b, hkv, tk, 8, dtype=torch.float64).to(dtype) for _ in range(2))
+    mask, causal = _band(tq, tk, 9), kind.endswith("-causal")
+    if kind.startswith("random"):  # no structure: blocks with equal ranges share one call
+        mask = torch.rand(b, 1, tq, tk) > 0.5
+    elif kind == "padding":
+        mask = qkv.padding_mask(torch.tensor([90, 33]), tk)[:, None, None, :]
+    elif kind == "rows-hidden":
+        mask = mask.clone()
+        mask[20:50] = False  # query block [32, 48) of 16 rows sees no key at all
+    elif kind == "alibi":  # a float bias with -inf outside the band
+        slopes = qkv.modules.positional.alibi_slopes(h)[:, None, None].to(dtype)
+        dist = (torch.arange(tq)[:, None] + tk - tq - torch.arange(tk)[None, :]).abs()
+        mask = (-slopes * dist).masked_fill(~mask, float("-inf"))[None]
+    return q, k, v, mask, causal
+
+
+def _check_skipping(kind, path, b, h, hkv, tq, tk, dtype=torch.float64):
+    q, k, v, mask, causal = _inputs(kind, b, h, hkv, tq, tk, dtype)
+    req = _request(q, k, v, mask, causal, None, 0.0, True, path != "fused")
+    with uninitialised_is_nan():  # a row the backend forgets to write shows as NaN
+        result = chunked.chunked_attention(req, block_q=16)
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
+    tol = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 2e-6, "rtol": 0}
+    torch.testing.assert_close(result.out.double(), ref_out, **tol)
+    torch.testing.assert_close(result.weights.double(), ref_w.expand_as(result.weights), **tol)
+    if path == "fused":
+        return
+    hidden = ref_w.sum(-1).expand(b, h, tq) == 0
+    assert torch.isneginf(result.lse[hidden]).all() and torch.isfinite(result.lse[~hidden]).all()
+
+
+def test_gradients_flow_through_skipped_blocks():
+    q = torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    mask = _band(40, 40, 4)
+    out = qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked")
+    ref, _ = naive_attention(q, k, v, mask)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["band-causal", "padding", "rows-hidden", "alibi", "random"])
+def test_online_softmax_gradients_of_out_and_lse(kind, monkeypatch):
+    """With the lse asked for under autograd, the online softmax runs out of place over many
+    key tiles (64 scores each): gradients through out and lse equal float64 autograd of the
+    formula, and hidden rows get zero gradients."""
+    monkeypatch.setattr(chunked, "TILE_ELEMENTS", 64)
+    q, k, v, mask, causal = _inputs(kind, 2, 4, 2, 70, 90, torch.float64)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out, lse = qkv.attention_lse(q, k, v, mask, causal=causal, backend="chunked")
+    ref_out, ref_w = naive_attention(q, k, v, mask, causal)
+    hidden = ref_w.sum(-1).expand_as(lse) == 0
+    scores = naive_scores(q, k, mask, causal)
+    ref_lse = torch.logsumexp(scores.masked_fill(hidden[..., None], 0.0), -1)
+    d_out, d_lse = torch.randn_like(ref_out), torch.randn_like(ref_lse)
+    grads = torch.autograd.grad(
+        (out * d_out).sum() + (lse.masked_fill(hidden, 0.0) * d_lse).sum(), (q, k, v)
+    )
+    ref_grads = torch.autograd.grad(
+        (ref_out * d_out).sum() + (ref_lse.masked_fill(hidden, 0.0) * d_lse).sum(), (q, k, v)
+    )
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+    assert torch.isneginf(lse[hidden]).all()
+    torch.testing.assert_close(lse[~hidden], ref_lse[~hidden], atol=1e-12, rtol=1e-10)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
+    if hidden.any():
+        assert (grads[0].masked_select(hidden[..., None]) == 0).all()
+
+
+def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
+    t = 1024  # Tq * Tk reaches SKIP_MIN_SCORES
+    q = k = v = torch.randn(1, 2, t, 16)
+    band = qkv.explain_dispatch(q, k, v, _band(t, t, 64))
+    assert band.chosen == "chunked"
+    assert any("chunked skips" in r for r in band.reasons["sdpa"])
+    assert qkv.explain_dispatch(q, k, v, torch.rand(t, t) > 0.5).chosen == "sdpa"
+    assert (
+        qkv.explain_dispatch(q[:, :, :64], k[:, :, :64], v[:, :, :64], _band(64, 64, 2)).chosen
+        == "sdpa"
+    )
+    alibi = -qkv.modules.positional.alibi_slopes(2)[:, None, None] * torch.rand(t, t)
+    per_head = qkv.explain_dispatch(q, k, v, alibi)  # SDPA's CPU kernel is slow with it
+    assert per_head.chosen == "chunked" and "per-head float" in per_head.reasons["sdpa"][0]
+    assert qkv.explain_dispatch(q, k, v, alibi[:1]).chosen == "sdpa"  # one map for all heads
+    grad = q.clone().requires_grad_()
+    assert qkv.explain_dispatch(grad, k, v, _band(t, t, 64)).chosen == "sdpa"
+
+
+@pytest.mark.parametrize(("hidden", "chosen"), [(0.3, "chunked"), (0.1, "sdpa")])
+def test_auto_takes_chunked_for_padding_that_hides_a_fifth_of_the_keys(hidden, chosen):
+    """Key padding and windows that hide 20% or more of a large score matrix go to chunked
+    (measured 0.71-0.91x the sdpa backend's time; it took SDPA below 50%), with the
+    same output as the float64 formula."""
+    t, b = 1024, 4
+    q, k, v = (torch.randn(b, 2, t, 16) for _ in range(3))
+    lengths = torch.tensor([t, t, t, t - int(4 * hidden * t)])  # that share of all keys
+    mask = (torch.arange(t) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Tk)
+    d = qkv.explain_dispatch(q, k, v, mask)
+    assert d.chosen == chosen, d
+    out = qkv.scaled_dot_product_attention(q, k, v, mask)
+    ref, _ = naive_attention(*(x.double() for x in (q, k, v)), mask)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    window = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs() <= 256
+    assert qkv.explain_dispatch(q[:1], k[:1], v[:1], window).chosen == "chunked"
+
+
+def test_auto_prefers_chunked_where_sdpa_would_copy_a_boolean_mask_past_its_limit(monkeypatch):
+    """SDPA turns a boolean mask into a float bias of the mask's full broadcast size;
+    past SDPA_BIAS_MAX_BYTES `auto` takes chunked (a block at a time), with the same output."""
+    import qkv.kernels.dispatch as backends
+
+    t, h = 1024, 2
+    q, k, v = (torch.randn(1, h, t, 16) for _ in range(3))
+    mask = (torch.rand(t, t) > 0.5).expand(1, h, t, t)  # a view: 2 MiB of bias, 1 of bool
+    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 2 * t * t * 4 - 1)
+    d = qkv.explain_dispatch(q, k, v, mask)
+    assert d.chosen == "chunked" and "GiB float bias" in d.reasons["sdpa"][0]
+    out = qkv.scaled_dot_product_attention(q, k, v, mask)
+    ref = qkv.scaled_dot_product_attention(q, k, v, mask, backend="sdpa")
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 2 * t * t * 4)  # at the limit
+    assert qkv.explain_dispatch(q, k, v, mask).chosen == "sdpa"
+    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 1)
+    bias = mask[:, :1].float().log()  # a float mask is SDPA's bias as it is: no copy
+    assert qkv.explain_dispatch(q, k, v, bias).chosen == "sdpa"
+    grad = q.clone().requires_grad_()
+    assert qkv.explain_dispatch(grad, k, v, mask).chosen == "sdpa"  # no autograd in chunked
+
+
+@pytest.mark.parametrize("lse", [False, True], ids=["fused", "online"])
+@pytest.mark.parametrize("kind", ["bool", "float", "no-keys"])
+def test_gradients_are_zero_when_every_key_is_hidden(kind, lse):
+    """A call in which no row sees a key still belongs to the graph: backward gives zero
+    gradients, as the float64 formula does (chunked's output had no grad_fn)."""
+    tk = 0 if kind == "no-keys" else 6
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, tk, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, tk, 4, dtype=torch.float64, requires_grad=True)
+    mask = {
+        "bool": torch.zeros(5, tk, dtype=torch.bool),
+        "float": torch.full((2, 4, 5, tk), float("-inf"), dtype=torch.float64, requires_grad=True),
+        "no-keys": None,
+    }[kind]
+    if lse:
+        out, _ = qkv.attention_lse(q, k, v, mask, backend="chunked")
+    else:
+        out = qkv.scaled_dot_product_attention(q, k, v, mask, backend="chunked")
+    ref, _ = naive_attention(q, k, v, mask)
+    inputs = [t for t in (q, k, v, mask) if t is not None and t.requires_grad]
+    go = torch.randn(out.shape, dtype=torch.float64)
+    grads = torch.autograd.grad(out, inputs, go, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref, inputs, go, allow_unused=True)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, torch.zeros_like(r) if r is None else r, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_a_nan_query_row_stays_nan_in_the_lse_path(masked):
+    """A query row holding NaN came out of attention_lse as zeros with lse -inf, the
+    result of a row that sees no key, even without a mask (torch's SDPA and the
+    reference give NaN): a diverged model looked fine. Now that row is NaN, and only it."""
+    q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
+    q[1, 2, 4, int(torch.randint(0, 8, ()))] = float("nan")
+    mask = (torch.arange(11) < torch.tensor([[11], [6]]))[:, None, None] if masked else None
+    out, lse = qkv.attention_lse(q, k, v, mask, backend="chunked")
+    want, _ = naive_attention(q, k, v, mask)
+    bad = torch.zeros(2, 4, 9, dtype=torch.bool)
+    bad[1, 2, 4] = True
+    assert torch.isnan(out[1, 2, 4]).all() and torch.isnan(lse[1, 2, 4])
+    assert not torch.isnan(lse[~bad]).any()
+    torch.testing.assert_close(out[~bad].double(), want[~bad], rtol=1e-5, atol=1e-6)
