@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 import yaml
-from train_helpers import logged_losses, tiny_dict
 
 from qkv.models.checkpoint import load_checkpoint
+from tests.train_helpers import logged_losses, tiny_dict
 
 
 def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) -> None:

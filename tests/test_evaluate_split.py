@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train_helpers import run_cli, tiny_dict, tiny_recipe
-
 from qkv.data.prepare import load_pairs
 from qkv.train.loop import train
 from qkv.train.recipe import recipe_from_dict
+from tests.train_helpers import run_cli, tiny_dict, tiny_recipe
 
 
 def _files_corpus(folder: Path, prefix: str) -> tuple[dict, list]:

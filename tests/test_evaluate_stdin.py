@@ -4,7 +4,8 @@ reads its sentences; both from stdin is one line and exit code 2."""
 from __future__ import annotations
 
 import pytest
-from test_evaluate import _cli, _one_line_error, ckpt  # noqa: F401 (ckpt: a fixture)
+
+from tests.test_evaluate import _cli, _one_line_error, ckpt  # noqa: F401 (ckpt: a fixture)
 
 SOURCES = "고양이가 쥐를 잡았다\n개가 잤다\n고양이가 잤다\n"
 REFERENCES = "the cat caught the mouse\nthe dog slept\nthe cat slept\n"

@@ -30,7 +30,8 @@ def test_each_bar_shows_its_own_runs_training_time(tmp_path):
 
 def test_the_training_bar_goes_to_stderr_and_stdout_keeps_the_summary(tmp_path):
     import yaml
-    from train_helpers import run_cli, tiny_dict
+
+    from tests.train_helpers import run_cli, tiny_dict
 
     steps = random.randint(2, 4)
     config = tmp_path / "c.yaml"

@@ -13,7 +13,11 @@ import time
 import pytest
 import torch
 import yaml
-from train_helpers import (
+
+from qkv.models.checkpoint import CheckpointError, load_checkpoint
+from qkv.train.loop import train
+from qkv.train.recipe import recipe_from_dict
+from tests.train_helpers import (
     TINY,
     logged_losses,
     logged_rows,
@@ -22,10 +26,6 @@ from train_helpers import (
     tiny_recipe,
     train_until_interrupted,
 )
-
-from qkv.models.checkpoint import CheckpointError, load_checkpoint
-from qkv.train.loop import train
-from qkv.train.recipe import recipe_from_dict
 
 
 def test_resume_continues_with_identical_losses(tmp_path):
@@ -149,7 +149,7 @@ def test_resume_past_train_steps_trains_nothing_and_says_so(tmp_path):
 KILLED_WRITING = """
 import os, signal, sys
 import safetensors.torch
-from train_helpers import tiny_recipe
+from tests.train_helpers import tiny_recipe
 from qkv.train.loop import train
 
 save_file, saves = safetensors.torch.save_file, []

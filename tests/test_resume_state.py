@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from train_helpers import tiny_recipe
 
 from qkv.models.checkpoint import CheckpointError
 from qkv.train.loop import _State, train
+from tests.train_helpers import tiny_recipe
 
 
 @pytest.fixture(scope="module")

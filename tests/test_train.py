@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
 
 import qkv.train.distributed
 import qkv.train.loop
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
 from qkv.train.loop import train
 from qkv.train.recipe import ConfigError, load_yaml, recipe_from_dict
+from tests.train_helpers import TINY, logged_losses, run_cli, tiny_dict, tiny_recipe
 
 
 def test_unknown_keys_and_bad_values_name_the_key():

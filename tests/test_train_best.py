@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from train_helpers import logged_rows, tiny_recipe
 
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.loop import train
+from tests.train_helpers import logged_rows, tiny_recipe
 
 
 def _evaluations(out) -> list[dict]:
@@ -60,9 +60,8 @@ def test_a_checkpoint_without_best_loss_still_resumes(tmp_path):
 
 def test_the_summary_line_names_what_picked_the_best(tmp_path, capsys):
     """Without BLEU sentences the last line said 'best valid BLEU 0.00 at step N'."""
-    from train_helpers import tiny_dict
-
     from qkv.cli import main
+    from tests.train_helpers import tiny_dict
 
     config = tmp_path / "tiny.yaml"
     out = tmp_path / "run"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-from train_helpers import tiny_dict
 
 from qkv.cli import main
 from qkv.train.recipe import ConfigError, load_yaml, recipe_from_dict
+from tests.train_helpers import tiny_dict
 
 
 def test_share_vocab_without_a_joint_tokenizer_is_refused_by_name(tmp_path, capsys):
@@ -32,7 +32,7 @@ def test_a_diverged_run_stops_at_the_first_nan_loss(tmp_path, capsys):
     """With a learning rate far too large the loss became NaN at step 2 and training went
     on to train.steps: every later row of log.jsonl held NaN (not JSON), and the NaN
     model was saved as last.safetensors and, at the first evaluation, as the best."""
-    from train_helpers import logged_rows
+    from tests.train_helpers import logged_rows
 
     d = tiny_dict(tmp_path / "out", lr=1e12, clip_norm=0.0, warmup=0, save_every=1, eval_every=3)
     config = tmp_path / "c.yaml"

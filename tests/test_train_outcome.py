@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-from train_helpers import logged_rows, tiny_dict, tiny_recipe, train_until_interrupted
-
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.loop import train
+from tests.train_helpers import logged_rows, tiny_dict, tiny_recipe, train_until_interrupted
 
 
 def test_a_new_run_interrupted_before_its_first_checkpoint_leaves_no_old_one(tmp_path):

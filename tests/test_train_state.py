@@ -8,9 +8,9 @@ import math
 import random
 
 import pytest
-from train_helpers import logged_rows, tiny_recipe, train_until_interrupted
 
 from qkv.train.loop import train
+from tests.train_helpers import logged_rows, tiny_recipe, train_until_interrupted
 
 
 def _formula(schedule: str, step: int, steps: int, warmup: int, lr: float, min_lr: float):
@@ -63,7 +63,7 @@ def test_resume_uses_the_configs_optimiser_settings(tmp_path):
 
 
 def test_resuming_a_run_that_stopped_early_trains_nothing(tmp_path):
-    from train_helpers import run_cli, tiny_dict
+    from tests.train_helpers import run_cli, tiny_dict
 
     patience = random.randint(1, 2)
     # lr 1e-12: steps below float32's resolution leave the weights as they are, so every

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 import torch
-from test_evaluate import _cli, _one_line_error, ckpt  # noqa: F401 (ckpt: a fixture)
 
 from qkv.models.checkpoint import load_checkpoint, save_checkpoint
+from tests.test_evaluate import _cli, _one_line_error, ckpt  # noqa: F401 (ckpt: a fixture)
 
 
 def test_a_nan_weight_is_one_line_naming_file_and_tensor(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_evaluate import _cli, ckpt  # noqa: F401 (ckpt: a fixture)
 
 from qkv.viz.alignments import save_alignments
+from tests.test_evaluate import _cli, ckpt  # noqa: F401 (ckpt: a fixture)
 
 
 def test_images_are_numbered_by_input_line(ckpt, tmp_path, monkeypatch, capsys):  # noqa: F811

@@ -6,11 +6,11 @@ import io
 import sys
 
 import pytest
-from test_translate_memory import ckpt  # noqa: F401 (a fixture)
 
 from qkv.cli import main
 from qkv.models.checkpoint import load_checkpoint
 from qkv.translate.evaluate import translate_texts
+from tests.test_translate_memory import ckpt  # noqa: F401 (a fixture)
 
 
 class _Terminal(io.StringIO):

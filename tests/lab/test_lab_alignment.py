@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import quick_result
 
 from qkv.data.toy import ToyPair
 from qkv.lab.alignment import FULL, aer, baselines, tatoeba_part
+from tests.lab.conftest import quick_result
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import quick_result
 
 from qkv.lab.bottleneck import FULL, bucket_scores, multi30k_part
+from tests.lab.conftest import quick_result
 
 
 @pytest.fixture(scope="module")

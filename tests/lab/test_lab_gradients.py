@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import quick_result
+
+from tests.lab.conftest import quick_result
 
 
 @pytest.fixture(scope="module")

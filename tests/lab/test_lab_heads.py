@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import quick_result
 
 from qkv.lab.common import shared_data
+from tests.lab.conftest import quick_result
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import quick_result
 
 from qkv.lab.parallelism import QUICK, build_pair
+from tests.lab.conftest import quick_result
 
 
 @pytest.fixture(scope="module")

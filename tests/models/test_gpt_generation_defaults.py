@@ -13,7 +13,8 @@ import shutil
 
 import pytest
 import torch
-from gpt_helpers import random_gpt2_folder
+
+from tests.models.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 

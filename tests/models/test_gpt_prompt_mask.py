@@ -12,7 +12,8 @@ import json
 
 import pytest
 import torch
-from gpt_helpers import random_gpt2_folder
+
+from tests.models.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from seq2seq_helpers import (
+
+from qkv.models.translators.config import RNNSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
+from tests.models.seq2seq_helpers import (
     PAD,
     assert_every_parameter_gets_gradient,
     padded_batch,
     train_copy,
 )
-
-from qkv.models.translators.config import RNNSeq2SeqConfig
-from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
 
 V = 13
 CONFIGS = {

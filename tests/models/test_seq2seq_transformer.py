@@ -6,10 +6,15 @@ import math
 
 import pytest
 import torch
-from seq2seq_helpers import PAD, assert_every_parameter_gets_gradient, padded_batch, train_copy
 
 from qkv.models.translators.config import TransformerSeq2SeqConfig
 from qkv.models.translators.transformer import TransformerSeq2Seq, TransformerState
+from tests.models.seq2seq_helpers import (
+    PAD,
+    assert_every_parameter_gets_gradient,
+    padded_batch,
+    train_copy,
+)
 
 V, E, H, LAYERS = 13, 16, 4, 2
 VARIANTS = {
