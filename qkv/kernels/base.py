@@ -147,8 +147,9 @@ def visible_rows(mask: Tensor | None) -> Tensor | None:
 def any_visible(visible: Tensor, dim: int | tuple[int, ...], keepdim: bool = False) -> Tensor:
     """``visible.any(dim)`` for a boolean tensor, computed as a maximum over its bytes.
 
-    Same result; on the CPU the byte maximum is vectorised and ``any`` is not (measured
-    0.46 ms against 0.02 ms for a 256 x 2048 block), and masks are read once per block.
+    Same result; on the CPU the byte maximum is vectorised and ``any`` is not, which makes it
+    many times faster, and masks are read once per block (measured: BENCHMARKS.md, 'Mask
+    helpers').
     """
     dims = (dim,) if isinstance(dim, int) else dim
     # torch.compile: inductor's C++ code for this byte view followed by .all() or ~ does
@@ -164,7 +165,7 @@ def bool_to_bias(mask: Tensor, dtype: torch.dtype, scratch: Scratch | None = Non
     Equal to ``torch.where(mask, 0, -inf)``, built from the bit pattern of ``-inf``:
     ``mask - 1`` is all ones where hidden and zero where visible, and AND-ing it with the
     bits of ``-inf`` gives exactly ``-inf`` or ``+0.0``. Three vectorised integer passes
-    instead of a ``where`` (0.7 ms against 2.3 ms for 256 x 2048 in float32). With
+    instead of a ``where``, which are faster (measured: BENCHMARKS.md, 'Mask helpers'). With
     ``scratch``, the bias is written into its buffer (valid until the next use).
     """
     if torch.compiler.is_compiling():  # the compiler fuses the plain form itself
@@ -215,8 +216,8 @@ class Scratch:
 
     Blocked loops make a temporary per block; above glibc's mmap threshold each fresh one
     arrives as new pages, and faulting them in can cost more than the work done in them
-    (a 456 KiB bias: 180 us of faults against 30 us of arithmetic). What ``take`` returns
-    is valid until the next ``take``.
+    (measured: BENCHMARKS.md, 'Mask helpers'). What ``take`` returns is valid until the next
+    ``take``.
     """
 
     def __init__(self) -> None:

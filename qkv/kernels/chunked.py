@@ -51,6 +51,7 @@ from qkv.kernels.base import (
     visible_rows,
 )
 from qkv.kernels.ranges import BLOCK_Q, KeyRanges, key_ranges
+from qkv.kernels.sdpa import SDPABackend
 from qkv.kernels.tiles import (
     RunningMerge,
     grouped,
@@ -63,18 +64,18 @@ from qkv.kernels.weights import attention_weights
 __all__ = ["ChunkedBackend", "KeyRanges", "chunked_attention", "key_ranges"]
 
 TILE_ELEMENTS = 1 << 20  # scores per tile (4 MiB in float32) before a range is split
-FUSED_ROWS = 512  # most query rows per SDPA call (T=2048 random mask, quiet: 151 vs 156 ms)
-# Masked calls: the float copy of the mask is most of the memory beside the output. Split
-# calls, random mask, T=2048, B=1, H=8, 1 thread, thread time against SDPA's (peak memory
-# beside SDPA's 20.5 MiB, whose quarter is 5.13): 256 x 512 scores 0.94-0.99x (5.14-5.18
-# MiB), 224 x 512 1.01x (5.06 MiB), 205 x 512 0.99-1.02x (4.98 MiB), 256 x 384 1.0x,
-# 256 x 256 1.06x, 128 x 1024 1.0x, 64 x 2048 1.05x. torch's kernel takes 64-row query
-# tiles from 192 rows on (32 below) and 512-key tiles.
+# Most query rows per SDPA call: longer calls are faster, up to about this many (measured:
+# BENCHMARKS.md, 'Chunked backend').
+FUSED_ROWS = 512
+# Masked calls: the float copy of the mask is most of the memory beside the output. A split
+# call of this many scores keeps the peak memory within a quarter of SDPA's at about SDPA's
+# time; larger calls pass that memory, smaller or other shapes are slower (measured:
+# BENCHMARKS.md, 'Chunked backend'). torch's kernel takes 64-row query tiles from 192 rows
+# on (32 below) and 512-key tiles.
 SPLIT_ROWS, SPLIT_KEYS = 224, 512
 # Most bytes of bias per unsplit masked call (autograd, grouped heads): 2^17 float32 scores,
-# twice as many in bf16 (measured when bf16 inference went this way too: sliding window
-# +-256, T=4096, 1 thread, 170 rows a call 33.7 ms, 341 rows 27.6 ms; torch's kernel takes
-# 64-row tiles from 192 rows on).
+# twice as many in bf16, so that calls have enough rows for torch's kernel to take 64-row
+# tiles (from 192 rows on), which is faster (measured: BENCHMARKS.md, 'Chunked backend').
 FUSED_MASK_BYTES = 512 << 10
 MIN_TILE_KEYS = 64  # however many rows a block has, a tile takes at least this many keys
 EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: the smallest input before float32 underflow
@@ -192,7 +193,8 @@ def fused_blocks(req: AttentionRequest, ranges: KeyRanges) -> Tensor:
     tq = req.q.shape[-2]
     per_sequence = len(ranges.lo) > 1
     # Every row is written below (zeros for blocks without keys), so the output starts
-    # empty: a zero fill of fresh pages cost 1.3 of 30 ms (bf16 sliding window, T=4096).
+    # empty: a zero fill of fresh pages costs time for nothing (measured: BENCHMARKS.md,
+    # 'Chunked backend').
     out = req.q.new_empty(req.q.shape[:-1] + req.v.shape[-1:])
     scratch = Scratch()  # every masked call's bias in one buffer
     for g in range(len(ranges.lo)):
@@ -257,8 +259,8 @@ def _split_calls(
     Half types get the same bytes of bias per call (twice the keys, or more rows over a
     shorter range) and merge in float32. Each merged call's output was rounded once to its
     dtype by the kernel, and the merge averages them, which costs at most half an ulp of
-    max |v| more than one fused call: bf16 random mask at T=4096, max error 8.6e-4 to
-    1.1e-3 against SDPA's 6.3e-4 to 8.2e-4, at 0.82-0.89x its time.
+    max |v| more than one fused call, and is faster than SDPA (measured: BENCHMARKS.md,
+    'Chunked backend').
     """
     qs, qe, lo, hi, dense = run
     size = req.q.element_size()
@@ -331,8 +333,6 @@ def _flash_inputs(req: AttentionRequest) -> tuple[Tensor, Tensor, Tensor]:
 
 def _fused_call(req: AttentionRequest, sel: slice, qs: int, qe: int, run: tuple) -> Tensor:
     """SDPA (qkv's backend) on queries [qs, qe) and the run's keys."""
-    from qkv.kernels.sdpa import SDPABackend
-
     lo, hi, dense = run[2:]
     mask = _block_mask(req, sel, qs, qe, lo, hi, dense)
     k, v = req.k[sel, :, lo:hi], req.v[sel, :, lo:hi]

@@ -2,14 +2,15 @@
 
 Every backend declares what it cannot do (:meth:`Backend.why_not`) and what it would
 rather leave to another (:meth:`Backend.why_not_auto`); ``auto`` takes the first backend
-in :data:`PREFERENCE` that neither rules out, and
-:func:`explain` says why each other one was not taken. Two measured exceptions, both on
-the CPU: ``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at
-least half of a large score matrix in whole blocks, or a per-head float mask; see
-``qkv bench masks``) or when SDPA's float copy of a boolean mask would pass 1 GiB; and
-``reference`` where SDPA's CPU paths are slower than it: with dropout (SDPA then runs
-torch's own explicit math), and for short rows in half precision under autograd (its
-flash backward has a fixed cost per batch and head; see ``qkv bench attention``).
+in :data:`PREFERENCE` that neither rules out, and :func:`explain` says why each other one
+was not taken. Then come the exceptions, each a rule "that backend is faster here". On the
+CPU: ``chunked`` goes first when it is faster than SDPA's kernel (a mask that hides at
+least :data:`SKIP_SHARE` of a large score matrix in whole blocks, or a per-head float
+mask; ``qkv bench masks``) or when SDPA's float copy of a boolean mask would pass
+:data:`SDPA_BIAS_MAX_BYTES`; and ``reference`` where SDPA's CPU paths are slower than it:
+with dropout (SDPA then runs torch's own explicit math), and for short rows in half
+precision under autograd (its flash backward has a fixed cost per batch and head;
+``qkv bench attention``). On CUDA, SDPA takes float32 from the Triton kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from qkv.kernels.base import AttentionRequest, AttentionResult, Backend
 from qkv.kernels.chunked import ChunkedBackend
 from qkv.kernels.cpu import vml
+from qkv.kernels.ranges import key_ranges
 from qkv.kernels.reference import ReferenceBackend
 from qkv.kernels.sdpa import SDPABackend
 
@@ -47,32 +49,24 @@ PREFERENCE = ["triton", "sdpa", "reference", "chunked"]
 REFERENCE_MAX_BYTES = 1 << 30
 # On the CPU, `auto` moves chunked first when the mask hides this share of a large score
 # matrix in whole blocks (a sliding window, document masks, padding): chunked never
-# computes those blocks, while SDPA's CPU kernel computes every score and then masks it.
-# Measured against the sdpa backend (H=8, D=64, no grad; 1 thread by thread time, 2 by
-# wall time on a quiet machine): window +-256 at T=1024 (38% hidden in 256-row blocks)
-# 0.76x and 1.02x in fp32, 0.72x and 0.84x in bf16; key padding of 4 sequences hiding 30%
-# at T=1024 and 2048 0.71-0.79x, hiding 20% 0.82-0.91x, hiding 10% 0.89-0.95x (1 thread).
-# It was 0.5, which left these to SDPA.
+# computes those blocks, while SDPA's CPU kernel computes every score and then masks it
+# (measured: BENCHMARKS.md, 'Dispatch thresholds').
 SKIP_SHARE = 0.2
 SKIP_MIN_SCORES = 1 << 20  # Tq * Tk; below this the bookkeeping costs more than it saves
 # SDPA copies a boolean mask into a float bias of the mask's full (broadcast) size before its
 # kernel runs. On the CPU, `auto` moves chunked first when that copy would pass this size:
 # chunked copies one block of the mask at a time, and is as fast on long random masks
-# (random 50% mask, H=8, D=64, T=4096: 0.90x SDPA's time on 1 thread, 1.03x on 2).
+# (measured: BENCHMARKS.md, 'Dispatch thresholds').
 SDPA_BIAS_MAX_BYTES = 1 << 30
 # On the CPU, torch's bf16/fp16 flash backward pays a fixed cost for every (batch, head)
-# pair, about 60 us, however short the rows: under autograd the explicit math is faster up
-# to this many scores per pair. Measured (bf16, fwd+bwd, H=8, D=64, 4,096 tokens a batch,
-# padding mask, causal or not, 1 thread; reference / SDPA time): T=32 0.31, T=128
-# 0.58-0.66, T=192 1.11-1.24, T=256 1.52-1.56. The price: the reference keeps each
-# (Tq, Tk) probability matrix for the backward (SDPA's flash kernel only out and lse),
-# which this limit bounds at twice the size of the queries for D=64.
+# pair, however short the rows: under autograd the explicit math is faster up to this many
+# scores per pair (measured: BENCHMARKS.md, 'Dispatch thresholds'). The price: the
+# reference keeps each (Tq, Tk) probability matrix for the backward (SDPA's flash kernel
+# only out and lse), which this limit bounds at twice the size of the queries for D=64.
 SHORT_HALF_SCORES = 128 * 128
 # With dropout, SDPA's CPU kernels step aside for torch's explicit math, which takes more
-# passes than the reference backend: reference / SDPA fwd+bwd with dropout 0.1 (same
-# setting) fp32 0.83-0.93 and bf16 0.54-0.80 for every T from 32 to 1024; with D=32 and
-# 1,024 tokens a batch (the Multi30k model) fp32 0.69-0.97 (one 1.06, T=256 causal) and
-# bf16 0.69-0.82 for T from 16 to 256. Without dropout, float32 gains nothing reliable.
+# passes than the reference backend, so `auto` takes the reference, in every dtype. Without
+# dropout, float32 gains nothing reliable (measured: BENCHMARKS.md, 'Dispatch thresholds').
 
 
 def register_backend(backend: Backend) -> None:
@@ -82,8 +76,8 @@ def register_backend(backend: Backend) -> None:
 
 
 # Mask-free requests with the same signature (see `_signature`) always get the same backend:
-# `choose` remembers it. Asking every backend again cost 31 us of a 1.3-ms call when the
-# interpreter's caches are cold (T=128, B=4, H=8; measured between SDPA calls).
+# `choose` remembers it, since asking every backend again costs a noticeable share of a short
+# call (measured: BENCHMARKS.md, 'Dispatch overhead').
 _CHOICES: dict[tuple, str] = {}
 MAX_CHOICES = 256  # distinct signatures remembered before the memory starts again
 
@@ -199,8 +193,6 @@ def _chunked_is_faster(req: AttentionRequest) -> str | None:
         return None
     if req.q.device.type != "cpu" or req.requires_grad:
         return None
-    from qkv.kernels.ranges import key_ranges
-
     if req.mask.dtype != torch.bool and req.mask.shape[1] > 1:
         return "chunked hands a per-head float mask to SDPA one block at a time (faster)"
     bias_bytes = req.mask.numel() * req.q.element_size()

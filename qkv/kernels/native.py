@@ -8,11 +8,10 @@ memory without fetching it first. Two callers use it:
 
 - the attention weights beside a fused kernel (:mod:`qkv.kernels.weights`): the 512 MiB
   of weights at ``B=4, H=8, T=2048`` have to reach memory once, and ``torch.softmax(s,
-  out=weights)`` reads every line of the result in before it overwrites it. Measured on
-  the project's machine (one thread, rows of 2,048 scores): 0.40-0.50 ns a weight against
-  0.73-0.76, and ``MultiHeadAttention`` with all weights at T=2048 378 against 425 ms;
+  out=weights)`` reads every line of the result in before it overwrites it, which makes
+  it the slower of the two;
 - masked runs of the ``chunked`` backend in float32 (:mod:`qkv.kernels.rows`), whole rows
-  of scores at a time: a random boolean mask at T=2048 in 0.84x SDPA's time.
+  of scores at a time, faster than SDPA on a random boolean mask.
 
 The readable reference is :func:`softmax_rows_reference` (torch's operations, zeros for
 rows that see no key); the C source is ``softmax_rows.c`` beside this file. It is
@@ -21,8 +20,8 @@ compiled on first use with the system C compiler into ``$XDG_CACHE_HOME/qkv/nati
 source and the compiler, written atomically, and loaded with ``ctypes``. It is built
 with OpenMP, which links the ``libgomp`` that torch has loaded already, so its rows are
 split among torch's own threads (``torch.get_num_threads()``). A pool of Python threads
-was 9% slower than torch's softmax on two threads: torch's idle workers spin on the
-cores for a while after each matrix product.
+was slower than torch's softmax on two threads: torch's idle workers spin on the cores for
+a while after each matrix product (measured: BENCHMARKS.md, 'Native softmax').
 
 Where it cannot run, :func:`why_unavailable` says why and callers use torch: not
 x86-64, no AVX-512F, no compiler, a failed build, or ``QKV_NATIVE=0``.

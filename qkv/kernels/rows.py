@@ -24,14 +24,11 @@ from qkv.kernels.base import AttentionRequest, Scratch
 
 __all__ = ["masked_rows", "serves"]
 
-# Scores per call (768 KiB in float32: 96 rows of 2,048 keys). Random boolean mask, T=2048,
-# median of 9 in turns: 1 thread 71.7/71.4/72.8 ms with 2^17/3 * 2^16/2^18 scores (SDPA
-# 88.5), 2 threads 44.4/42.4/41.5 (SDPA 45.8); 2^20 was faster still (65 and 41 ms against
-# 71 and 49 for 2^18 in another run), since larger blocks make the products repack the keys
-# less often. But the masks benchmark asks for a quarter of SDPA's peak memory (its output
-# and one mask-sized bias): at T=2048 that leaves 1.1 MiB beside the 4 MiB output, and
-# 2^18 scores measured 5.04 of 5.13 MiB allowed. One head per product: two heads of 64
-# rows each were slower on two threads (51 against 47 ms).
+# Scores per call (768 KiB in float32: 96 rows of 2,048 keys). Larger blocks are faster,
+# since the products repack the keys less often, but the masks benchmark asks for a quarter
+# of SDPA's peak memory (its output and one mask-sized bias), which this size keeps. One
+# head per product: two heads of 64 rows each were slower on two threads (measured:
+# BENCHMARKS.md, 'Chunked backend').
 SCORES = 3 << 16
 
 

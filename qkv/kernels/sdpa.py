@@ -39,7 +39,8 @@ class SDPABackend(Backend):
     def why_not_auto(self, req: AttentionRequest) -> list[str]:
         reasons = self.why_not(req)
         if req.need_weights and req.requires_grad and req.dropout_p == 0:
-            # measured: 1.9x slower at T=2048 than the reference's one softmax
+            # SDPA and the weights beside it cost more than the reference's one softmax
+            # (measured: BENCHMARKS.md, 'Dispatch thresholds')
             reasons.insert(0, "weights under autograd: one explicit softmax is cheaper to train")
         return reasons
 

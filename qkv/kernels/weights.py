@@ -16,17 +16,16 @@ output is instead taken from them block by block (``out = P V``), so the scores 
 computed once.
 
 Writing the weights is the expensive part at long lengths: at ``B=4, H=8, T=2048`` they
-are 512 MiB. Measured on the project's machine (one thread, fp32): faulting in 512 MiB of
-fresh memory takes 0.17 s, a fill of memory already touched 0.06 s, the score and value
-products 0.17 s, the softmax 0.10 s, SDPA's fused output alone 0.22 s. So each block of
-scores lands in a reused scratch buffer, the softmax writes the probabilities once into the
-result, ``P V`` reads them back while they are still cached, and the result's storage
-comes from :data:`qkv.kernels.cpu.memory.kept_results`, which hands it out again once the caller has
+are 512 MiB, and faulting in that much fresh memory costs about as much as the score and
+value products, several times a fill of memory already touched (measured: BENCHMARKS.md,
+'Weights beside a fused kernel'). So each block of scores lands in a reused scratch buffer,
+the softmax writes the probabilities once into the result, ``P V`` reads them back while
+they are still cached, and the result's storage comes from
+:data:`qkv.kernels.cpu.memory.kept_results`, which hands it out again once the caller has
 dropped the previous weights (no fresh pages call after call). In float32 on a CPU with
 AVX-512 the softmax is :func:`qkv.kernels.native.softmax_rows`, which leaves the
 probabilities in the scratch block for ``P V`` and streams them into the result without
-reading its cache lines first (``MultiHeadAttention`` with all weights at T=2048: 378
-against 425 ms on one thread, 211 against 245 on two).
+reading its cache lines first, which is faster than torch's softmax.
 """
 
 from __future__ import annotations
@@ -44,12 +43,9 @@ from qkv.kernels.tiles import mask_tile, masked_scores, scores, weighted_values
 
 __all__ = ["attention_weights"]
 
-# Scores per block of rows (16 MiB in float32: a whole head at T=2048). Measured with the
-# native softmax, MultiHeadAttention with all weights at B=4, T=2048, E=512, median of 7 in
-# turns: 1 thread 386/400/411/430 ms with 1 << 22/21/20/19, 2 threads 212/214/232/248 ms
-# (before it, with torch's softmax: 0.42 s with 1 << 21, 0.47 s with 1 << 18): the products
-# repack the keys or values for every block, so fewer, taller blocks win although they
-# outgrow the L2 cache.
+# Scores per block of rows (16 MiB in float32: a whole head at T=2048): the products repack
+# the keys or values for every block, so fewer, taller blocks win although they outgrow the
+# L2 cache (measured: BENCHMARKS.md, 'Weights beside a fused kernel').
 ROW_BLOCK_ELEMENTS = 1 << 22
 SMALL_ELEMENTS = 1 << 22  # below this many weights, one batched pass beats a loop
 
@@ -110,8 +106,9 @@ def _fill(req: AttentionRequest, qkvml, weights: Tensor, out, r0: int, compute) 
     step = max(1, n_rows if whole else ROW_BLOCK_ELEMENTS // max(tk, 1))
     scratch = Scratch()  # one block of scores, reused: no fresh pages per block
     # A unit's keys and values, contiguous: a projection's views are strided, and the
-    # matrix products would gather them again for every block of rows (1.6x slower). Without
-    # autograd each unit's copies reuse the last unit's memory (no fresh pages per head).
+    # matrix products would gather them again for every block of rows, which is slower
+    # (measured: BENCHMARKS.md, 'Weights beside a fused kernel'). Without autograd each
+    # unit's copies reuse the last unit's memory (no fresh pages per head).
     heads_k, heads_v = (Scratch(), Scratch()) if direct else (None, None)
     for bs, hs in units:
         mb = None if mask is None else mask[_sel(mask, 0, bs), _sel(mask, 1, hs)]
@@ -253,9 +250,9 @@ def _take(t: Tensor, heads: slice | Tensor) -> Tensor:
 
 def _units(b: int, h: int) -> list[tuple[slice, slice]]:
     """(batch, heads) slices that the loop serves one at a time: a sequence and as many
-    heads as torch has threads, so each batched product gives every thread a whole head.
-    Measured at T=2048 on two threads, all weights: 196 against 211 ms one head at a time
-    (four heads 212, eight 254); on one thread, one head (the same time as two)."""
+    heads as torch has threads, so each batched product gives every thread a whole head:
+    faster than one head at a time or than more heads (measured: BENCHMARKS.md, 'Weights
+    beside a fused kernel')."""
     group = max(1, min(h, torch.get_num_threads()))
     return [(slice(i, i + 1), slice(j, j + group)) for i in range(b) for j in range(0, h, group)]
 

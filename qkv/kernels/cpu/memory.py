@@ -1,13 +1,12 @@
 """Keeping freed memory for reuse while training, where the default costs time.
 
-On a virtual machine a page fault is expensive (measured on the project's 2-core VM:
-filling a fresh 512 MiB tensor takes 0.34-0.43 s, the same write into memory already
-faulted in 0.07 s). glibc hands out every allocation above its mmap threshold (at most
-32 MiB) with ``mmap`` and returns it with ``munmap`` when freed, so a training step whose
-logits and their gradients are 30-70 MiB faults them in afresh at every step: in a
-150-second Multi30k Transformer run 29 s of the process's time went to the kernel.
-:func:`reuse_freed_memory` keeps them in the heap instead (3 s in the kernel, 1,680 against
-1,499 target tokens/s, peak RSS 1.08 against 1.05 GB, run one after the other).
+On a virtual machine a page fault is expensive: filling fresh memory takes several times as
+long as the same write into memory already faulted in. glibc hands out every allocation
+above its mmap threshold (at most 32 MiB) with ``mmap`` and returns it with ``munmap`` when
+freed, so a training step whose logits and their gradients are tens of MiB faults them in
+afresh at every step, and a large share of a training run's time goes to the kernel.
+:func:`reuse_freed_memory` keeps them in the heap instead: training is faster, at about the
+same peak memory.
 
 ``qkv train`` enters it after data preparation and model building, around the loop only. In
 a separate test script that entered it before the tokenizer training, the training steps
@@ -18,10 +17,9 @@ The attention weights beside a fused kernel are the other large, repeated alloca
 MiB at ``B=4, H=8, T=2048``): :data:`kept_results` hands their storage out again once the
 caller has let go of every tensor that refers to it, so a loop that asks for weights call
 after call faults them in once. Tried before it and not adopted: transparent huge pages
-(``madvise(MADV_HUGEPAGE)``) made a repeated 512 MiB fill 5x faster on the previous machine,
-but the first one, and any after other work had fragmented memory, took 1-3 s while the
-kernel gathered 2 MiB pages (this machine grants none); ``MADV_POPULATE_WRITE`` before the
-writes costs more than the faults it replaces (0.25 against 0.18 s for 512 MiB).
+(``madvise(MADV_HUGEPAGE)``) made repeated fills faster, but the first one, and any after
+other work had fragmented memory, took far longer while the kernel gathered 2 MiB pages;
+``MADV_POPULATE_WRITE`` before the writes costs more than the faults it replaces.
 
 Linux/glibc only, and only a policy: anywhere else, or if the call fails, it does nothing,
 and results are the same to the bit either way.
@@ -29,10 +27,10 @@ and results are the same to the bit either way.
 :func:`bound_onednn_caches` is for bf16 autocast on a CPU, where every matrix product runs
 through oneDNN, which keeps each shape's prepared kernel (and its buffers) in caches of 1,024
 entries by default. Token-bucketed batches bring new shapes at every step, so the caches
-grew without end: a Multi30k Transformer run peaked at 3.1 GB after 25 minutes (1.08 GB in
-fp32). Measured in 80-second runs, 2 threads: default caches 1.69 GB and 5,590 target
-tokens/s, 128 entries 1.86 GB (no better), 32 entries 1.30 GB and 4,820 tokens/s (kernels
-are prepared again more often: 14% slower).
+grew without end. Bounded to 32 entries they hold memory down, at the price of preparing
+kernels again more often; 128 entries were no better than the default.
+
+(measured: BENCHMARKS.md, 'CPU memory')
 """
 
 from __future__ import annotations
