@@ -27,11 +27,14 @@ from torch import nn
 
 from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
+from qkv.errors import ConfigError, DeviceError, LaunchError
 from qkv.kernels.cpu.memory import bound_onednn_caches, reuse_freed_memory
-from qkv.models.checkpoint import rng_state, save_checkpoint
-from qkv.train.checks import check_lengths, check_loss, check_memory, finished, restore
-from qkv.train.distributed import DeviceError, Dist, LaunchError, uses_bf16
-from qkv.train.recipe import ConfigError, Recipe
+from qkv.models.checkpoint import build_model, rng_state, save_checkpoint
+from qkv.train.checks import check_lengths, check_loss, check_memory, finished
+from qkv.train.distributed import Dist, uses_bf16
+from qkv.train.progress import TrainingProgress
+from qkv.train.recipe import Recipe
+from qkv.train.resume import restore
 from qkv.train.run_folder import check_out_dir, prepare_out_dir
 from qkv.train.schedule import make_schedule
 from qkv.translate.evaluate import bleu, translate_texts
@@ -73,8 +76,6 @@ class _State:
 
 def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
     """The recipe's model, with vocabulary sizes and special ids from the tokenizers."""
-    from qkv.models.checkpoint import build_model
-
     fields = {k: v for k, v in recipe.model.items() if k != "type"}
     src, tgt = data.src_tok, data.tgt_tok
     fields.update(
@@ -172,7 +173,8 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         betas=tuple(cfg.betas),
         eps=1e-9,
         weight_decay=cfg.weight_decay,
-        fused=dist.device.type in ("cpu", "cuda"),  # one kernel for all parameters: ~5% of a step
+        # one kernel for all parameters (measured: BENCHMARKS.md, 'training')
+        fused=dist.device.type in ("cpu", "cuda"),
     )
     state = _State()
     if resume and (out / "last.safetensors").exists():
@@ -237,8 +239,6 @@ class _Loop:
             self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
 
     def run(self, show: bool) -> TrainResult:
-        from qkv.train.progress import TrainingProgress
-
         self.model.train()
         stream = self.batches()
         with TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar:

@@ -7,8 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
+from qkv.errors import ConfigError
 from qkv.files import write_text_atomic
-from qkv.train.recipe import ConfigError
+from qkv.models.checkpoint import saved_extra
 
 __all__ = [
     "check_not_a_run",
@@ -104,7 +105,7 @@ def resume_note(out: Path) -> str:
     last = Path(out) / "last.safetensors"
     if not last.is_file():
         return f"no checkpoint in {out} yet: a new run starts from step 0"
-    state = _loop_state(last)
+    state = _saved_loop_state(last)
     if state is None:
         return f"{last} is not a qkv checkpoint that --resume can read"
     return f"{last} holds step {state.get('step', '?')}; --resume continues from it"
@@ -115,15 +116,13 @@ def later_best(out: Path, step: int) -> dict | None:
     ``step``: a run killed between saves (best at step 10, last at step 8) left it, and
     a run resumed from ``last.safetensors`` must know what it holds. ``None`` otherwise."""
     best = Path(out) / "best.safetensors"
-    state = _loop_state(best) if best.is_file() else None
+    state = _saved_loop_state(best) if best.is_file() else None
     saved_step = None if state is None else state.get("step")
     return state if isinstance(saved_step, int) and saved_step > step else None
 
 
-def _loop_state(checkpoint: Path) -> dict | None:
+def _saved_loop_state(checkpoint: Path) -> dict | None:
     """The training loop's state that :mod:`qkv.train.loop` saves with a checkpoint (its
     ``extra["train"]``), read from the header alone; ``None`` for an unreadable file."""
-    from qkv.models.checkpoint import saved_extra
-
     extra = saved_extra(checkpoint)
     return None if extra is None else dict(extra.get("train") or {})
