@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as td
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from qkv.errors import DeviceError, LaunchError
 
@@ -56,8 +57,6 @@ class Dist:
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:
             return model
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 

@@ -7,6 +7,7 @@ still shows the bar, and the file holds only the summary line).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 
 __all__ = ["LogProgress", "TrainingProgress", "console", "stderr_bar", "steps_progress"]
@@ -149,8 +150,6 @@ def _last_training_row(path) -> tuple[int, float, float]:
     The run appends to the log while this reads it, so the last line may be half written
     (or the file may hold bytes cut mid-character): such rows are skipped, not an error.
     """
-    import json
-
     try:
         lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")[-6:]
     except OSError:

@@ -15,6 +15,7 @@ name the key, e.g. ``train.lr: must be > 0``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -23,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qkv.errors import ConfigError
+import yaml
+
+from qkv.errors import ConfigError, ConfigFieldError
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.train.yaml_config import yaml_error, yaml_loader
 
 __all__ = [
@@ -223,12 +227,6 @@ class Recipe:
 
 def check_model_section(model: dict) -> None:
     """Validate the model section now (with placeholder vocabulary sizes)."""
-    from qkv.models.translators.config import (
-        ConfigFieldError,
-        RNNSeq2SeqConfig,
-        TransformerSeq2SeqConfig,
-    )
-
     kinds = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
     if not isinstance(model, dict) or model.get("type") not in kinds:
         raise ConfigError("model.type: must be 'transformer' or 'rnn'")
@@ -333,10 +331,6 @@ def _section(obj) -> str:
 
 def apply_overrides(d: dict, overrides: list[str]) -> dict:
     """Apply ``key.sub=value`` overrides (values parsed as YAML) to a nested dict copy."""
-    import copy
-
-    import yaml
-
     d = copy.deepcopy(d)
     for item in overrides:
         if "=" not in item:
@@ -363,8 +357,6 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
 
 def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read a YAML recipe, apply ``--set`` overrides and validate it."""
-    import yaml
-
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a YAML config file")

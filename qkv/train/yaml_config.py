@@ -4,6 +4,9 @@ and an error for a key given twice, and PyYAML's errors as one line."""
 from __future__ import annotations
 
 import functools
+import re
+
+import yaml
 
 __all__ = ["yaml_error", "yaml_loader"]
 
@@ -15,9 +18,6 @@ def yaml_loader():
     YAML 1.1, which PyYAML follows, needs a dot and a signed exponent (``5.0e-4``), so the
     way learning rates are usually written came through as the string '5e-4'.
     """
-    import re
-
-    import yaml
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -33,8 +33,6 @@ def yaml_loader():
 
 def _refuse_duplicate_keys(node) -> None:
     """A key given twice in one mapping (a second ``train:`` section) is a YAML error."""
-    import yaml
-
     first = {}
     for key, _ in node.value:
         if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":

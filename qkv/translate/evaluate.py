@@ -3,7 +3,7 @@
 BLEU is computed by sacreBLEU on detokenised text (the tokenizers decode exactly), so the
 numbers are comparable with published ones; :func:`bleu` returns the score with its
 sacreBLEU signature. The commands ``qkv translate`` and ``qkv evaluate`` are in
-:mod:`qkv.cli.translate`.
+:mod:`qkv.cli.translate` and :mod:`qkv.cli.evaluate`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from qkv.translate.search import beam as beam_search
+from qkv.translate.search import greedy
 
 __all__ = [
     "Score",
@@ -187,9 +190,6 @@ def _search_batch(
 ) -> list:
     """For each row of ``src`` ``(B, Tk)``, its ``n_best`` hypotheses: greedy search for one
     hypothesis of a beam of one, else beam search."""
-    from qkv.translate.search import beam as beam_search
-    from qkv.translate.search import greedy
-
     if beam == 1 and n_best == 1:
         return [[h] for h in greedy(model, src, max_len=max_len)]
     return beam_search(
