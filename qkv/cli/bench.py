@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from qkv.errors import UserError
+from qkv.files import write_text_atomic
 
 __all__ = ["BENCHMARKS", "find_root", "run_cli", "update_markdown"]
 
@@ -30,7 +31,6 @@ def find_root() -> Path:
 def update_markdown(root: Path, results_dir: Path) -> Path:
     """Replace the measured part of BENCHMARKS.md (below MARK) with the JSON results."""
     from benchmarks.common import render_markdown
-    from qkv.files import write_text_atomic
 
     path = root / "BENCHMARKS.md"
     # UTF-8 whatever the locale: the file holds "×", "≤" and "✓"

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 from qkv.cli.translate import check_search_args, load_translator, read_stdin, translate_lines
-from qkv.errors import UserError
+from qkv.data.corpus import read_lines
+from qkv.data.prepare import held_out_pairs
+from qkv.errors import ConfigError, CorpusError, UserError
+from qkv.train.recipe import recipe_from_dict
 from qkv.translate.evaluate import bleu, chrf
 
 __all__ = ["run_evaluate"]
@@ -75,8 +78,6 @@ def _evaluation_texts(args, extra: dict) -> tuple[list[str], list[str]]:
 
 def _read_text(path: str, what: str) -> list[str]:
     """The lines of file ``path``, or of stdin for ``-`` (``what`` they are: for errors)."""
-    from qkv.data.corpus import CorpusError, read_lines
-
     if path == "-":
         return read_stdin(what)
     try:
@@ -91,10 +92,6 @@ def _text_name(path: str) -> str:
 
 def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], list[str]]:
     """The held-out pairs the checkpoint's training recipe defines (same seed, same filter)."""
-    from qkv.data.corpus import CorpusError
-    from qkv.data.prepare import held_out_pairs
-    from qkv.train.recipe import ConfigError, recipe_from_dict
-
     if "recipe" not in extra:
         raise UserError(f"{checkpoint}: holds no training recipe; give --src and --ref")
     try:

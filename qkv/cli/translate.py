@@ -7,22 +7,24 @@ by :func:`qkv.translate.evaluate.translate_texts`, :func:`~qkv.translate.evaluat
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from qkv.errors import UserError
+from qkv.data.corpus import decode_lines
+from qkv.data.tokenizers import tokenizer_from_json
+from qkv.errors import CheckpointError, CorpusError, UserError
+from qkv.models.checkpoint import load_checkpoint
 from qkv.train.checks import free_memory
+from qkv.train.progress import stderr_bar
 from qkv.translate.evaluate import translate_texts
 
 __all__ = ["check_search_args", "load_translator", "read_stdin", "run_translate", "translate_lines"]
 
 
 def load_translator(path: str):
-    from qkv.data.tokenizers import tokenizer_from_json
-    from qkv.models.checkpoint import CheckpointError, load_checkpoint
-
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError as err:
@@ -71,8 +73,6 @@ def check_search_args(args) -> None:
 
 def read_stdin(what: str = "the sentences") -> list[str]:
     """stdin as UTF-8 lines; bytes that are not UTF-8 are an error naming line and byte."""
-    from qkv.data.corpus import CorpusError, decode_lines
-
     if sys.stdin is None:  # started with stdin closed (<&-)
         raise UserError(f"stdin: is closed; give {what} on stdin, one per line")
     stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
@@ -164,8 +164,6 @@ class _SentenceBar:
 
     def __enter__(self) -> _SentenceBar:
         if sys.stderr is not None and sys.stderr.isatty() and self.total:
-            from qkv.train.progress import stderr_bar
-
             self._progress = stderr_bar("sentences")
             self._progress.start()
             self._task = self._progress.add_task("translate", total=self.total)
@@ -216,8 +214,6 @@ def _tsv_field(text: str) -> str:
 
 def _check_attention_output(path: str, model) -> None:
     """Refuse, before translating, an ``--show-attention`` path that cannot be written."""
-    import os
-
     from qkv.viz.alignments import _HTML, _IMAGES
 
     where = f"--show-attention {path}"

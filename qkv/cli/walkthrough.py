@@ -22,6 +22,7 @@ from qkv.data.text import utf8_problem
 from qkv.errors import UserError
 from qkv.functional import scaled_dot_product_attention
 from qkv.modules.positional import SinusoidalPositionalEncoding
+from qkv.train.progress import console as stdout_console
 
 __all__ = ["MAX_DIM", "MAX_HEADS", "MAX_WORDS", "Step", "Walkthrough", "walkthrough", "run_cli"]
 
@@ -244,8 +245,6 @@ def _table(step: Step, width: int, max_cols: int):
 def print_walkthrough(result: Walkthrough, *, positions: bool, max_cols: int = 10) -> None:
     """Render every step as a compact rich table with its shape."""
     from rich.text import Text
-
-    from qkv.train.progress import console as stdout_console
 
     console = stdout_console()  # a closed pipe (| head) is exit 141, not rich's exit 1
     # words are Text, never rich markup: "[b]" or "[/x]" print as typed

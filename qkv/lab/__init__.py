@@ -21,6 +21,7 @@ alignment      a decoder query finds the related source words
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -78,8 +79,6 @@ def _earlier_figures(out: Path) -> set[str]:
     A full run draws figures that a quick one does not (the Multi30k part): left beside
     the new result.json they would show numbers it does not hold.
     """
-    import json
-
     try:
         figures = json.loads((out / "result.json").read_text(encoding="utf-8"))["figures"]
     except (OSError, ValueError, TypeError, KeyError):

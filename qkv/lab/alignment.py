@@ -31,6 +31,7 @@ Method:
 from __future__ import annotations
 
 import logging
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkv.data.prepare import load_pairs
 from qkv.data.toy import ToyPair
 from qkv.lab.common import (
     LabRun,
@@ -49,6 +51,9 @@ from qkv.lab.common import (
     seed_all,
 )
 from qkv.lab.training import MODEL_FAMILIES, train_model, write_toy_corpus
+from qkv.train.recipe import DataConfig
+from qkv.translate.evaluate import bleu, translate_texts
+from qkv.viz import plot_alignment
 
 __all__ = [
     "Setting",
@@ -242,9 +247,6 @@ def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, 
 def _heatmaps(
     trained_models: dict, sentences: list[str], out: Path, prefix: str = "alignment"
 ) -> list[str]:
-    from qkv.translate.evaluate import translate_texts
-    from qkv.viz import plot_alignment
-
     paths = []
     for k, text in enumerate(sentences):
         with fonts_for([text]):
@@ -262,8 +264,6 @@ def _heatmaps(
 
 def _wrap(text: str, width: int = 40) -> str:
     """Break a long translation into lines for a subplot title."""
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width)) or text
 
 
@@ -298,9 +298,6 @@ def _tatoeba_shown(test: list[tuple[str, str]], n: int) -> list[str]:
 
 def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
     """Train on Tatoeba kor-eng, score held-out BLEU, draw heatmaps; ``{"skipped": why}``."""
-    from qkv.data.prepare import load_pairs
-    from qkv.train.recipe import DataConfig
-
     data = _tatoeba_data(t)
     if not Path(data["path"]).is_file():
         reason = (
@@ -345,8 +342,6 @@ def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
 
 def _held_out_bleu(trained, sources: list[str], refs: list[str]) -> dict[str, Any]:
     """Greedy sacreBLEU on the held-out pairs, the training record and five examples."""
-    from qkv.translate.evaluate import bleu, translate_texts
-
     outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
     hyps = [o[0].text for o in outs]
     examples = [{"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps)]

@@ -31,10 +31,15 @@ Method:
 from __future__ import annotations
 
 import logging
+import random
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from qkv.data.corpus import read_parallel
+from qkv.data.toy import ToyPair
+from qkv.data.toy_lexicon import NOUNS
 from qkv.lab.common import LabRun, Table, corpus_folder, new_figure, save_figure, seed_all
 from qkv.lab.training import (
     MODEL_FAMILIES,
@@ -44,6 +49,7 @@ from qkv.lab.training import (
     vocab_sizes,
     write_toy_corpus,
 )
+from qkv.translate.evaluate import bleu, translate_texts
 
 __all__ = [
     "Setting",
@@ -169,11 +175,6 @@ def _optim(steps: int, max_tokens: int, lr: float, max_seconds: float, seed: int
 
 def word_list_corpus(folder: Path, setting: Setting, nouns: int = 12) -> dict[str, list]:
     """Lists of Korean nouns and their English words, same order; written like the toy."""
-    import random
-
-    from qkv.data.toy import ToyPair
-    from qkv.data.toy_lexicon import NOUNS
-
     rng = random.Random(setting.seed)
     lexicon = [(n.ko, n.en[-1]) for n in NOUNS[:nouns]]
     sizes = {"train": setting.n_train, "valid": 60, "test": setting.n_test}
@@ -202,8 +203,6 @@ def bucket_scores(
 
     A bucket that no sentence falls into scores NaN (not 0: nothing was measured there).
     """
-    from qkv.translate.evaluate import bleu
-
     rows = []
     for lo, hi in buckets:
         idx = [i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi]
@@ -227,8 +226,6 @@ def _relative_drop(rows: list[dict[str, float]]) -> float:
 
 
 def _evaluate(trained, sources: list[str], refs: list[str], buckets) -> dict:
-    from qkv.translate.evaluate import bleu, translate_texts
-
     outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
     hyps = [o[0].text for o in outs]
     rows = bucket_scores(sources, hyps, refs, buckets)
@@ -248,8 +245,6 @@ def _evaluate(trained, sources: list[str], refs: list[str], buckets) -> dict:
 
 def _train_all(models: dict, data, out: Path, optim: dict, test, buckets, **kw) -> dict:
     """Train each model in turn and score its greedy translations of ``test`` by length."""
-    import time
-
     results = {}
     for name, model in models.items():
         trained = train_model(name, model, data, out, optim, **kw)
@@ -346,8 +341,6 @@ def _test_split(src: str, ref: str) -> tuple[list[str], list[str]]:
     Lines end at LF only (``str.splitlines`` also splits at U+2028 or U+0085, which would
     pair sources with the wrong references), and the two files must have as many lines.
     """
-    from qkv.data.corpus import read_parallel
-
     pairs = read_parallel(src, ref, max_len=None, max_ratio=None)
     return pairs.src, pairs.tgt
 

@@ -21,14 +21,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from qkv.data.download import default_cache_dir
 from qkv.errors import OutputFolderError
 from qkv.files import naming, writing
+from qkv.train.progress import console, steps_progress
+from qkv.viz.fonts import font_chain
 
 __all__ = [
     "LabRun",
@@ -140,8 +144,6 @@ def steps_bar(label: str, total: int) -> Iterator[Callable[[], None]]:
     if not _SHOW["bars"]:
         yield lambda: None
         return
-    from qkv.train.progress import steps_progress
-
     with steps_progress(label, total) as advance:
         yield advance
 
@@ -160,8 +162,6 @@ def versions() -> dict[str, str]:
         except ImportError:
             found[module] = "absent"
     try:
-        from importlib.metadata import version
-
         found["qkv"] = version("qkv")
     except Exception:  # noqa: BLE001 - not installed as a distribution
         found["qkv"] = "source"
@@ -224,8 +224,6 @@ def print_table(table: Table) -> None:
     """
     from rich.table import Table as RichTable
     from rich.text import Text
-
-    from qkv.train.progress import console
 
     rich_table = RichTable(title=Text(table.title))
     for i, column in enumerate(table.columns):
@@ -307,8 +305,6 @@ def fonts_for(texts: list[str]) -> Iterator[None]:
     """Build and save figures inside this block to get fonts that cover ``texts`` (Hangul)."""
     import matplotlib
 
-    from qkv.viz.fonts import font_chain
-
     with matplotlib.rc_context({"font.family": font_chain(texts)}):
         yield
 
@@ -329,7 +325,5 @@ def corpus_folder(name: str, file: str) -> Path:
     else the download cache, ``~/.cache/qkv/NAME``, where ``qkv data download NAME`` puts
     it (an installed qkv has no shared folder beside it).
     """
-    from qkv.data.download import default_cache_dir
-
     shared = shared_data() / _SHARED_FOLDERS[name]
     return shared if (shared / file).is_file() else default_cache_dir() / name

@@ -40,6 +40,7 @@ from qkv.lab.common import (
     seed_all,
     steps_bar,
 )
+from qkv.modules.attention import MultiHeadAttention
 
 __all__ = [
     "Setting",
@@ -156,8 +157,6 @@ def jacobian_norms(kind: str, setting: Setting, seed: int, rho: float | None = N
 
 def _attention_norms(setting: Setting, gen: torch.Generator) -> Tensor:
     """Spectral norms of :math:`\\partial y_T / \\partial x_{T-k}` for causal self-attention."""
-    from qkv.modules.attention import MultiHeadAttention
-
     e, steps = setting.hidden, setting.steps
     attn = MultiHeadAttention(e, setting.heads, backend="reference").double()
     x = torch.randn(1, steps, e, generator=gen, dtype=torch.float64)

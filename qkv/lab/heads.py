@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qkv.data.corpus import read_lines
 from qkv.lab.common import (
     LabRun,
     Table,
@@ -36,6 +37,7 @@ from qkv.lab.common import (
     save_figure,
     steps_bar,
 )
+from qkv.models import BertModel, encode, load_tokenizer, minilm_path
 
 __all__ = ["FEATURES", "Setting", "QUICK", "FULL", "head_features", "ablate_head", "run", "table"]
 
@@ -68,8 +70,7 @@ def load_sentences(setting: Setting) -> list[str]:
             f"{path} is absent: the heads experiment needs Multi30k English "
             f"sentences: run 'qkv data download {corpus}'"
         )
-    from qkv.data.corpus import read_lines  # file and line in the error, LF-only lines
-
+    # read_lines: file and line in the error, LF-only lines
     lines = [s.strip() for s in read_lines(path) if s.strip()]
     return lines[: setting.sentences]
 
@@ -148,8 +149,6 @@ def ablate_head(model, layer: int, head: int):
 
 def ablation(model, tokenizer, sentences: list[str]) -> np.ndarray:
     """Mean :math:`1 - \\cos` between the sentence embeddings with and without each head."""
-    from qkv.models import encode
-
     full = encode(sentences, model, tokenizer)  # (N, E), unit norm
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     change = np.zeros((n_layers, n_heads))
@@ -240,8 +239,6 @@ def _figures(features: dict, labels: np.ndarray, link: np.ndarray, change, out: 
 
 def run(out: Path, *, quick: bool = False) -> LabRun:
     """Features, divergences, clusters and ablations of MiniLM's 72 heads."""
-    from qkv.models import BertModel, load_tokenizer, minilm_path
-
     setting = QUICK if quick else FULL
     sentences = load_sentences(setting)
     path = minilm_path()

@@ -38,6 +38,7 @@ from qkv.lab.common import (
     seed_all,
     steps_bar,
 )
+from qkv.modules.transformer import Encoder, EncoderLayer
 
 __all__ = ["Setting", "QUICK", "FULL", "GRUEncoder", "AttentionEncoder", "run", "table"]
 
@@ -82,8 +83,6 @@ class AttentionEncoder(nn.Module):
 
     def __init__(self, width: int, layers: int, heads: int, ff_dim: int):
         super().__init__()
-        from qkv.modules.transformer import Encoder, EncoderLayer
-
         self.layers = layers
         self.encoder = Encoder([EncoderLayer(width, heads, ff_dim) for _ in range(layers)])
 

@@ -17,9 +17,14 @@ from typing import Any
 
 from torch import nn
 
+from qkv.data.tokenizers import tokenizer_from_json, train_tokenizers
 from qkv.data.toy import ToyPair, make_splits
 from qkv.lab import common
 from qkv.lab.common import progress_bars
+from qkv.models.checkpoint import build_model, load_checkpoint
+from qkv.train.loop import train
+from qkv.train.progress import LogProgress
+from qkv.train.recipe import recipe_from_dict
 
 __all__ = [
     "MODEL_FAMILIES",
@@ -44,8 +49,6 @@ def _training_bar(name: str, out_dir: Path, max_seconds: float) -> Iterator[None
     if not common.bars_shown():
         yield
         return
-    from qkv.train.progress import LogProgress
-
     stop = threading.Event()
     with LogProgress({name: out_dir / "log.jsonl"}, {name: max_seconds}) as bars:
 
@@ -87,8 +90,6 @@ def vocab_sizes(
 
     ``tokenizer`` is a recipe's tokenizer section (default: the ``word`` tokenizer).
     """
-    from qkv.data.tokenizers import train_tokenizers
-
     tok = {"kind": "word", "vocab_size": 8000, "joint": False, **(tokenizer or {})}
     src = Path(src_file).read_text(encoding="utf-8").splitlines()
     tgt = Path(tgt_file).read_text(encoding="utf-8").splitlines()
@@ -98,8 +99,6 @@ def vocab_sizes(
 
 def count_parameters(model: dict[str, Any], vocab: tuple[int, int]) -> int:
     """Trainable parameters of the model that ``model`` (a recipe's model section) builds."""
-    from qkv.models.checkpoint import build_model
-
     fields = {k: v for k, v in model.items() if k != "type"}
     fields.update(src_vocab_size=vocab[0], tgt_vocab_size=vocab[1], pad_id=0, bos_id=1, eos_id=2)
     built = build_model(model["type"], fields)
@@ -190,11 +189,6 @@ def train_model(
         optim: the recipe's train section (threads, device and evaluation are fixed here).
         tokenizer: a recipe's tokenizer section (default ``{"kind": "word"}``).
     """
-    from qkv.data.tokenizers import tokenizer_from_json
-    from qkv.models.checkpoint import load_checkpoint
-    from qkv.train.loop import train
-    from qkv.train.recipe import recipe_from_dict
-
     recipe = recipe_from_dict(
         {
             "name": name,

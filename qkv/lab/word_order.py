@@ -30,6 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, seed_all
+from qkv.models import BertModel, load_tokenizer, minilm_path
+from qkv.modules.attention import MultiHeadAttention
+from qkv.modules.positional import SinusoidalPositionalEncoding
+from qkv.modules.transformer import Encoder, EncoderLayer
 
 __all__ = ["PAIRS", "equivariance", "minilm_similarity", "run", "table"]
 
@@ -47,10 +51,6 @@ def equivariance(dim: int = 16, heads: int = 2, seed: int = SEED) -> dict[str, d
     A repeated word ("the") is compared at its first occurrence (without positions all
     its occurrences get the same vector anyway).
     """
-    from qkv.modules.attention import MultiHeadAttention
-    from qkv.modules.positional import SinusoidalPositionalEncoding
-    from qkv.modules.transformer import Encoder, EncoderLayer
-
     gen = seed_all(seed)
     attn = MultiHeadAttention(dim, heads, backend="reference").double().eval()
     encoder = Encoder([EncoderLayer(dim, heads, 2 * dim, backend="reference") for _ in range(2)])
@@ -126,8 +126,6 @@ def minilm_similarity(model, tokenizer, a: str, b: str) -> dict[str, list[float]
 
 
 def _minilm() -> dict[str, dict]:
-    from qkv.models import BertModel, load_tokenizer, minilm_path
-
     path = minilm_path()
     model = BertModel.from_pretrained(path).eval()
     tokenizer = load_tokenizer(path)
