@@ -10,13 +10,27 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
 import shlex
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from qkv.data.prepare import load_pairs
+from qkv.data.tokenizers import tokenizer_from_json
+from qkv.files import write_text_atomic
+from qkv.models.checkpoint import load_checkpoint
+from qkv.train.loop import train
+from qkv.train.progress import LogProgress
+from qkv.train.progress import console as stdout_console
 from qkv.train.recipe import Recipe, recipe_from_dict
+from qkv.translate.evaluate import bleu, translate_texts
+from qkv.viz import plot_alignment, save_html
+from qkv.viz.alignments import describe_alignment
 
 __all__ = ["DEMO_SENTENCES", "Score", "demo_recipes", "run_demo", "run_cli"]
 
@@ -31,12 +45,14 @@ DEMO_SENTENCES = [
 # Short sentences keep the demo to a few minutes on two CPU cores; longer ones (up to 40
 # words) are what `qkv lab bottleneck` uses. The remaining errors are under-training
 # (dropped or swapped clauses), not ambiguity: more fresh sentences (20k rather than 10k)
-# and a cosine schedule that anneals by the time budget were worth 3-8 points.
+# and a cosine schedule that anneals by the time budget raised BLEU (measured:
+# BENCHMARKS.md, 'demo').
 TOY = {"kind": "toy", "n_train": 20000, "n_valid": 200, "n_test": 500, "min_len": 2, "max_len": 6}
 MODELS = {
     # Small: a GRU step is sequential, so a narrower one trains more steps. Without input
     # feeding the decoder GRU runs over the whole target at once and attention is one
-    # batched product: 1.45x the steps of the input-fed decoder, 96% exact against 93.6%.
+    # batched product: more steps in the same time than the input-fed decoder, and more
+    # exact translations (measured: BENCHMARKS.md, 'demo').
     "rnn-luong": {
         "type": "rnn",
         "cell": "gru",
@@ -115,10 +131,6 @@ class Score:
 
 
 def _evaluate(name: str, ckpt_path: Path, test: list[tuple[str, str]], result) -> Score:
-    from qkv.data.tokenizers import tokenizer_from_json
-    from qkv.models.checkpoint import load_checkpoint
-    from qkv.translate.evaluate import bleu, translate_texts
-
     ckpt = load_checkpoint(ckpt_path)
     src = tokenizer_from_json(ckpt.tokenizers["src"])
     tgt = tokenizer_from_json(ckpt.tokenizers["tgt"])
@@ -130,10 +142,6 @@ def _evaluate(name: str, ckpt_path: Path, test: list[tuple[str, str]], result) -
 
 def _pictures(out: Path, ckpt_path: Path, sentences: list[str]) -> list[tuple[str, str]]:
     """Translate ``sentences``; write a heatmap PNG per sentence and one HTML viewer."""
-    from qkv.data.tokenizers import tokenizer_from_json
-    from qkv.models.checkpoint import load_checkpoint
-    from qkv.translate.evaluate import translate_texts
-
     ckpt = load_checkpoint(ckpt_path)
     src = tokenizer_from_json(ckpt.tokenizers["src"])
     tgt = tokenizer_from_json(ckpt.tokenizers["tgt"])
@@ -147,8 +155,6 @@ def _pictures(out: Path, ckpt_path: Path, sentences: list[str]) -> list[tuple[st
         src_tokens = src.tokens(text)
         tgt_tokens = best.target_labels
         try:
-            from qkv.viz import plot_alignment
-
             plot_alignment(
                 best.alignment,
                 src_tokens,
@@ -158,9 +164,6 @@ def _pictures(out: Path, ckpt_path: Path, sentences: list[str]) -> list[tuple[st
             )
         except ImportError as err:  # matplotlib (the viz extra) is optional
             log.warning("no heatmaps: %s", err)
-        from qkv.viz import save_html
-        from qkv.viz.alignments import describe_alignment
-
         save_html(
             out / f"alignment-{i + 1}.html",
             best.alignment[None, None],
@@ -174,10 +177,6 @@ def _pictures(out: Path, ckpt_path: Path, sentences: list[str]) -> list[tuple[st
 
 def _train_in_process(recipe: Recipe):
     """Entry point of a worker process: one model, one thread."""
-    import torch
-
-    from qkv.train.loop import train
-
     torch.set_num_threads(1)
     return train(recipe, progress=False)
 
@@ -188,11 +187,6 @@ def _train_all(recipes: dict[str, Recipe], progress: bool) -> dict:
     Two start at once; the third starts on whichever core frees first, so the budgets in
     ``SECONDS`` are chosen to keep both cores busy for the same wall time.
     """
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    from qkv.train.progress import LogProgress
-
     logs = {n: r.out_dir / "log.jsonl" for n, r in recipes.items()}
     limits = {n: r.train.max_seconds for n, r in recipes.items()}
     with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
@@ -206,8 +200,6 @@ def _train_all(recipes: dict[str, Recipe], progress: bool) -> dict:
 
 def run_demo(out: Path, *, quick: bool = False, progress: bool = True) -> dict:
     """Train, evaluate and visualise; return every number (also written to results.json)."""
-    from qkv.data.prepare import load_pairs
-
     out.mkdir(parents=True, exist_ok=True)
     recipes = demo_recipes(out, quick=quick)
     for recipe in recipes.values():  # a fresh run: no log rows from an earlier demo
@@ -227,16 +219,13 @@ def run_demo(out: Path, *, quick: bool = False, progress: bool = True) -> dict:
         "translations": pictures,
         "test_sentences": len(test),
     }
-    from qkv.files import write_text_atomic  # UTF-8 whatever the locale
-
-    write_text_atomic(out / "results.json", json.dumps(summary, indent=2, ensure_ascii=False))
+    text = json.dumps(summary, indent=2, ensure_ascii=False)
+    write_text_atomic(out / "results.json", text)  # UTF-8 whatever the locale
     return summary
 
 
 def _report(out: Path, summary: dict) -> None:
     from rich.table import Table
-
-    from qkv.train.progress import console as stdout_console
 
     console = stdout_console(soft_wrap=True)
     table = Table(title=f"held-out toy test set ({summary['test_sentences']} sentences)")

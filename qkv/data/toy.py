@@ -67,7 +67,7 @@ __all__ = [
 MAX_DEPTH = 2  # relative clauses nest at most this deep
 MAX_CLAUSES = 3
 STALL = 3000  # make_splits gives up after this many duplicate draws in a row
-MAX_PAIRS = 1_000_000  # about 2 minutes of generation; a larger number is a typo or a job for files
+MAX_PAIRS = 1_000_000  # minutes of generation already: more is a typo or a job for files
 
 
 @dataclass(frozen=True)
