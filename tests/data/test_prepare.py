@@ -1,4 +1,5 @@
-"""What preparing a recipe's corpus tells the user about the pairs its filters dropped."""
+"""qkv.data.prepare: what preparing a recipe's corpus tells the user about the pairs its
+filters dropped, an empty training set, and a data path that cannot be read."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import logging
 import random
 
 import pytest
+import yaml
 
+from qkv.data.corpus import CorpusError
 from qkv.data.prepare import load_pairs
-from qkv.train.recipe import DataConfig
+from qkv.train.recipe import DataConfig, recipe_from_dict
+from tests.train.helpers import run_cli, tiny_dict
 
 
 def _files(tmp_path, pairs) -> DataConfig:
@@ -41,3 +45,49 @@ def test_a_filter_that_drops_many_pairs_is_a_warning(tmp_path, caplog, outliers,
         f"pairs (dropped 0 empty, 0 too long, {outliers} length-ratio outliers); "
         "data.max_tokens (100 words) and data.max_ratio (3) decide what is dropped"
     ]
+
+
+def test_an_empty_training_set_names_the_files_and_the_filter(tmp_path):
+    for name, text in (
+        ("e.de", ""),
+        ("e.en", ""),
+        ("v.de", "a b\n"),
+        ("v.en", "c d\n"),
+        ("l.de", "a b c d\n"),
+        ("l.en", "c d e f\n"),
+    ):
+        (tmp_path / name).write_text(text)
+    d = tiny_dict(tmp_path / "out")
+    files = {"kind": "files", "valid": [str(tmp_path / "v.de"), str(tmp_path / "v.en")]}
+    config = tmp_path / "c.yaml"
+    for train_files, sets, match in (
+        (["e.de", "e.en"], [], "e.de + " + str(tmp_path / "e.en") + ": no sentence pairs"),
+        (["l.de", "l.en"], ["data.max_tokens=2"], "1 more than data.max_tokens (2) words"),
+    ):
+        d["data"] = {**files, "train": [str(tmp_path / f) for f in train_files]}
+        config.write_text(yaml.safe_dump(d))
+        proc = run_cli("train", str(config), *[a for s in sets for a in ("--set", s)])
+        assert proc.returncode == 2 and "data.train: " in proc.stderr and match in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == "", proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_data_path_that_cannot_be_read_is_named_by_its_key(tmp_path):
+    """A folder (or a missing file) given as data.train, data.valid or data.path: the one
+    line names the key as well as the path (it said only 'd: cannot read: Is a directory')."""
+    good = [tmp_path / "g.de", tmp_path / "g.en"]
+    for path in good:
+        path.write_text("a b\n")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    d = tiny_dict(tmp_path / "out")
+    pair = [str(p) for p in good]
+    for data, key in (
+        ({"kind": "files", "train": [str(folder), pair[1]], "valid": pair}, "data.train"),
+        ({"kind": "files", "train": pair, "valid": [pair[0], str(tmp_path / "no")]}, "data.valid"),
+        ({"kind": "tsv", "path": str(folder)}, "data.path"),
+    ):
+        recipe = recipe_from_dict({**d, "data": data})
+        with pytest.raises(CorpusError) as err:
+            load_pairs(recipe.data)
+        assert str(err.value).startswith(f"{key}: {tmp_path}") and "cannot read" in str(err.value)

@@ -1,17 +1,23 @@
-"""Data-parallel training under torchrun (gloo on CPU) against one process."""
+"""qkv.train.distributed: data-parallel training under torchrun (gloo on CPU) against one
+process, an environment that torchrun did not make, a device this machine lacks, and
+where bf16 is native."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from qkv.cli import main
 from qkv.models.checkpoint import load_checkpoint
-from tests.train_helpers import logged_losses, tiny_dict
+from qkv.train.distributed import _TORCHRUN, native_bf16
+from tests.train.helpers import CONFIG_FOLDER, logged_losses, run_cli, tiny_dict
 
 
 def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) -> None:
@@ -82,9 +88,6 @@ def test_an_environment_that_torchrun_did_not_make_is_one_line(
 ):
     """WORLD_SIZE set by hand (a leftover export, a job script) used to end in a traceback
     from init_process_group, exit 1; now it is refused before anything is read."""
-    from qkv.cli import main
-    from qkv.train.distributed import _TORCHRUN
-
     for name in (*_TORCHRUN, "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -96,3 +99,32 @@ def test_an_environment_that_torchrun_did_not_make_is_one_line(
     assert err.startswith("qkv train: error: the environment: ") and err.count("\n") == 1
     assert says in err and "torchrun --nproc_per_node N" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_train_cli_asking_for_a_missing_gpu_exits_2(tmp_path):
+    config = CONFIG_FOLDER / "toy-transformer.yaml"
+    proc = run_cli("train", str(config), "--set", "train.device=cuda", "--out", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "train.device: 'cuda'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_one_is_named(tmp_path, capsys):
+    d = tiny_dict(tmp_path / "out")
+    d["train"]["device"] = "cuda"
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(d))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "qkv train: error: train.device: 'cuda' was asked for but no CUDA device is available"
+    ]
+    assert not (tmp_path / "out" / "last.safetensors").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux's /proc/cpuinfo")
+def test_native_bf16_matches_the_cpu_flags():
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert native_bf16(torch.device("cpu")) == bool(flags & {"amx_tile", "avx512_bf16"})

@@ -111,8 +111,6 @@ def test_words_that_look_like_rich_markup_print_as_typed(capsys):
 def test_a_long_word_leaves_room_for_the_numbers(capsys):
     """A 150-letter word as a row label pushed every number out of an 80-column table:
     its rows printed the label alone. Labels are cut to 12 cells."""
-    import re
-
     word = "x" * 150
     assert main(["walkthrough", f"{word} short 고양이가고양이가", "--dim", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import random
 
+import yaml
+
 from qkv.train.progress import LogProgress
+from tests.train.helpers import run_cli, tiny_dict
 
 
 def _write(path, rows):
@@ -29,10 +32,6 @@ def test_each_bar_shows_its_own_runs_training_time(tmp_path):
 
 
 def test_the_training_bar_goes_to_stderr_and_stdout_keeps_the_summary(tmp_path):
-    import yaml
-
-    from tests.train_helpers import run_cli, tiny_dict
-
     steps = random.randint(2, 4)
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(tiny_dict(tmp_path / "out", steps=steps)))

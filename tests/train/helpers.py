@@ -1,4 +1,5 @@
-"""The tiny training recipe and helpers that the training and resume tests share."""
+"""The tiny training recipes and helpers that the training, translation and command-line
+tests share."""
 
 from __future__ import annotations
 
@@ -6,8 +7,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
+import qkv.train.loop
+from qkv.train.loop import train
 from qkv.train.recipe import recipe_from_dict
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+CONFIG_FOLDER = REPOSITORY / "configs"  # the shipped YAML recipes
+
+# Korean sentences of the toy corpus, one per line: what the tiny translator reads
+SENTENCES = "고양이가 쥐를 잡았다\n개가 잤다\n"
 
 TINY = {
     "name": "tiny",
@@ -72,10 +82,6 @@ class Interrupted(Exception):
 
 def train_until_interrupted(recipe, step: int) -> None:
     """Train ``recipe`` and stop it right after ``step`` (its checkpoints left as they are)."""
-    from unittest import mock
-
-    import qkv.train.loop
-
     after_step = qkv.train.loop._Loop.after_step
 
     def stop_after(loop):
@@ -90,3 +96,36 @@ def train_until_interrupted(recipe, step: int) -> None:
         except Interrupted:
             return
     raise AssertionError(f"the run ended before step {step}")
+
+
+def translator_dict(out: Path, **model) -> dict:
+    """A Transformer of width 16 on the toy corpus, trained for two steps into ``out``
+    (``model`` keys replace or add to its model section)."""
+    return {
+        "name": "tiny",
+        "out": str(out),
+        "data": {"kind": "toy", "n_train": 200, "n_valid": 10, "n_test": 10, "max_len": 6},
+        "model": {
+            "type": "transformer",
+            "d_model": 16,
+            "num_heads": 2,
+            "ff_dim": 32,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            **model,
+        },
+        "train": {
+            "steps": 2,
+            "max_tokens": 300,
+            "warmup": 1,
+            "eval_every": 2,
+            "valid_bleu_sentences": 4,
+            "threads": 1,
+        },
+    }
+
+
+def trained_translator(out: Path) -> Path:
+    """The checkpoint of :func:`translator_dict` with 16 positions, trained into ``out``."""
+    train(recipe_from_dict(translator_dict(out, max_len=16)), progress=False)
+    return out / "last.safetensors"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from qkv.cli.demo import DEMO_SENTENCES, run_demo
+from qkv.cli.demo import DEMO_SENTENCES, _report, run_demo
 from qkv.data.tokenizers import tokenizer_from_json
 from qkv.models.checkpoint import load_checkpoint
 from qkv.translate.evaluate import translate_texts
@@ -65,10 +69,6 @@ def test_the_demo_writes_and_prints_korean_whatever_the_locale(tmp_path, locale_
     """results.json was written in the locale's encoding, and the report printed to it: under
     an ASCII locale or a Latin-1 stdout the demo ended in a UnicodeEncodeError traceback
     (exit 1) after its minutes of training. Training is faked here; the writing is real."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, **locale_env}
     proc = subprocess.run(
         [sys.executable, "-c", _FAKE_TRAINING, str(tmp_path)], capture_output=True, env=env
@@ -83,10 +83,6 @@ def test_the_report_prints_folders_and_sentences_as_written(tmp_path, capsys):
     """The report went through rich markup: '--out runs/[v2]' printed the commands to try
     as 'qkv translate runs//transformer/...', a '[/x]' ended in a MarkupError traceback
     after the training, and a folder with a space gave a command that does not run."""
-    import shlex
-
-    from qkv.cli.demo import _report
-
     out = tmp_path / "[v2] my demo"
     summary = {
         "test_sentences": 1,

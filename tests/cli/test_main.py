@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from qkv.cli import main
+from qkv.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -45,8 +47,6 @@ def test_a_file_where_an_output_folder_goes_is_named_as_such(out, says, tmp_path
 
 def _subcommands(parser):
     """(name, parser) of every command and subcommand below ``parser``."""
-    import argparse
-
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
@@ -57,10 +57,6 @@ def _subcommands(parser):
 def test_every_argument_says_what_it_is_in_help():
     """``qkv show --help`` listed TEXT, TEXT_B, --layer and --head with no word on them;
     so did train's CONFIG and --set, and translate's CHECKPOINT, --beam and --batch-size."""
-    import argparse
-
-    from qkv.cli import build_parser
-
     bare = [
         f"{name} {action.dest}"
         for name, sub in _subcommands(build_parser())

@@ -1,0 +1,158 @@
+"""qkv.train.loop: training lowers the loss and writes safetensors checkpoints, the best
+checkpoint is the best evaluation, torch's threads and the heap are left as they were,
+bf16 autocast, and the time budget over a resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import qkv.train.distributed
+import qkv.train.loop
+from qkv.models.checkpoint import CheckpointError, load_checkpoint
+from qkv.train.loop import train
+from qkv.train.recipe import ConfigError, recipe_from_dict
+from tests.train.helpers import logged_losses, logged_rows, tiny_recipe, train_until_interrupted
+
+
+def test_training_reduces_loss_and_checkpoint_round_trips(tmp_path):
+    result = train(tiny_recipe(tmp_path, steps=30, eval_every=30), progress=False)
+    losses = logged_losses(tmp_path)
+    assert losses[30] < 0.8 * losses[1]
+    assert result.best_step == 30
+    ckpt = load_checkpoint(tmp_path / "last.safetensors")
+    assert ckpt.extra["train"]["step"] == 30 and set(ckpt.tokenizers) == {"src", "tgt"}
+    assert ckpt.optimizer_state is not None and ckpt.rng is not None
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
+    with open(tmp_path / "last.safetensors", "rb") as f:  # safetensors, not a pickle/zip
+        n = int.from_bytes(f.read(8), "little")
+        assert json.loads(f.read(n))["__metadata__"]["qkv"]
+
+
+def test_loading_a_checkpoint_with_wrong_weights_fails_clearly(tmp_path):
+    train(tiny_recipe(tmp_path, steps=2), progress=False)
+    path = tmp_path / "last.safetensors"
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    tensors.pop(next(k for k in tensors if k.startswith("model.")))
+    save_file(tensors, tmp_path / "broken.safetensors", metadata=meta)
+    with pytest.raises(CheckpointError, match="broken.safetensors: weights do not fit"):
+        load_checkpoint(tmp_path / "broken.safetensors")
+    assert torch.load is not None  # the loader never calls torch.load (no pickle)
+
+
+def test_train_threads_hold_only_while_training(tmp_path):
+    before = torch.get_num_threads()
+    seen = []
+    try:
+        torch.set_num_threads(2)
+        recipe = tiny_recipe(tmp_path, steps=2, threads=1)
+        result = train(recipe, progress=False)
+        seen.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(before)
+    assert result.steps == 2 and seen == [2]
+
+
+def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
+    train(tiny_recipe(tmp_path / "reuse", steps=6), progress=False)
+    monkeypatch.setattr(qkv.train.loop, "reuse_freed_memory", lambda: contextlib.nullcontext())
+    train(tiny_recipe(tmp_path / "plain", steps=6), progress=False)
+    assert logged_losses(tmp_path / "reuse") == logged_losses(tmp_path / "plain")
+
+
+def test_bf16_autocast_true_false_or_auto(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="train.bf16: must be true, false or 'auto'"):
+        recipe_from_dict({"train": {"bf16": "yes"}})
+    fp32 = train(tiny_recipe(tmp_path / "fp32", steps=3), progress=False)
+    bf16 = train(tiny_recipe(tmp_path / "bf16", steps=3, bf16=True), progress=False)
+    assert not fp32.bf16 and bf16.bf16
+    a, b = logged_losses(tmp_path / "fp32"), logged_losses(tmp_path / "bf16")
+    assert a[1] != b[1]  # the matrix products really ran in bf16 ...
+    assert b[1] == pytest.approx(a[1], rel=2e-2)  # ... to bf16's precision
+    for native, same_as in ((True, b), (False, a)):  # "auto" follows the hardware
+        monkeypatch.setattr(
+            qkv.train.distributed, "native_bf16", lambda device, native=native: native
+        )
+        out = tmp_path / f"auto-{native}"
+        assert train(tiny_recipe(out, steps=3, bf16="auto"), progress=False).bf16 is native
+        assert logged_losses(out) == same_as
+
+
+def _evaluations(out) -> list[dict]:
+    return [r for r in logged_rows(out) if "valid_loss" in r]
+
+
+def test_without_bleu_the_best_checkpoint_has_the_lowest_validation_loss(tmp_path):
+    """Every BLEU was 0 then, so the first evaluation stayed 'best' for the whole run:
+    best.safetensors was the least trained model and patience stopped any run."""
+    recipe = tiny_recipe(tmp_path, steps=12, eval_every=4, valid_bleu_sentences=0, warmup=2)
+    result = train(recipe, progress=False)
+    rows = _evaluations(tmp_path)
+    assert [r["step"] for r in rows] == [4, 8, 12]
+    lowest = min(rows, key=lambda r: r["valid_loss"])
+    assert lowest["step"] != 4, "training did not lower the loss: the test shows nothing"
+    assert result.best_step == lowest["step"]
+    best = load_checkpoint(tmp_path / "best.safetensors").extra["train"]
+    assert best["step"] == lowest["step"]
+    assert best["best_loss"] == pytest.approx(lowest["valid_loss"])
+
+
+def test_without_bleu_patience_counts_evaluations_without_a_lower_loss(tmp_path):
+    recipe = tiny_recipe(
+        tmp_path, steps=12, eval_every=2, valid_bleu_sentences=0, patience=1, warmup=2
+    )
+    result = train(recipe, progress=False)
+    losses = [r["valid_loss"] for r in _evaluations(tmp_path)]
+    stops = [i for i in range(1, len(losses)) if losses[i] >= min(losses[:i])]
+    assert result.steps == (2 * (stops[0] + 1) if stops else 12)
+    again = train(recipe, resume=True, progress=False)
+    if stops:
+        assert again.already_done and "without a better validation loss" in again.done_because
+
+
+def test_at_equal_bleu_the_lower_validation_loss_is_better(tmp_path, monkeypatch):
+    """Early in a run every greedy BLEU is 0.00: the first evaluation stayed the best
+    checkpoint (the least trained model) and train.patience stopped the run while its
+    validation loss still fell. Validations scripted: (loss, BLEU) at steps 2, 4, ..."""
+    scores = iter([(3.0, 0.0), (2.5, 0.0), (2.9, 1.0), (2.8, 1.0), (2.85, 1.0), (2.9, 1.0)])
+    monkeypatch.setattr(qkv.train.loop, "validate", lambda *args: next(scores))
+    recipe = tiny_recipe(tmp_path, steps=14, eval_every=2, patience=2)
+    result = train(recipe, progress=False)
+    assert (result.steps, result.best_step, result.best_bleu) == (12, 8, 1.0)
+    assert "2 evaluations without a better BLEU" in result.done_because
+    best = load_checkpoint(tmp_path / "best.safetensors").extra["train"]
+    assert (best["step"], best["best_loss"]) == (8, 2.8)
+
+
+def test_the_time_budget_and_the_logged_seconds_run_on_across_a_resume(tmp_path):
+    first = tiny_recipe(tmp_path, steps=10_000, eval_every=10_000, save_every=2)
+    train_until_interrupted(first, step=5)  # resumed from step 4, whatever the machine's speed
+    spent = next(r["seconds"] for r in _rows_with_times(tmp_path) if r.get("step") == 4)
+    budget = spent + random.uniform(0.2, 0.4)
+    recipe = tiny_recipe(
+        tmp_path, steps=10_000, eval_every=10_000, save_every=2, max_seconds=budget
+    )
+    assert train(recipe, resume=True, progress=False).steps < 10_000  # the time ran out
+    seconds = [r["seconds"] for r in _rows_with_times(tmp_path) if "seconds" in r]
+    assert seconds == sorted(seconds)  # one clock over both processes
+    assert seconds[-2] <= budget  # the step before the last was still within the budget
+    stopped = train(recipe, resume=True, progress=False)  # its budget is spent
+    assert stopped.already_done and "train.max_seconds" in stopped.done_because
+    spent = load_checkpoint(tmp_path / "last.safetensors").extra["train"]["seconds"]
+    assert spent >= seconds[-1]  # the final validation counts too
+    more = tiny_recipe(
+        tmp_path, steps=10_000, eval_every=10_000, save_every=2, max_seconds=spent + 0.1
+    )
+    assert train(more, resume=True, progress=False).steps > stopped.steps
+
+
+def _rows_with_times(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
