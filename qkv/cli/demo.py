@@ -93,7 +93,7 @@ def demo_recipes(out: Path, *, quick: bool = False) -> dict[str, Recipe]:
     data = dict(TOY, n_train=1500, n_test=100, n_valid=60) if quick else TOY
     recipes = {}
     for name, model in MODELS.items():
-        train = {
+        optim = {  # the recipe's train section
             "steps": 60 if quick else 5000,
             "max_tokens": 1200,
             "lr": LR[name],
@@ -113,7 +113,7 @@ def demo_recipes(out: Path, *, quick: bool = False) -> dict[str, Recipe]:
                 "data": data,
                 "tokenizer": {"kind": "word"},
                 "model": model,
-                "train": train,
+                "train": optim,
             }
         )
     return recipes
