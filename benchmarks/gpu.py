@@ -6,8 +6,9 @@ of its fused kernels: flash, cuDNN and memory-efficient. bfloat16; head size 64 
 and 128 (16 heads); sequence lengths 1k-16k with ``B = 16384 // T`` (about 16k tokens per
 batch); causal and not; forward and forward+backward. Then decoding steps ("decode"): one
 query row against caches of 4k-64k keys (B = 1, H = 32, D = 128, forward only), where qkv
-splits the keys across programs (:mod:`qkv.kernels.triton_split`); its time in one pass
-over the keys (``key_splits=1``) is in the same row, and the cache read rate in GB/s.
+splits the keys across programs (split-K decoding in :mod:`qkv.kernels.triton_flash`); its
+time in one pass over the keys (``key_splits=1``) is in the same row, and the cache read
+rate in GB/s.
 
 Throughput follows flash-attn's benchmark convention: the forward pass does
 ``4 * B * H * T * T * D`` FLOPs (two matmuls), the backward 2.5 times that, so
@@ -25,7 +26,7 @@ Results go to ``OUT_DIR/gpu.json`` (default ``benchmarks/results/``) in the form
 benchmark shares (:func:`benchmarks.common.write`: machine, versions, command, and one row
 per case with qkv's figure beside the peer's), so ``qkv bench`` puts them into
 BENCHMARKS.md; ``qkv bench gpu`` runs it too. A table is printed. Autotuning (Hopper
-configs in :mod:`qkv.kernels.triton_flash` and :mod:`qkv.kernels.triton_bwd`) happens
+configs in :mod:`qkv.kernels.triton_flash`) happens
 on each kernel's first call and is not timed. Without a CUDA device the script says so
 and exits with status 0; it exits with 1 if qkv's kernel failed on any case.
 
@@ -94,11 +95,10 @@ def _implementations(causal: bool) -> dict:
 def chosen_tiles() -> dict[str, str]:
     """The tiles the autotuner picked at the last launch of each qkv kernel, as
     ``BLOCK_MxBLOCK_N wWARPS sSTAGES`` (none before a kernel's first launch)."""
-    from qkv.kernels import triton_bwd as tb
     from qkv.kernels import triton_flash as tf
 
     tiles = {}
-    for name, tuner in (("fwd", tf._fwd_tuned), ("dkdv", tb._dkdv_tuned), ("dq", tb._dq_tuned)):
+    for name, tuner in (("fwd", tf._fwd_tuned), ("dkdv", tf._dkdv_tuned), ("dq", tf._dq_tuned)):
         config = getattr(tuner, "best_config", None)
         if config is not None:
             m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]

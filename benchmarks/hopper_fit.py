@@ -1,15 +1,14 @@
 """Whether every Triton autotuning candidate fits an H100/H200 (sm_90), checked without a GPU.
 
-Each candidate of :mod:`qkv.kernels.triton_flash` (forward) and
-:mod:`qkv.kernels.triton_bwd` (dK/dV and dQ) is compiled for sm_90 the way a launch on the
-GPU compiles it: Triton's compiler and the ``ptxas`` it ships, 16-byte aligned pointers and
-strides (what Triton assumes for contiguous tensors with a head size that is a multiple of
-8). For each one it reports the registers per thread, the bytes spilled to local memory,
-the shared memory a block needs, and whether tiles arrive by asynchronous copies
-(``cp.async``: loads software-pipelined over ``num_stages``). A spill (over
-:data:`SPILL_LIMIT` bytes) means local-memory traffic in the inner loop; shared memory over
-an sm_90 block's 227 KiB means the config cannot launch at all (the autotuner would skip
-it).
+Each candidate of :mod:`qkv.kernels.triton_flash` (forward, dK/dV and dQ) is compiled for
+sm_90 the way a launch on the GPU compiles it: Triton's compiler and the ``ptxas`` it
+ships, 16-byte aligned pointers and strides (what Triton assumes for contiguous tensors
+with a head size that is a multiple of 8). For each one it reports the registers per
+thread, the bytes spilled to local memory, the shared memory a block needs, and whether
+tiles arrive by asynchronous copies (``cp.async``: loads software-pipelined over
+``num_stages``). A spill (over :data:`SPILL_LIMIT` bytes) means local-memory traffic in
+the inner loop; shared memory over an sm_90 block's 227 KiB means the config cannot launch
+at all (the autotuner would skip it).
 
 The CPU interpreter runs Python, so it checks what the kernels compute but not how they
 compile; this is the check for the second, on any machine with triton installed.
@@ -49,13 +48,12 @@ DTYPES = ["bf16", "fp16", "fp32"]  # Triton's names
 
 def kernels() -> dict:
     """name -> (jit function, 16-bit candidates, float32 candidates)."""
-    from qkv.kernels import triton_bwd as tb
     from qkv.kernels import triton_flash as tf
 
     return {
         "fwd": (tf._fwd_kernel, tf.FWD_CONFIGS, tf.FWD_FLOAT32_CONFIGS),
-        "dkdv": (tb._bwd_dkdv_kernel, tb.BWD_DKDV_CONFIGS, tb.BWD_DKDV_FLOAT32_CONFIGS),
-        "dq": (tb._bwd_dq_kernel, tb.BWD_DQ_CONFIGS, tb.BWD_DQ_FLOAT32_CONFIGS),
+        "dkdv": (tf._bwd_dkdv_kernel, tf.BWD_DKDV_CONFIGS, tf.BWD_DKDV_FLOAT32_CONFIGS),
+        "dq": (tf._bwd_dq_kernel, tf.BWD_DQ_CONFIGS, tf.BWD_DQ_FLOAT32_CONFIGS),
     }
 
 

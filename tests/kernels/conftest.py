@@ -39,14 +39,10 @@ def _import_kernels_for_interpreter() -> None:
             import triton  # noqa: F401  (builds triton's own @jit library for the interpreter)
         except ImportError:  # the test module skips itself
             return
-        import qkv.kernels.triton_bwd as bwd
         import qkv.kernels.triton_flash as flash
-        import qkv.kernels.triton_tiles as tiles
         from qkv.kernels.dispatch import register_backend
 
         if not flash._BUILT_FOR_INTERPRETER:  # imported earlier for the compiler: rebuild
-            importlib.reload(tiles)
-            importlib.reload(bwd)
             flash = importlib.reload(flash)
             register_backend(flash.TritonBackend())
 
