@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from qkv.data.text import utf8_problem
 from qkv.errors import UserError
-from qkv.viz.alignments import _HTML, _IMAGES
+from qkv.viz.heatmap import IMAGE_SUFFIXES
+from qkv.viz.html import HTML_SUFFIXES
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -213,7 +214,7 @@ def _write(
     out: Path, maps: Tensor, tokens: list[str], layer: int | None, head: int | None, title: str
 ) -> None:
     """Write the viewer page (HTML) or a heatmap (image) of the maps."""
-    if out.suffix.lower() in _HTML:
+    if out.suffix.lower() in HTML_SUFFIXES:
         from qkv.viz.html import AttentionView, render_html
 
         initial = None
@@ -235,14 +236,14 @@ def _write(
 
 def _plot_one_head(out: Path, weights: Tensor, tokens: list[str], title: str) -> None:
     """Heatmap of one self-attention head, queries down and keys across."""
-    from qkv.viz.heatmap import _fonts_for, _save, plot_alignment
+    from qkv.viz.heatmap import fonts_for, plot_alignment, save_figure
 
-    with _fonts_for([*tokens, title]):
+    with fonts_for([*tokens, title]):
         fig = plot_alignment(weights, tokens, tokens, title=title)
         ax = fig.axes[0]
         ax.set_xlabel("keys")
         ax.set_ylabel("queries")
-        _save(fig, out)
+        save_figure(fig, out)
 
 
 def _title(name: str, text: str, text_b: str | None) -> str:
@@ -263,13 +264,13 @@ def run_cli(args: argparse.Namespace) -> int:
         qkv.cli.UserError: missing or non-BERT model folder, empty text, layer or head
             out of range, unknown output suffix.
     """
-    from qkv.viz._maps import summary
+    from qkv.viz.maps import summary
 
     out = Path(args.out)
-    if out.suffix.lower() not in _HTML + _IMAGES:
+    if out.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:
         raise UserError(
             f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
-            f"use one of {', '.join(_HTML + _IMAGES)}"
+            f"use one of {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}"
         )
     _check_utf8("TEXT", args.text)
     if args.text_b is not None:

@@ -214,12 +214,15 @@ def _tsv_field(text: str) -> str:
 
 def _check_attention_output(path: str, model) -> None:
     """Refuse, before translating, an ``--show-attention`` path that cannot be written."""
-    from qkv.viz.alignments import _HTML, _IMAGES
+    from qkv.viz.heatmap import IMAGE_SUFFIXES
+    from qkv.viz.html import HTML_SUFFIXES
 
     where = f"--show-attention {path}"
     target = Path(path)
-    if target.suffix.lower() not in _HTML + _IMAGES:
-        raise UserError(f"{where}: the name must end in {', '.join(_HTML + _IMAGES)}")
+    if target.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:
+        raise UserError(
+            f"{where}: the name must end in {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}"
+        )
     if getattr(getattr(model, "config", None), "attention", None) == "none":
         raise UserError(f"{where}: this model has no attention to show")
     if target.is_dir():

@@ -14,10 +14,10 @@ of ``L`` arrays ``(H, Tq, Tk)``; give ``tokens`` for self-attention, or ``src_to
 (keys) and ``tgt_tokens`` (queries) for cross-attention.
 """
 
-from qkv.viz._maps import as_maps, head_entropy, summary
 from qkv.viz.alignments import save_alignments
 from qkv.viz.heatmap import plot_alignment, plot_heads
 from qkv.viz.html import AttentionView, render_html, save_html, show
+from qkv.viz.maps import as_maps, head_entropy, summary
 from qkv.viz.translations import save_translations
 
 __all__ = [

@@ -21,17 +21,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qkv.viz._maps import AttentionMaps, prepare
-from qkv.viz.html import _HTML
+from qkv.viz.heatmap import (
+    IMAGE_SUFFIXES,
+    fonts_for,
+    plain_text,
+    plot_alignment,
+    plot_heads,
+    save_figure,
+    wrap_text,
+)
+from qkv.viz.html import HTML_SUFFIXES, AttentionView, render_pages
+from qkv.viz.maps import AttentionMaps, prepare
 
-__all__ = ["AlignmentItem", "alignment_label", "describe_alignment", "save_alignments"]
+__all__ = [
+    "AlignmentItem",
+    "alignment_label",
+    "describe_alignment",
+    "save_alignments",
+    "save_sentence_page",
+]
 
 log = logging.getLogger(__name__)
 
 # (alignment (Tq, Tk), source tokens (Tk), target tokens (Tq), source text)
 AlignmentItem = tuple[Any, Sequence[Any], Sequence[Any], str]
 
-_IMAGES = (".png", ".svg", ".pdf")
 _END = ("</s>", "<eos>", "<EOS>", "[SEP]")
 
 
@@ -129,35 +143,6 @@ def _prepare_items(
     return maps, labels, titles
 
 
-def _wrap(text: str, width_pt: float, fontsize: float) -> str:
-    """Break ``text`` into lines of at most ``width_pt`` points (estimated glyph widths)."""
-
-    def width(word: str) -> float:  # wide (CJK, Hangul) glyphs are about 1 em, others 0.6
-        return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in word)
-
-    def pieces(word: str) -> list[str]:  # a word wider than a line (CJK text has no spaces)
-        out, piece = [], ""
-        for c in word:
-            if piece and width(piece + c) > limit:
-                out.append(piece)
-                piece = ""
-            piece += c
-        return [*out, piece]
-
-    space, limit, out = 0.3, width_pt / fontsize, []
-    for paragraph in text.split("\n"):
-        line, used = "", 0.0
-        for word in (p for w in paragraph.split(" ") for p in pieces(w)):
-            w = width(word)
-            if line and used + space + w > limit:
-                out.append(line)
-                line, used = word, w
-            else:
-                line, used = (f"{line} {word}" if line else word), used + (space if line else 0) + w
-        out.append(line)
-    return "\n".join(out)
-
-
 def _numbered(path: Path, k: int) -> Path:
     """``out.png`` -> ``out-<k>.png``."""
     return path.with_name(f"{path.stem}-{k}{path.suffix}")
@@ -202,10 +187,10 @@ def save_alignments(
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix not in _HTML + _IMAGES:
+    if suffix not in HTML_SUFFIXES + IMAGE_SUFFIXES:
         raise ValueError(
             f"{path}: unknown output type {suffix or '(none)'!r}; "
-            f"use one of {', '.join(_HTML + _IMAGES)}"
+            f"use one of {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}"
         )
     items = list(items)  # any iterable: a generator is read once, here
     if not items:
@@ -214,14 +199,14 @@ def save_alignments(
     if len(numbers) != len(items) or len(set(numbers)) != len(numbers):
         raise ValueError(f"{path}: need one distinct image number per item, got {numbers}")
     maps, labels, titles = _prepare_items(items)
-    if suffix in _HTML:
+    if suffix in HTML_SUFFIXES:
         if map_label is None and all(am.weights.shape[:2] == (1, 1) for am in maps):
             map_label = "alignment"
-        return [_save_page(path, maps, labels, title, quantization, map_label)]
+        return [save_sentence_page(path, maps, labels, title, quantization, map_label)]
     return _save_images(path, maps, titles, numbers)
 
 
-def _save_page(
+def save_sentence_page(
     path: Path,
     maps: list[AttentionMaps],
     labels: list[str],
@@ -230,9 +215,25 @@ def _save_page(
     map_label: str | Sequence[str | None] | None,
     groups: Sequence[str] | None = None,
 ) -> Path:
-    """The viewer page with one item per sentence (or per view, grouped by sentence)."""
-    from qkv.viz.html import AttentionView, render_pages
+    """Write the viewer page with one item per sentence (or per view, grouped by sentence).
 
+    The page opens on the matrix view; a selector picks the item.
+
+    Args:
+        path: the ``.html`` page.
+        maps: validated maps (:func:`qkv.viz.maps.prepare`), one per item.
+        labels: one line per item for the selector (plain text).
+        title: page title; a default counts the items as translated sentences.
+        quantization: ``"uint16"`` or ``"uint8"``.
+        map_label: what each single map is, or one label per item (``None`` for an item
+            whose maps keep their layer and head numbers); see
+            :func:`qkv.viz.html.render_pages`.
+        groups: one line per item naming its sentence, as in
+            :func:`qkv.viz.html.render_pages`.
+
+    Returns:
+        the path written.
+    """
     n = len(maps)
     title = title or f"Cross-attention: {n} translated sentence{'s' if n != 1 else ''}"
     page = render_pages(
@@ -251,18 +252,16 @@ def _save_images(
     path: Path, maps: list[AttentionMaps], labels: list[str], numbers: list[int]
 ) -> list[Path]:
     """One heatmap per sentence: the alignment, or a grid when it has several heads."""
-    from qkv.viz.heatmap import _fonts_for, _plain, _save, plot_alignment, plot_heads
-
     written = []
     for k, am, label in zip(numbers, maps, labels):
         out = _numbered(path, k)
         if am.weights.shape[:2] == (1, 1):
-            with _fonts_for([*am.key_tokens, *am.query_tokens, label]):
+            with fonts_for([*am.key_tokens, *am.query_tokens, label]):
                 fig = plot_alignment(am.weights[0, 0], am.key_tokens, am.query_tokens)
                 # source and translation (see _image_title), wrapped to the figure's width
-                lines = _wrap(label, 0.85 * 72 * fig.get_figwidth(), 10)
-                fig.axes[0].set_title(_plain(lines), fontsize=10)
-                _save(fig, out)
+                lines = wrap_text(label, 0.85 * 72 * fig.get_figwidth(), 10)
+                fig.axes[0].set_title(plain_text(lines), fontsize=10)
+                save_figure(fig, out)
         else:
             fig = plot_heads(
                 am.weights,

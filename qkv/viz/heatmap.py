@@ -13,6 +13,7 @@ import contextvars
 import logging
 import math
 import os
+import unicodedata
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,18 +22,27 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qkv.files import writing
-from qkv.viz._maps import _to_numpy, prepare
 from qkv.viz.fonts import font_chain
+from qkv.viz.maps import prepare, to_numpy
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_alignment", "plot_heads"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "fonts_for",
+    "plain_text",
+    "plot_alignment",
+    "plot_heads",
+    "save_figure",
+    "wrap_text",
+]
 
 log = logging.getLogger(__name__)
 
-_FORMATS = (".png", ".svg", ".pdf")
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+"""The image types a figure is saved as (:func:`save_figure`), chosen by the path's suffix."""
 _CMAP = "viridis"
 
 
@@ -51,18 +61,24 @@ def _import_matplotlib() -> Any:
     return matplotlib
 
 
-# The font chain of the figure being built, so that a nested _fonts_for keeps it.
+# The font chain of the figure being built, so that a nested fonts_for keeps it.
 _CHAIN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("qkv_fonts", default=None)
 
 
 @contextlib.contextmanager
-def _fonts_for(texts: Sequence[str]) -> Iterator[list[str]]:
+def fonts_for(texts: Sequence[str]) -> Iterator[list[str]]:
     """Use a font chain that covers ``texts`` while building and saving a figure.
 
     Glyphs that no font has are logged once, by :func:`qkv.viz.fonts.font_chain`; inside
     the block matplotlib's own warning per missing glyph (with a source line) is silenced,
     and a nested call (a caller that adds a title around :func:`plot_alignment`) keeps the
     outer chain, made for all of the figure's texts, instead of warning a second time.
+
+    Args:
+        texts: every text the figure will draw (tokens, titles, labels).
+
+    Yields:
+        the font family names in use, first choice first.
     """
     outer = _CHAIN.get()
     if outer is not None:
@@ -93,13 +109,25 @@ def _new_figure(figsize: tuple[float, float]) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: str | os.PathLike[str] | None) -> None:
-    """Write ``fig`` as PNG, SVG or PDF, chosen by the suffix of ``path``."""
+def save_figure(fig: Figure, path: str | os.PathLike[str] | None) -> None:
+    """Write ``fig`` as PNG, SVG or PDF, chosen by the suffix of ``path``.
+
+    The file is written whole or not at all (an interrupt keeps the previous file).
+
+    Args:
+        fig: the figure.
+        path: where to save (one of :data:`IMAGE_SUFFIXES`); nothing is written when None.
+
+    Raises:
+        ValueError: a suffix that is not one of :data:`IMAGE_SUFFIXES`.
+    """
     if path is None:
         return
     path = Path(path)
-    if path.suffix.lower() not in _FORMATS:
-        raise ValueError(f"{path}: unsupported image format, use one of {', '.join(_FORMATS)}")
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(
+            f"{path}: unsupported image format, use one of {', '.join(IMAGE_SUFFIXES)}"
+        )
     with writing(path) as tmp:  # whole or not at all; the suffix names the format
         fig.savefig(tmp, dpi=150, format=path.suffix[1:].lower())
     log.info("wrote %s", path)
@@ -124,17 +152,65 @@ def _visible(label: str) -> str:
     )
 
 
-def _plain(text: str) -> str:
+def plain_text(text: str) -> str:
     """``text`` as matplotlib shows it literally: a pair of ``$`` would start mathtext
-    ("costs $5 to $10" drawn as "costs 5to10" in italics; "$\\x$" fails to draw)."""
+    ("costs $5 to $10" drawn as "costs 5to10" in italics; "$\\x$" fails to draw).
+
+    Args:
+        text: a title or label.
+
+    Returns:
+        the text with every ``$`` escaped.
+    """
     return text.replace("$", r"\$")
+
+
+def wrap_text(text: str, width_pt: float, fontsize: float) -> str:
+    """Break ``text`` into lines of at most ``width_pt`` points (estimated glyph widths).
+
+    Wide glyphs (CJK, Hangul) count about 1 em, others 0.6 em; a word wider than a line
+    (CJK text has no spaces) is cut between characters. Line breaks in ``text`` are kept.
+
+    Args:
+        text: a title, possibly of several lines.
+        width_pt: the room for a line, in points.
+        fontsize: the font size the text is drawn at, in points.
+
+    Returns:
+        the text with line breaks added.
+    """
+
+    def width(word: str) -> float:  # wide (CJK, Hangul) glyphs are about 1 em, others 0.6
+        return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in word)
+
+    def pieces(word: str) -> list[str]:  # a word wider than a line (CJK text has no spaces)
+        out, piece = [], ""
+        for c in word:
+            if piece and width(piece + c) > limit:
+                out.append(piece)
+                piece = ""
+            piece += c
+        return [*out, piece]
+
+    space, limit, out = 0.3, width_pt / fontsize, []
+    for paragraph in text.split("\n"):
+        line, used = "", 0.0
+        for word in (p for w in paragraph.split(" ") for p in pieces(w)):
+            w = width(word)
+            if line and used + space + w > limit:
+                out.append(line)
+                line, used = word, w
+            else:
+                line, used = (f"{line} {word}" if line else word), used + (space if line else 0) + w
+        out.append(line)
+    return "\n".join(out)
 
 
 def _short(label: str, limit: int = 24) -> str:
     """The label as it shows (:func:`_visible`), cut to ``limit`` characters so that
     the map keeps its room, and drawn as plain text."""
     label = _visible(label)
-    return _plain(label if len(label) <= limit else label[: limit - 1] + "…")
+    return plain_text(label if len(label) <= limit else label[: limit - 1] + "…")
 
 
 def _label_step(n: int, max_labels: int = 64) -> int:
@@ -183,7 +259,7 @@ def plot_alignment(
     tq, tk = w.shape
     src, tgt = am.key_tokens, am.query_tokens
     fontsize = 9.0 if max(tq, tk) <= 30 else 7.0
-    with _fonts_for([*src, *tgt, title or ""]):
+    with fonts_for([*src, *tgt, title or ""]):
         own = ax is None
         if ax is None:
             cell = 0.24 if max(tq, tk) <= 30 else 0.17
@@ -206,18 +282,16 @@ def plot_alignment(
         ax.xaxis.set_label_position("top")
         ax.set_ylabel("target (queries)")
         if title:  # wrapped to the figure (or the given axes), as plot_heads' title
-            from qkv.viz.alignments import _wrap
-
             room = 72 * fig.get_figwidth() * (0.9 if own else ax.get_position().width)
-            ax.set_title(_plain(_wrap(title, room, 12)), fontsize=12)
+            ax.set_title(plain_text(wrap_text(title, room, 12)), fontsize=12)
         fig.colorbar(image, ax=ax, label="attention weight", shrink=0.8)
-        _save(fig, path)
+        save_figure(fig, path)
     return fig
 
 
 def _as_2d(weights: Any) -> np.ndarray:
     """Return one attention map as a float64 ``(Tq, Tk)`` array."""
-    w = _to_numpy(weights)
+    w = to_numpy(weights)
     w = w.reshape(w.shape[-2:]) if w.ndim > 2 and math.prod(w.shape[:-2]) == 1 else w
     if w.ndim != 2:
         raise ValueError(f"plot_alignment: weights of shape {w.shape}, expected (Tq, Tk)")
@@ -277,7 +351,7 @@ def plot_heads(
     vmax = max(1e-12, float(sel.max()))
     labelled = max(sel.shape[2:]) <= 24
     cell = 2.2 if labelled else 1.6
-    with _fonts_for([*am.query_tokens, *am.key_tokens, title or ""]):
+    with fonts_for([*am.query_tokens, *am.key_tokens, title or ""]):
         fig = _new_figure((0.8 + cell * len(hs), (1.0 if title else 0.6) + cell * len(ls)))
         axes = fig.subplots(len(ls), len(hs), squeeze=False)
         for r, layer in enumerate(ls):
@@ -297,10 +371,10 @@ def plot_heads(
         fig.supxlabel("keys" if am.kind == "self" else "source (keys)", fontsize=9)
         fig.supylabel("queries" if am.kind == "self" else "target (queries)", fontsize=9)
         if title:
-            from qkv.viz.alignments import _wrap
-
-            fig.suptitle(_plain(_wrap(title, 0.9 * 72 * fig.get_figwidth(), 10)), fontsize=10)
-        _save(fig, path)
+            fig.suptitle(
+                plain_text(wrap_text(title, 0.9 * 72 * fig.get_figwidth(), 10)), fontsize=10
+            )
+        save_figure(fig, path)
     return fig
 
 

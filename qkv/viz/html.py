@@ -48,11 +48,12 @@ from typing import Any
 import numpy as np
 
 from qkv.files import writing
-from qkv.viz._maps import AttentionMaps, prepare, summarize, summarize_map
+from qkv.viz.maps import AttentionMaps, prepare, summarize, summarize_map
 from qkv.viz.page import PER_LAYER, Summary, fill_page
 from qkv.viz.payload import decode_payload, encode_payload, extract_payload
 
 __all__ = [
+    "HTML_SUFFIXES",
     "AttentionView",
     "decode_payload",
     "encode_payload",
@@ -130,7 +131,7 @@ def render_pages(
     Each item is quantised on its own; the page states the largest error bound.
 
     Args:
-        items: validated maps (:func:`qkv.viz._maps.prepare`), one per sentence.
+        items: validated maps (:func:`qkv.viz.maps.prepare`), one per sentence.
         labels: one line per item for the selector (plain text, never markup).
         title: page title.
         quantization: ``"uint16"`` or ``"uint8"``.
@@ -212,14 +213,15 @@ def _check_initial(initial: Mapping[str, Any], layers: int, heads: int) -> dict[
     return out
 
 
-_HTML = (".html", ".htm")
+HTML_SUFFIXES = (".html", ".htm")
+"""The names a viewer page is saved under (:meth:`AttentionView.save`)."""
 
 
 def _html_path(path: str | os.PathLike[str]) -> Path:
     """``path`` if it names an HTML file; an image or other name would hold a page that
     no image viewer (or a browser, by the name) opens as one."""
     path = Path(path)
-    if path.suffix.lower() not in _HTML:
+    if path.suffix.lower() not in HTML_SUFFIXES:
         hint = " (plot_heads and plot_alignment draw images)" if path.suffix else ""
         raise ValueError(
             f"{path}: the viewer is an HTML page; give a name ending in .html or .htm{hint}"

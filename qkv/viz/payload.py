@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from qkv.viz._maps import AttentionMaps
+from qkv.viz.maps import AttentionMaps
 
 __all__ = [
     "PAYLOAD_ID",

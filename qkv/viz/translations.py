@@ -22,15 +22,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from qkv.viz import page
-from qkv.viz._maps import prepare
 from qkv.viz.alignments import (
-    _HTML,
-    _save_page,
     alignment_label,
     describe_alignment,
     save_alignments,
+    save_sentence_page,
 )
+from qkv.viz.html import HTML_SUFFIXES
+from qkv.viz.maps import prepare
 
 __all__ = ["TranslationEntry", "translation_attention", "save_translations"]
 
@@ -54,8 +56,6 @@ def translation_attention(model: Any, src_ids: Sequence[int], out_ids: Sequence[
     Returns:
         the maps of ``len(out_ids) + eos`` target rows.
     """
-    import torch
-
     rows = len(out_ids) + int(eos)
     device = next(model.parameters()).device
     src = torch.tensor([list(src_ids)], dtype=torch.long, device=device)
@@ -72,8 +72,6 @@ def translation_attention(model: Any, src_ids: Sequence[int], out_ids: Sequence[
 
 def _stack(maps: list) -> Any:
     """Per-layer ``(1, H, Tq, Tk)`` maps as one ``(L, H, Tq, Tk)`` float32 tensor."""
-    import torch
-
     return torch.stack([w[0] for w in maps]).float().cpu()
 
 
@@ -149,7 +147,7 @@ def save_translations(
         the files written.
     """
     path = Path(path)
-    if path.suffix.lower() in _HTML and _has_every_map(model) and entries:
+    if path.suffix.lower() in HTML_SUFFIXES and _has_every_map(model) and entries:
         size = _full_size_mib(model, entries)
         if size <= budget_mib:
             alignment = describe_alignment(model)
@@ -158,7 +156,7 @@ def save_translations(
             n = len(entries)
             title = f"Attention: {n} translated sentence{'s' if n != 1 else ''}"
             quantization = _quantization(size)
-            return [_save_page(path, maps, labels, title, quantization, names, groups)]
+            return [save_sentence_page(path, maps, labels, title, quantization, names, groups)]
         log.warning(
             "%s shows the alignments only: every layer and head of %d sentences would be "
             "%.0f MiB (more than %.0f); give fewer lines to see them",

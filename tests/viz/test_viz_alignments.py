@@ -11,9 +11,10 @@ import torch
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq
 from qkv.models.translators.transformer import TransformerSeq2Seq
-from qkv.viz import save_alignments
+from qkv.viz import alignments, heatmap, save_alignments
 from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload, render_html, render_pages
+from qkv.viz.maps import prepare
 
 
 def _items(make_maps, hostile_tokens):
@@ -96,8 +97,6 @@ def test_bad_initial_view(make_maps, initial, match):
 
 def test_pages_need_one_label_per_item(make_maps):
     with pytest.raises(ValueError, match="2 items and 1 labels"):
-        from qkv.viz._maps import prepare
-
         am = prepare(make_maps(1, 1, 2, 2), list("ab"))
         render_pages([am, am], ["only one"], title="t")
 
@@ -260,8 +259,6 @@ def test_labelled_map_in_browser(open_page, tmp_path, make_maps, hostile_tokens)
 def test_image_titles_keep_the_translation_of_a_long_source(tmp_path, make_maps, monkeypatch):
     """Image titles were the selector's one line cut at 120 characters, so past ~115
     characters of source the translation was cut off; a grid of heads had no title."""
-    import qkv.viz.heatmap as heatmap
-
     titles = []
 
     def keep_title(fig, path):
@@ -270,7 +267,8 @@ def test_image_titles_keep_the_translation_of_a_long_source(tmp_path, make_maps,
         text = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
         titles.append(" ".join(text.split()))
 
-    monkeypatch.setattr(heatmap, "_save", keep_title)
+    monkeypatch.setattr(heatmap, "save_figure", keep_title)  # plot_heads saves a grid
+    monkeypatch.setattr(alignments, "save_figure", keep_title)  # a titled single map
     source = " ".join(f"word{i}" for i in range(30))  # 199 characters
     items = [
         (make_maps(1, 1, 3, 4)[0, 0], list("abcd"), ["I", "go", "</s>"], source),

@@ -142,14 +142,14 @@ def _no_font_has(char: str) -> bool:
 
 
 def test_a_missing_glyph_is_one_log_line_not_matplotlib_warnings(tmp_path, caplog):
-    from qkv.viz.heatmap import _fonts_for
+    from qkv.viz.heatmap import fonts_for
 
     if not _no_font_has(LINEAR_B):
         pytest.skip("an installed font covers Linear B")
     w = np.random.default_rng(4).dirichlet(np.ones(3), size=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with _fonts_for(["a", LINEAR_B, "title " + LINEAR_B]):  # as qkv show does for one head
+        with fonts_for(["a", LINEAR_B, "title " + LINEAR_B]):  # as qkv show does for one head
             plot_alignment(
                 w,
                 [LINEAR_B, "b", "c"],

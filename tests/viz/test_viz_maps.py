@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qkv.viz import as_maps, head_entropy, summary
-from qkv.viz._maps import prepare, summarize_map
+from qkv.viz.maps import prepare, summarize_map
 
 
 def test_layouts_agree(make_maps):

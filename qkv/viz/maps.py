@@ -25,6 +25,7 @@ __all__ = [
     "summarize",
     "summarize_map",
     "summary",
+    "to_numpy",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,20 @@ class AttentionMaps:
     kind: str
 
 
-def _to_numpy(x: Any) -> np.ndarray:
-    """Return ``x`` (tensor, array or nested list) as a float64 numpy array."""
+def to_numpy(x: Any) -> np.ndarray:
+    """Return ``x`` (tensor, array or nested list) as a float64 numpy array.
+
+    A tensor is detached and copied to the CPU; a sparse one is made dense.
+
+    Args:
+        x: a ``torch.Tensor``, a numpy array or nested lists of numbers.
+
+    Returns:
+        float64 array of the same shape.
+
+    Raises:
+        ValueError: complex values, or a tensor on the meta device (it holds no values).
+    """
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor, without importing torch
         x = x.detach()
         if x.is_complex():
@@ -96,13 +109,13 @@ def as_maps(maps: Any) -> np.ndarray:
     """
     if isinstance(maps, list | tuple) and maps and not any(hasattr(m, "shape") for m in maps):
         try:  # nested lists of numbers: an array, read as one below
-            maps = _to_numpy(maps)
+            maps = to_numpy(maps)
         except ValueError:
             raise ValueError("attention maps: nested lists of different lengths") from None
     if isinstance(maps, list | tuple):
         if not maps:
             raise ValueError("attention maps: got an empty list of layers")
-        layers = [_to_numpy(m) for m in maps]
+        layers = [to_numpy(m) for m in maps]
         layers = [m[0] if m.ndim == 4 and m.shape[0] == 1 else m for m in layers]
         bad = [(i, m.shape) for i, m in enumerate(layers) if m.ndim != 3]
         if bad:
@@ -117,7 +130,7 @@ def as_maps(maps: Any) -> np.ndarray:
             raise ValueError(f"attention maps: layers differ in shape: {shapes}")
         arr = np.stack(layers)
     else:
-        arr = _to_numpy(maps)
+        arr = to_numpy(maps)
         if arr.ndim == 5:
             arr = _drop_batch(arr)
         arr = arr.reshape((1,) * (4 - arr.ndim) + arr.shape) if 2 <= arr.ndim < 4 else arr
