@@ -5,7 +5,7 @@
 #      project's pins do not apply there);
 #   2. hopper_fit: the sm_90 compile report of every autotuning candidate under that
 #      machine's triton (registers, spills, shared memory);
-#   3. tests: tests/backends/test_triton_flash.py compiled on the GPU (outputs and
+#   3. tests: tests/kernels/test_triton_flash.py compiled on the GPU (outputs and
 #      gradients against float64 references), in parallel where pytest-xdist is there;
 #   4. half_masks: the half-precision tests with float32 masks of finfo(float32).min and
 #      with scores past float16's range, on CUDA (kernel_bias saturates masks there);
@@ -46,9 +46,9 @@ step 85 hopper_fit "$PY" benchmarks/hopper_fit.py --head-sizes 64 128 --dtypes b
 xdist=()
 if "$PY" -c "import xdist" 2>/dev/null; then xdist=(-n 8); fi
 step 185 tests "$PY" -m pytest -q -x -p no:cacheprovider "${xdist[@]}" \
-    tests/backends/test_triton_flash.py -k "not fits_hopper"
+    tests/kernels/test_triton_flash.py -k "not fits_hopper"
 device=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 step 30 half_masks env QKV_TEST_DEVICE="$device" "$PY" -m pytest -q -x -p no:cacheprovider \
-    tests/functional/test_sdpa.py -k "huge_negatives or past_its_largest"
+    tests/test_functional.py -k "huge_negatives or past_its_largest"
 TAIL_LINES=40 step 250 gpu "$PY" benchmarks/gpu.py "$OUT" --budget-s 200
 exit $status

@@ -1,4 +1,5 @@
-"""The chunked backend's block skipping: key ranges from masks, exactness, and dispatch."""
+"""The chunked backend: block skipping over visible key ranges, exact against float64 math
+on every path (fused blocks, split masked calls, whole rows, the online softmax), gradients."""
 
 from __future__ import annotations
 
@@ -18,31 +19,6 @@ def _band(tq: int, tk: int, width: int) -> torch.Tensor:
     return (i + (tk - tq) - j).abs() <= width
 
 
-def _ranges(q, k, v, mask=None, causal=False, block_q=16):
-    req = _request(q, k, v, mask, causal, None, 0.0, False, False)
-    return chunked.key_ranges(req, block_q)
-
-
-def test_key_ranges_follow_the_mask_structure():
-    q = k = v = torch.randn(2, 1, 64, 4)
-    causal = _ranges(q, k, v, causal=True)
-    assert causal.lo == [[0, 0, 0, 0]] and causal.hi == [[16, 32, 48, 64]]
-    band = _ranges(q, k, v, _band(64, 64, 5))
-    assert band.lo == [[0, 11, 27, 43]] and band.hi == [[21, 37, 53, 64]]
-    assert band.dense == [[False] * 4]
-    pad = _ranges(q, k, v, qkv.padding_mask(torch.tensor([64, 20]), 64)[:, None, None, :])
-    assert pad.hi == [[64] * 4, [20] * 4] and pad.dense == [[True] * 4] * 2  # per sequence
-    hidden = torch.ones(64, 64, dtype=torch.bool)
-    hidden[16:32] = False  # the second query block sees nothing at all
-    none = _ranges(q, k, v, hidden)
-    assert none.lo[0][1] == none.hi[0][1] == 0
-    assert 0 < band.visible_share(64, 64) < 0.6
-    bias = _ranges(q, k, v, torch.randn(64, 64))  # finite everywhere: one reduction a block
-    assert bias.lo == [[0] * 4] and bias.hi == [[64] * 4] and bias.dense == [[False] * 4]
-    hiding = torch.randn(64, 64).masked_fill(~_band(64, 64, 5), float("-inf"))
-    assert _ranges(q, k, v, hiding).lo == band.lo and _ranges(q, k, v, hiding).hi == band.hi
-
-
 # fused: SDPA per block (no lse asked for); online: qkv's tiles (lse); 64: many key chunks
 @pytest.mark.parametrize("path", ["fused", "online", "online-many-chunks"])
 @pytest.mark.parametrize(
@@ -55,7 +31,7 @@ def test_skipping_is_exact(kind, path, monkeypatch):
     _check_skipping(kind, path, b, h, hkv, tq, tk)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 @pytest.mark.parametrize(
     "kind", ["band", "band-causal", "padding", "rows-hidden", "alibi", "random", "random-causal"]
 )
@@ -255,66 +231,6 @@ def test_online_softmax_gradients_of_out_and_lse(kind, monkeypatch):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-8)
     if hidden.any():
         assert (grads[0].masked_select(hidden[..., None]) == 0).all()
-
-
-def test_auto_prefers_chunked_only_where_the_mask_hides_most_blocks():
-    t = 1024  # Tq * Tk reaches SKIP_MIN_SCORES
-    q = k = v = torch.randn(1, 2, t, 16)
-    band = qkv.explain_dispatch(q, k, v, _band(t, t, 64))
-    assert band.chosen == "chunked"
-    assert any("chunked skips" in r for r in band.reasons["sdpa"])
-    assert qkv.explain_dispatch(q, k, v, torch.rand(t, t) > 0.5).chosen == "sdpa"
-    assert (
-        qkv.explain_dispatch(q[:, :, :64], k[:, :, :64], v[:, :, :64], _band(64, 64, 2)).chosen
-        == "sdpa"
-    )
-    alibi = -qkv.modules.positional.alibi_slopes(2)[:, None, None] * torch.rand(t, t)
-    per_head = qkv.explain_dispatch(q, k, v, alibi)  # SDPA's CPU kernel is slow with it
-    assert per_head.chosen == "chunked" and "per-head float" in per_head.reasons["sdpa"][0]
-    assert qkv.explain_dispatch(q, k, v, alibi[:1]).chosen == "sdpa"  # one map for all heads
-    grad = q.clone().requires_grad_()
-    assert qkv.explain_dispatch(grad, k, v, _band(t, t, 64)).chosen == "sdpa"
-
-
-@pytest.mark.parametrize(("hidden", "chosen"), [(0.3, "chunked"), (0.1, "sdpa")])
-def test_auto_takes_chunked_for_padding_that_hides_a_fifth_of_the_keys(hidden, chosen):
-    """Key padding and windows that hide 20% or more of a large score matrix go to chunked
-    (measured 0.71-0.91x the sdpa backend's time; it took SDPA below 50%), with the
-    same output as the float64 formula."""
-    t, b = 1024, 4
-    q, k, v = (torch.randn(b, 2, t, 16) for _ in range(3))
-    lengths = torch.tensor([t, t, t, t - int(4 * hidden * t)])  # that share of all keys
-    mask = (torch.arange(t) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Tk)
-    d = qkv.explain_dispatch(q, k, v, mask)
-    assert d.chosen == chosen, d
-    out = qkv.scaled_dot_product_attention(q, k, v, mask)
-    ref, _ = naive_attention(*(x.double() for x in (q, k, v)), mask)
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    window = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).abs() <= 256
-    assert qkv.explain_dispatch(q[:1], k[:1], v[:1], window).chosen == "chunked"
-
-
-def test_auto_prefers_chunked_where_sdpa_would_copy_a_boolean_mask_past_its_limit(monkeypatch):
-    """SDPA turns a boolean mask into a float bias of the mask's full broadcast size;
-    past SDPA_BIAS_MAX_BYTES `auto` takes chunked (a block at a time), with the same output."""
-    import qkv.kernels.dispatch as backends
-
-    t, h = 1024, 2
-    q, k, v = (torch.randn(1, h, t, 16) for _ in range(3))
-    mask = (torch.rand(t, t) > 0.5).expand(1, h, t, t)  # a view: 2 MiB of bias, 1 of bool
-    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 2 * t * t * 4 - 1)
-    d = qkv.explain_dispatch(q, k, v, mask)
-    assert d.chosen == "chunked" and "GiB float bias" in d.reasons["sdpa"][0]
-    out = qkv.scaled_dot_product_attention(q, k, v, mask)
-    ref = qkv.scaled_dot_product_attention(q, k, v, mask, backend="sdpa")
-    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
-    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 2 * t * t * 4)  # at the limit
-    assert qkv.explain_dispatch(q, k, v, mask).chosen == "sdpa"
-    monkeypatch.setattr(backends, "SDPA_BIAS_MAX_BYTES", 1)
-    bias = mask[:, :1].float().log()  # a float mask is SDPA's bias as it is: no copy
-    assert qkv.explain_dispatch(q, k, v, bias).chosen == "sdpa"
-    grad = q.clone().requires_grad_()
-    assert qkv.explain_dispatch(grad, k, v, mask).chosen == "sdpa"  # no autograd in chunked
 
 
 @pytest.mark.parametrize("lse", [False, True], ids=["fused", "online"])
