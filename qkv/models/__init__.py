@@ -1,11 +1,12 @@
 """Models built on the qkv blocks, and loading of pretrained Hugging Face checkpoints."""
 
 from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from qkv.models.pretrained.bert import BertConfig, BertModel, BertOutput, encode
+from qkv.models.pretrained.bert import BertConfig, BertModel, BertOutput
 from qkv.models.pretrained.gen_defaults import GenerationDefaults
 from qkv.models.pretrained.generation import DecodingRules, sample_next
 from qkv.models.pretrained.gpt import GPT, GPTConfig, GPTOutput
 from qkv.models.pretrained.hf_tokenizer import load_tokenizer, minilm_path, sentence_options
+from qkv.models.pretrained.sentence import encode
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
 from qkv.models.translators.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention

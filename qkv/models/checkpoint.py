@@ -26,6 +26,9 @@ import torch
 from torch import nn
 
 from qkv.errors import CheckpointError
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq
+from qkv.models.translators.transformer import TransformerSeq2Seq
 
 __all__ = [
     "Checkpoint",
@@ -42,10 +45,6 @@ FORMAT = "qkv-checkpoint-1"
 
 def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
     """Build a seq2seq model from its type name and config dict."""
-    from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
-    from qkv.models.translators.rnn import RNNSeq2Seq
-    from qkv.models.translators.transformer import TransformerSeq2Seq
-
     if kind == "transformer":
         return TransformerSeq2Seq(TransformerSeq2SeqConfig.from_dict(config))
     if kind == "rnn":

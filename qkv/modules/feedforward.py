@@ -1,8 +1,8 @@
 """The pieces every Transformer layer shares: the feed-forward block and the residual step.
 
 A layer is a residual stack of sub-layers ``x + Sublayer(x)``, normalised after the sum
-(post-LN) or before the sub-layer (pre-LN); :func:`_residual` is that one step, and
-:class:`FeedForward` the position-wise sub-layer. The ``_torch_*`` helpers read
+(post-LN) or before the sub-layer (pre-LN); :func:`residual` is that one step, and
+:class:`FeedForward` the position-wise sub-layer. :func:`layer_from_torch` reads
 ``torch.nn.Transformer*Layer`` modules for ``from_torch``.
 """
 
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
 
-__all__ = ["FeedForward"]
+__all__ = ["FeedForward", "layer_from_torch", "layer_norm", "residual"]
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -73,14 +73,32 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
-def _norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:
+def layer_norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:
+    """The layer norm of a Transformer layer (Ba et al. 2016) over the model width.
+
+    Args:
+        dim: model width E.
+        eps: added to the variance.
+        bias: a learned bias beside the learned scale.
+
+    Shape:
+        ``(..., E)`` -> ``(..., E)``.
+    """
     return nn.LayerNorm(dim, eps=eps, bias=bias)
 
 
-def _residual(x: Tensor, block, norm: nn.Module, norm_first: bool):
+def residual(x: Tensor, block, norm: nn.Module, norm_first: bool):
     """One residual sub-layer: ``x + f(LN(x))`` (pre-LN) or ``LN(x + f(x))`` (post-LN).
 
-    ``block`` returns ``(output, extra)``; ``extra`` (attention weights or None) is passed on.
+    Args:
+        x: the layer's input ``(B, T, E)``.
+        block: the sub-layer ``f``; returns ``(output, extra)``, ``extra`` (attention
+            weights or None) is passed on.
+        norm: the layer norm ``LN``.
+        norm_first: pre-LN when True, post-LN when False.
+
+    Returns:
+        ``(x', extra)``, ``x'`` of the shape of ``x``.
     """
     if norm_first:
         h, extra = block(norm(x))
@@ -110,9 +128,22 @@ def _copy_ff_norms(new: nn.Module, layer: nn.Module, norms: list[str]) -> None:
         getattr(new, name).load_state_dict(getattr(layer, name).state_dict())
 
 
-def _layer_from_torch(cls: type, layer: nn.Module, norms: list[str], **extra):
+def layer_from_torch(cls: type, layer: nn.Module, norms: list[str], **extra):
     """``cls`` with a torch layer's options, self-attention, feed-forward and norms (copied
-    in the layer's dtype: no rounding); ``extra`` goes to ``cls`` as it is."""
+    in the layer's dtype: no rounding); ``extra`` goes to ``cls`` as it is.
+
+    Args:
+        cls: a qkv layer class (``EncoderLayer``, ``DecoderLayer``).
+        layer: a ``torch.nn.TransformerEncoderLayer`` or ``TransformerDecoderLayer``.
+        norms: the names of the layer norms to copy (``"norm1"``, ...).
+        **extra: more keyword arguments for ``cls``.
+
+    Returns:
+        the new layer, on the torch layer's device and in its dtype and training mode.
+
+    Raises:
+        ValueError: an activation other than relu, gelu (exact or tanh) and silu.
+    """
     attn = layer.self_attn
     new = cls(
         attn.embed_dim,

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, LayerCache
-from qkv.modules.feedforward import FeedForward, _layer_from_torch, _norm, _residual
+from qkv.modules.feedforward import FeedForward, layer_from_torch, layer_norm, residual
 from qkv.modules.positional import AttentionPositional
 
 __all__ = [
@@ -89,8 +89,8 @@ class EncoderLayer(nn.Module):
             backend=backend,
         )
         self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
-        self.norm1 = _norm(dim, layer_norm_eps, bias)
-        self.norm2 = _norm(dim, layer_norm_eps, bias)
+        self.norm1 = layer_norm(dim, layer_norm_eps, bias)
+        self.norm2 = layer_norm(dim, layer_norm_eps, bias)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
 
@@ -108,16 +108,14 @@ class EncoderLayer(nn.Module):
             out, w = self.self_attn(h, mask=mask, key_mask=key_mask, need_weights=need_weights)
             return self.dropout1(out), w
 
-        x, weights = _residual(x, attend, self.norm1, self.norm_first)
-        x, _ = _residual(
-            x, lambda h: (self.dropout2(self.ff(h)), None), self.norm2, self.norm_first
-        )
+        x, weights = residual(x, attend, self.norm1, self.norm_first)
+        x, _ = residual(x, lambda h: (self.dropout2(self.ff(h)), None), self.norm2, self.norm_first)
         return x, weights
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderLayer:
         """A qkv layer with the weights and options of ``torch.nn.TransformerEncoderLayer``."""
-        return _layer_from_torch(cls, layer, ["norm1", "norm2"])
+        return layer_from_torch(cls, layer, ["norm1", "norm2"])
 
 
 class DecoderLayer(nn.Module):
@@ -181,9 +179,9 @@ class DecoderLayer(nn.Module):
                 backend=backend,
             )
         self.ff = FeedForward(dim, ff_dim, activation, dropout, bias)
-        self.norm1 = _norm(dim, layer_norm_eps, bias)
-        self.norm2 = _norm(dim, layer_norm_eps, bias) if cross else None
-        self.norm3 = _norm(dim, layer_norm_eps, bias)
+        self.norm1 = layer_norm(dim, layer_norm_eps, bias)
+        self.norm2 = layer_norm(dim, layer_norm_eps, bias) if cross else None
+        self.norm3 = layer_norm(dim, layer_norm_eps, bias)
         self.dropout1, self.dropout2, self.dropout3 = (Dropout(dropout) for _ in range(3))
 
     def forward(
@@ -228,17 +226,17 @@ class DecoderLayer(nn.Module):
             return self.dropout3(self.ff(h)), None
 
         cross_w = None
-        x, self_w = _residual(x, self_block, self.norm1, self.norm_first)
+        x, self_w = residual(x, self_block, self.norm1, self.norm_first)
         if self.cross_attn is not None:
-            x, cross_w = _residual(x, cross_block, self.norm2, self.norm_first)
-        x, _ = _residual(x, ff_block, self.norm3, self.norm_first)
+            x, cross_w = residual(x, cross_block, self.norm2, self.norm_first)
+        x, _ = residual(x, ff_block, self.norm3, self.norm_first)
         return x, self_w, cross_w
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderLayer:
         """A qkv layer with the weights and options of ``torch.nn.TransformerDecoderLayer``."""
         cross = layer.multihead_attn
-        new = _layer_from_torch(cls, layer, ["norm1", "norm2", "norm3"], memory_dim=cross.kdim)
+        new = layer_from_torch(cls, layer, ["norm1", "norm2", "norm3"], memory_dim=cross.kdim)
         new.cross_attn = MultiHeadAttention.from_torch(cross)
         return new
 

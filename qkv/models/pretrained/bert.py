@@ -12,8 +12,8 @@ token in both directions:
 :meth:`BertModel.from_pretrained` reads any Hugging Face BERT-family folder (BERT, MiniLM,
 RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, ALBERT, MPNet, DistilBERT, sentence-transformers
 encoders; see :mod:`~qkv.models.pretrained.bert_hf`);
-:func:`~qkv.models.pretrained.sentence.encode` (also importable from here) turns texts into
-sentence embeddings by pooling the last hidden state.
+:func:`~qkv.models.pretrained.sentence.encode` (also :func:`qkv.models.encode`) turns texts
+into sentence embeddings by pooling the last hidden state.
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ from qkv.models.pretrained.hf import (
     load_state_dict,
     read_config,
 )
-from qkv.models.pretrained.sentence import encode
 from qkv.modules.transformer import Encoder, EncoderLayer
 
-__all__ = ["BertConfig", "BertModel", "BertOutput", "encode", "relative_buckets"]
+__all__ = ["BertConfig", "BertModel", "BertOutput", "relative_buckets"]
 
 log = logging.getLogger(__name__)
 

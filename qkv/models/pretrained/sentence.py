@@ -9,14 +9,13 @@ sentence-transformers folder, :func:`encode` gives ``SentenceTransformer.encode`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:  # a type only: bert.py imports this module
-    from qkv.models.pretrained.bert import BertModel
+from qkv.models.pretrained.bert import BertModel
 
 __all__ = ["encode"]
 
