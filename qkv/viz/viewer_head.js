@@ -68,8 +68,9 @@ function renderHeadView(root) {
 
 // The overview: the lines of the selected heads at once, on a canvas. On long inputs
 // only the strongest LINE_BUDGET are drawn, as hairlines: a 512-token map of 12 heads
-// has over 100,000 lines above LINE_MIN, and at 1.5 px software rasterising them took
-// 30 s (a line costs its length; hairlines take Skia's fast path, about 4 times faster).
+// has over 100,000 lines above LINE_MIN, far too many to rasterise in software at 1.5 px
+// (a line costs its length; hairlines take Skia's fast path, which is quicker).
+// (measured: BENCHMARKS.md, 'Attention viewer')
 const LINE_BUDGET = 3000;
 
 function drawOverview() {
@@ -168,7 +169,8 @@ function lineEl(h, i, j, w) {
 
 // The lines of the focused token, one SVG element each, carrying the exact weight. On
 // long inputs only those of LINE_MIN and more (the rest are under 1% opaque): 12 heads x
-// 512 tokens were 6,144 elements, seconds of layout and rasterising per hover.
+// 512 tokens were 6,144 elements, too many to lay out and rasterise on every hover.
+// (measured: BENCHMARKS.md, 'Attention viewer')
 const FOCUS_ALL_MAX = 1000; // up to this many lines, a focus draws all, however faint
 
 function drawLines() {

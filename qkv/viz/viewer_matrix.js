@@ -103,8 +103,9 @@ function renderModelView(root) {
 // and mark(cell | null) -> the node shown on the keyboard's cell. Weights are read from the
 // decoded data, so what the tooltip and the readout say does not depend on the surface.
 const tooltip = document.getElementById("qkv-tooltip");
-// Maps up to 64 x 64 are tables; a <td> per weight took 8 s to build at 512 x 512 (on a
-// busy 2-core machine), and every highlight then searched those 262,144 cells.
+// Maps up to 64 x 64 are tables; beyond, a <td> per weight is slow to build (512 x 512 is
+// 262,144 cells), and every highlight then searched them all.
+// (measured: BENCHMARKS.md, 'Attention viewer')
 const TABLE_CELLS_MAX = 64 * 64;
 let surface = null; // of the matrix on show, set by renderMatrixView
 
