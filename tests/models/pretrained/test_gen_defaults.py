@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from tests.models.gpt_helpers import random_gpt2_folder
+from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 

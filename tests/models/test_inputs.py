@@ -9,7 +9,7 @@ from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqCo
 from qkv.models.translators.rnn import RNNSeq2Seq
 from qkv.models.translators.transformer import TransformerSeq2Seq
 from qkv.translate.search import beam, greedy
-from tests.models.seq2seq_helpers import BOS, EOS, PAD, padded_batch
+from tests.models.translators.seq2seq_helpers import BOS, EOS, PAD, padded_batch
 
 V = 13
 SPECIAL = {"src_vocab_size": V, "tgt_vocab_size": V, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS}

@@ -9,7 +9,7 @@ import torch
 
 from qkv.models.translators.config import TransformerSeq2SeqConfig
 from qkv.models.translators.transformer import TransformerSeq2Seq, TransformerState
-from tests.models.seq2seq_helpers import (
+from tests.models.translators.seq2seq_helpers import (
     PAD,
     assert_every_parameter_gets_gradient,
     padded_batch,

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from tests.models.gpt_helpers import random_gpt2_folder
+from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,7 +7,7 @@ import torch
 
 from qkv.models.translators.config import RNNSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
-from tests.models.seq2seq_helpers import (
+from tests.models.translators.seq2seq_helpers import (
     PAD,
     assert_every_parameter_gets_gradient,
     padded_batch,

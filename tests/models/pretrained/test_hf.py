@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from tests.models.gpt_helpers import random_gpt2_folder
+from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tests.models.gpt_helpers import gpt2_fixtures
+from tests.models.pretrained.gpt_helpers import gpt2_fixtures
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
