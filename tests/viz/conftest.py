@@ -1,4 +1,5 @@
-"""Fixtures for the viewer tests: attention maps, hostile tokens, a headless browser."""
+"""Fixtures for the viewer tests: attention maps, hostile tokens, interrupted writes, a
+headless browser."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def make_maps() -> Callable[..., np.ndarray]:
 def hostile_tokens() -> list[str]:
     """Tokens that would run script or break markup if inserted as HTML."""
     return list(HOSTILE)
+
+
+@pytest.fixture
+def interrupted_text_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within the test, ``Path.write_text`` writes half of its text, then Ctrl-C arrives."""
+
+    def half(self, data, *args, **kwargs):
+        Path.write_bytes(self, data[: len(data) // 2].encode("utf-8"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", half)
 
 
 CHROMIUM = "/usr/bin/chromium"

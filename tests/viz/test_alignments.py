@@ -16,6 +16,8 @@ from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload, render_html, render_pages
 from qkv.viz.maps import prepare
 
+OLD = b"the previous file, which an interrupted write must keep\n"
+
 
 def _items(make_maps, hostile_tokens):
     """Three sentences of different lengths; the second has hostile tokens and text."""
@@ -276,3 +278,14 @@ def test_image_titles_keep_the_translation_of_a_long_source(tmp_path, make_maps,
     ]
     save_alignments((item for item in items), tmp_path / "a.png")  # a generator too
     assert titles == [f"{source} I go", f"{source} we \\$5"]
+
+
+def test_an_interrupted_alignment_page_keeps_the_previous_page(
+    tmp_path, make_maps, interrupted_text_writes
+):
+    page = tmp_path / "align.html"
+    page.write_bytes(OLD)
+    with pytest.raises(KeyboardInterrupt):
+        save_alignments([(make_maps(1, 1, 3, 3)[0, 0], list("abc"), list("abc"), "a b c")], page)
+    assert page.read_bytes() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["align.html"]

@@ -1,23 +1,29 @@
-"""Matplotlib heatmaps: files written, labels readable, Hangul glyphs present."""
+"""Matplotlib heatmaps: files written (whole or not at all), labels readable, Hangul glyphs
+present."""
 
 from __future__ import annotations
 
 import sys
 import unicodedata
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("matplotlib")
 
 from matplotlib import font_manager  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ft2font import FT2Font  # noqa: E402
 
-from qkv.viz import plot_alignment, plot_heads  # noqa: E402
-from qkv.viz.fonts import font_chain, glyph_coverage  # noqa: E402
+from qkv.viz import plot_alignment, plot_heads, save_alignments  # noqa: E402
+from qkv.viz.fonts import font_chain, glyph_coverage, register_fonts  # noqa: E402
+from qkv.viz.heatmap import fonts_for  # noqa: E402
 
 KOREAN = ["나는", "학교에", "갑니다", "고양이가", "생선을", "먹었다"]
+OLD = b"the previous file, which an interrupted write must keep\n"
 
 
 def _is_hangul(char: str) -> bool:
@@ -91,9 +97,6 @@ def test_long_sequences_are_thinned():
 
 
 def test_alignment_into_given_axes_and_tensor_input():
-    import torch
-    from matplotlib.figure import Figure
-
     fig = Figure()
     ax = fig.add_subplot()
     w = torch.softmax(torch.randn(1, 3, 4), -1)
@@ -136,14 +139,10 @@ LINEAR_B = "\U00010000"  # a script that the fonts qkv finds do not cover
 
 
 def _no_font_has(char: str) -> bool:
-    from qkv.viz.fonts import register_fonts
-
     return all(glyph_coverage(path, [char])[1] for _, path in register_fonts())
 
 
 def test_a_missing_glyph_is_one_log_line_not_matplotlib_warnings(tmp_path, caplog):
-    from qkv.viz.heatmap import fonts_for
-
     if not _no_font_has(LINEAR_B):
         pytest.skip("an installed font covers Linear B")
     w = np.random.default_rng(4).dirichlet(np.ones(3), size=2)
@@ -221,8 +220,6 @@ def test_dollar_signs_are_text_not_mathtext(tmp_path, make_maps):
     """A pair of '$' in a token or title started matplotlib's mathtext: 'costs $5 to $10'
     was drawn as 'costs 5to10' in italics, and a token '$\\bad{$' or a title '$^$' made
     saving fail with a ParseFatalException ValueError."""
-    from qkv.viz import save_alignments
-
     toks = ["$x$", "$\\bad{$", "a"]
     fig = plot_alignment(
         make_maps(1, 1, 3, 3)[0, 0], toks, toks, title="costs $5 to $10", path=tmp_path / "a.png"
@@ -306,3 +303,47 @@ def test_right_to_left_labels_are_drawn_right_to_left():
     word = "שלום"
     assert np.array_equal(pixels(word), pixels("\u202d" + word[::-1] + "\u202c"))
     assert not np.array_equal(pixels(word), pixels(word[::-1]))
+
+
+def _interrupt_figure_saves(monkeypatch) -> None:
+    """``Figure.savefig`` writes a few bytes to the file it was given, then Ctrl-C arrives."""
+
+    def half(self, fname, *args, **kwargs):
+        Path(fname).write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", half)
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_an_interrupted_image_save_keeps_the_previous_image(
+    tmp_path, monkeypatch, make_maps, suffix
+):
+    image = tmp_path / f"map{suffix}"
+    image.write_bytes(OLD)
+    _interrupt_figure_saves(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        plot_alignment(make_maps(1, 1, 3, 3)[0, 0], list("abc"), list("abc"), path=image)
+    assert image.read_bytes() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == [image.name]
+
+
+@pytest.mark.parametrize(
+    "suffix, magic",
+    [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF"), (".PNG", b"\x89PNG")],
+)
+def test_an_image_replaces_the_previous_one_in_its_format(tmp_path, make_maps, suffix, magic):
+    image = tmp_path / f"map{suffix}"
+    image.write_bytes(OLD)
+    plot_alignment(make_maps(1, 1, 3, 3)[0, 0], list("abc"), list("abc"), path=image)
+    assert image.read_bytes().startswith(magic)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [image.name]
+
+
+def test_a_folder_in_the_way_of_an_image_is_named_not_a_temporary_file(tmp_path, make_maps):
+    target = tmp_path / "map.png"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError) as caught:
+        plot_alignment(make_maps(1, 1, 3, 3)[0, 0], list("abc"), list("abc"), path=target)
+    assert caught.value.filename == str(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.png"]

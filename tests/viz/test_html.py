@@ -1,9 +1,11 @@
-"""The HTML page: payload round trip, quantisation bound, escaping, size, no network."""
+"""The HTML page: payload round trip, quantisation bound, escaping, size, no network; a page
+is written whole or not at all, and errors name the user's path."""
 
 from __future__ import annotations
 
 import html
 import re
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -11,6 +13,9 @@ import torch
 
 from qkv.viz import AttentionView, render_html, save_html, show
 from qkv.viz.html import decode_payload, extract_payload
+from qkv.viz.page import _SCRIPTS, _asset, _script
+
+OLD = b"the previous file, which an interrupted write must keep\n"
 
 
 @pytest.mark.parametrize("quantization, levels", [("uint16", 65535), ("uint8", 255)])
@@ -69,18 +74,12 @@ def test_page_is_self_contained(make_maps):
 
 
 def test_assets_cannot_close_their_blocks():
-    from qkv.viz.page import _asset, _script
-
     assert "</script" not in _script().lower()
     assert "</style" not in _asset("viewer.css").lower()
     assert "<!--" not in _script()
 
 
 def test_page_inlines_every_script_file_once_in_order(make_maps):
-    from importlib import resources
-
-    from qkv.viz.page import _SCRIPTS, _asset
-
     page = render_html(make_maps(1, 1, 3, 3), list("abc"))
     where = [page.index(_asset(name)) for name in _SCRIPTS]
     assert where == sorted(where)
@@ -169,3 +168,31 @@ def test_initial_layer_and_head_are_whole_numbers(make_maps, value):
         render_html(make_maps(1, 3, 2, 2), list("ab"), initial={"head": value})
     page = render_html(make_maps(1, 3, 2, 2), list("ab"), initial={"head": np.int64(2)})
     assert extract_payload(page)["initial"] == {"view": "head", "head": 2}
+
+
+def test_an_interrupted_page_write_keeps_the_previous_page(
+    tmp_path, make_maps, interrupted_text_writes
+):
+    page = tmp_path / "view.html"
+    page.write_bytes(OLD)
+    with pytest.raises(KeyboardInterrupt):
+        save_html(page, make_maps(1, 1, 3, 3), list("abc"))
+    assert page.read_bytes() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]  # no temporary left
+
+
+def test_a_page_replaces_the_previous_one(tmp_path, make_maps):
+    page = tmp_path / "view.html"
+    page.write_bytes(OLD)
+    save_html(page, make_maps(1, 1, 3, 3), list("abc"))
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]
+
+
+def test_a_folder_in_the_way_of_a_page_is_named_not_a_temporary_file(tmp_path, make_maps):
+    target = tmp_path / "view.html"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError) as caught:
+        save_html(target, make_maps(1, 1, 3, 3), list("abc"))
+    assert caught.value.filename == str(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.viz import as_maps, head_entropy, summary
+from qkv.viz import as_maps, head_entropy, plot_alignment, save_html, summary
 from qkv.viz.maps import prepare, summarize_map
 
 
@@ -127,8 +127,6 @@ def test_tokens_that_are_not_utf8_are_named(make_maps, tmp_path):
     """A token with a lone surrogate (undecodable bytes read with surrogateescape) was a
     bare UnicodeEncodeError from writing the page ('position 7645'), and a TypeError from
     matplotlib's font code in a heatmap; now a ValueError naming the token."""
-    from qkv.viz import plot_alignment, save_html
-
     bad = ["ok", "b\udcff"]
     with pytest.raises(ValueError, match=r"^tokens: token 1 'b\\udcff' is not valid UTF-8"):
         save_html(tmp_path / "x.html", make_maps(1, 1, 2, 2), bad)
@@ -158,8 +156,6 @@ def test_sparse_complex_and_meta_tensors(make_maps):
     weights lost their imaginary part with only a ComplexWarning; a meta tensor was
     'Cannot copy out of meta tensor; no data!'."""
     pytest.importorskip("matplotlib")
-    from qkv.viz import plot_alignment
-
     t = torch.from_numpy(make_maps(1, 1, 3, 4)[0, 0])
     np.testing.assert_array_equal(as_maps(t.to_sparse())[0, 0], t.numpy())
     fig = plot_alignment(t.to_sparse(), list("abcd"), list("xyz"))

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from qkv.cli import main
+from qkv.models import GPT, load_tokenizer
 from qkv.viz import summary
 from qkv.viz.html import decode_payload, extract_payload
 
@@ -82,8 +84,6 @@ def test_png_of_one_head(tmp_path):
 
 
 def test_grid_png_and_initial_view_in_process(minilm, tmp_path, capsys):
-    from qkv.cli import main
-
     path = str(minilm[0])
     assert (
         main(["show", TEXT, "--model", path, "--layer", "5", "--out", str(tmp_path / "g.png")]) == 0
@@ -220,8 +220,6 @@ def small_gpt(tmp_path_factory):
 
 
 def test_a_gpt2_decoder_shows_causal_attention(small_gpt, tmp_path):
-    from qkv.models import GPT, load_tokenizer
-
     page = tmp_path / "gpt.html"
     run = qkv(TEXT, "--model", str(small_gpt), "--out", str(page))
     assert run.returncode == 0, run.stderr
@@ -240,8 +238,6 @@ def test_a_gpt2_decoder_shows_causal_attention(small_gpt, tmp_path):
 
 
 def test_a_text_with_no_token_exits_2(minilm, tmp_path):
-    from qkv.cli import main
-
     out = tmp_path / "zw.html"
     assert main(["show", "\u200b\u200b", "--out", str(out)]) == 2  # zero-width spaces only
     assert main(["show", TEXT, "\u200b", "--out", str(out)]) == 2

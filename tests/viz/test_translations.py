@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from qkv.data.tokenizers import train_tokenizers
 from qkv.models.translators.config import TransformerSeq2SeqConfig
 from qkv.models.translators.transformer import TransformerSeq2Seq
-from qkv.translate.evaluate import translate_texts
+from qkv.translate.evaluate import Translation, translate_texts
 from qkv.viz.alignments import alignment_label, describe_alignment
 from qkv.viz.html import decode_payload, extract_payload
 from qkv.viz.translations import save_translations, translation_attention
@@ -22,8 +23,6 @@ SOURCES = ["고양이가 쥐를 잡았다", "개가 잤다", "작은 고양이�
 @pytest.fixture(scope="module")
 def translator():
     """A random two-layer, three-head Transformer and word tokenizers over SOURCES."""
-    from qkv.data.tokenizers import train_tokenizers
-
     targets = ["the cat caught the mouse", "the dog slept", "a small cat saw a big dog"]
     src, tgt = train_tokenizers("word", SOURCES, targets, vocab_size=60)
     torch.manual_seed(int(torch.randint(0, 2**16, ())))
@@ -165,14 +164,12 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
 def test_a_page_past_the_quick_size_stores_8_bit_weights(translator, tmp_path, monkeypatch, caplog):
     """The command line cannot ask for 8-bit weights, so a page of every map that would be
     slow to open takes them itself instead of advising quantization='uint8'."""
-    from qkv.viz import page
-
     model = translator[0]
     entries = _entries(translator, 1)
     (small,) = save_translations(model, entries, tmp_path / "small.html")
     items = extract_payload(small.read_text(encoding="utf-8"))["items"]
     assert {item["encoding"]["dtype"] for item in items} == {"uint16"}
-    monkeypatch.setattr(page, "SIZE_BUDGET", 1000)  # bytes: every page is past it now
+    monkeypatch.setattr("qkv.viz.page.SIZE_BUDGET", 1000)  # bytes: every page is past it now
     with caplog.at_level(logging.WARNING):
         (large,) = save_translations(model, entries, tmp_path / "large.html")
     assert "quantization='uint8'" not in caplog.text
@@ -182,3 +179,54 @@ def test_a_page_past_the_quick_size_stores_8_bit_weights(translator, tmp_path, m
     for got, want in zip(eight, items):  # the same maps, within the coarser step
         diff = np.abs(decode_payload(got) - decode_payload(want)).max()
         assert diff <= got["encoding"]["maxError"] + want["encoding"]["maxError"] + 1e-12
+
+
+ARABIC, HEBREW = ["مرحبا", "بالعالم", "كيف"], ["שלום", "עולם"]
+
+# Left edge on screen of the source, the arrow and the translation in the line above the
+# selector, found by text.
+_GROUP_X = """([source, translation]) => {
+  const line = document.getElementById("qkv-item-group");
+  const node = line.firstChild;
+  const left = (s) => {
+    const at = node.data.indexOf(s);
+    if (at < 0) return null;
+    const range = document.createRange();
+    range.setStart(node, at);
+    range.setEnd(node, at + s.length);
+    return range.getBoundingClientRect().left;
+  };
+  return [left(source), left("\u2192"), left(translation)];
+}"""
+
+
+def test_a_right_to_left_translation_is_named_source_arrow_translation(open_page, tmp_path):
+    """Arabic → Hebrew in the sentence line was one right-to-left run: it showed the
+    translation first, the arrow pointing from it to the source."""
+    source, translation = " ".join(ARABIC), " ".join(HEBREW)
+    src, tgt = train_tokenizers("word", [source], [translation], joint=False)
+    cfg = TransformerSeq2SeqConfig(
+        src.vocab_size,
+        tgt.vocab_size,
+        d_model=8,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        ff_dim=8,
+        max_len=8,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+    )
+    model = TransformerSeq2Seq(cfg).eval()
+    ids, out = src.encode(source), tgt.encode(translation)
+    cross = translation_attention(model, ids, out, True).cross[-1][0].mean(0)
+    best = Translation(translation, list(HEBREW), -1.0, cross, ids=out)
+    entry = (source, ids, [src.id_to_token(i) for i in ids], best)
+    (path,) = save_translations(model, [entry], tmp_path / "t.html")
+    p = open_page(path)
+    line = p.page.text_content("#qkv-item-group")
+    assert line.startswith("1. ") and source in line and translation in line
+    xs = p.page.evaluate(_GROUP_X, [source, translation])
+    assert None not in xs and xs == sorted(xs), (line, xs)
+    assert not p.errors
