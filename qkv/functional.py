@@ -124,8 +124,15 @@ def merge_attention(
     """Merge attention over two disjoint key sets into attention over their union.
 
     .. math::
-        lse = \\log(e^{lse_a} + e^{lse_b}),\\quad
-        out = e^{lse_a - lse} out_a + e^{lse_b - lse} out_b
+        m = \\max(lse_a, lse_b),\\quad w_a = e^{lse_a - m},\\quad w_b = e^{lse_b - m},
+
+        out = \\frac{w_a\\, out_a + w_b\\, out_b}{w_a + w_b},\\quad lse = m + \\log(w_a + w_b)
+
+    The maximum and the sum of the weights are kept apart: the weights are divided by their
+    own sum, never by ``e^{lse}``. Where ``lse`` is so large in magnitude that adding
+    ``log 2`` does not change it (a row whose scores all sit near
+    ``torch.finfo(float32).min``), ``e^{lse_a - lse}`` would be 1 on both sides and the
+    merge a sum instead of an average.
 
     Shape:
         out ``(..., Tq, Dv)``, lse ``(..., Tq)``. Returns ``(out, lse)``. Rows that see no
@@ -135,10 +142,13 @@ def merge_attention(
     _check_merge(out_a, lse_a, out_b, lse_b)
     compute = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)
     lse_a, lse_b = lse_a.to(compute), lse_b.to(compute)
-    lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isinf(lse), 0.0, lse)  # both sides empty: weights 0, not NaN
-    w_a = (lse_a - safe).exp_().unsqueeze(-1)
-    w_b = (lse_b - safe).exp_().unsqueeze(-1)
+    top = torch.maximum(lse_a, lse_b)
+    top = torch.where(torch.isinf(top), 0.0, top)  # both sides empty: weights 0, not NaN
+    w_a, w_b = (lse_a - top).exp_(), (lse_b - top).exp_()
+    total = w_a + w_b
+    lse = top + total.log()  # -inf where both sides are empty
+    total = torch.where(total > 0, total, 1.0)  # those rows stay 0
+    w_a, w_b = (w_a / total).unsqueeze(-1), (w_b / total).unsqueeze(-1)
     if inplace:  # one pass over each output
         return out_a.mul_(w_a).addcmul_(out_b, w_b), lse
     out = w_a * out_a.to(compute) + w_b * out_b.to(compute)

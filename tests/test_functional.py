@@ -542,6 +542,32 @@ def test_merge_of_any_split_equals_whole(tk, tq, split, causal, seed):
     assert (out[..., empty, :] == 0).all() and torch.isinf(lse[..., empty]).all()
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
+@pytest.mark.parametrize(
+    "fill",
+    [torch.finfo(torch.float32).min, -1e30, float("-inf")],
+    ids=["finfo-min", "huge", "-inf"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_merge_of_rows_at_a_huge_negative_averages_equal_halves(dtype, fill, inplace):
+    """Scores that all sit at torch.finfo(float32).min (transformers' mask fill) round so
+    that lse + log 2 == lse: the merge weighed each half by e^(lse_a - lse) = 1 and
+    returned the sum of the halves. Two halves of as many keys each weigh one half."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    q = torch.randn(1, 2, 3, 8, generator=g, dtype=dtype)
+    k, v = (torch.randn(1, 2, 64, 8, generator=g, dtype=dtype) for _ in range(2))
+    mask = torch.zeros(1, 1, 3, 64, dtype=dtype)
+    mask[..., 1, :] = fill  # one row sees only keys at the fill (or none for -inf)
+    if fill != float("-inf"):
+        mask[..., 2, :32] = fill  # another: its first half at the fill, its second at 0
+    whole = qkv.attention_lse(q, k, v, mask, backend="reference")[0]
+    a = qkv.attention_lse(q, k[:, :, :32], v[:, :, :32], mask[..., :32], backend="reference")
+    b = qkv.attention_lse(q, k[:, :, 32:], v[:, :, 32:], mask[..., 32:], backend="reference")
+    merged, _ = qkv.merge_attention(*a, *b, inplace=inplace)
+    torch.testing.assert_close(merged, whole)
+    assert torch.isfinite(merged).all()
+
+
 @pytest.mark.parametrize(
     "shapes",
     [
