@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -129,8 +130,6 @@ def test_a_model_comes_back_in_its_dtype_with_the_same_outputs(tmp_path, kind, d
 
 def _rewrite(tmp_path, change_header=None, change_tensors=None):
     """A valid RNN checkpoint, its qkv header and tensors changed, saved as bad.safetensors."""
-    import json
-
     from safetensors import safe_open
     from safetensors.torch import save_file
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import qkv
 from qkv.modules.cache import LayerKV
+from qkv.modules.transformer import Decoder, DecoderLayer
 
 
 def _kv(b=2, hkv=2, t=3, d=4, dtype=torch.float64):
@@ -169,8 +170,6 @@ def test_caches_of_the_wrong_kind_or_size_are_refused_by_name():
 
 
 def test_a_decoder_layer_is_given_one_layers_cache():
-    from qkv.modules.transformer import Decoder, DecoderLayer
-
     decoder = Decoder(lambda: DecoderLayer(8, 2, 16, cross=False), 2).double()
     layer, x = decoder.layers[0], torch.randn(1, 3, 8, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"^pass one layer of a 2-layer DecoderCache: cache\[i\]$"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -245,7 +246,5 @@ def test_negative_positions_and_lengths_are_named(call, says):
 def test_alibi_takes_numpy_ints_as_torch_modules_do():
     """Head counts read from arrays or configs may be numpy ints; refusing bools and
     floats must not refuse them too."""
-    import numpy as np
-
     heads = int(torch.randint(1, 17, ()))
     assert torch.equal(qkv.ALiBi(np.int64(heads)).slopes, qkv.ALiBi(heads).slopes)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from qkv.models import GPT
+
 
 def random_gpt2_folder(
     path: Path,
@@ -39,7 +43,6 @@ def gpt2_fixtures(name: str, **sizes):
     """The module fixtures ``folder`` (a random GPT-2 folder of ``sizes``, see
     :func:`random_gpt2_folder`), ``peer`` (transformers' eager model of it) and ``ours``
     (qkv's GPT of it): ``folder, peer, ours = gpt2_fixtures("gpt2", layers=...)``."""
-    import pytest
 
     @pytest.fixture(scope="module")
     def folder(tmp_path_factory):
@@ -54,8 +57,6 @@ def gpt2_fixtures(name: str, **sizes):
 
     @pytest.fixture(scope="module")
     def ours(folder):
-        from qkv.models import GPT
-
         return GPT.from_pretrained(folder)
 
     return folder, peer, ours

@@ -1,4 +1,5 @@
-"""BertModel on random folders of the BERT family (RoBERTa, ELECTRA, MPNet, ...) vs transformers."""
+"""BertModel on random folders of the BERT family (RoBERTa, ELECTRA, MPNet, ...) vs
+transformers; what a folder's config asks for that qkv cannot build is refused by name."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 transformers = pytest.importorskip("transformers")
 
+from safetensors.torch import save_file  # noqa: E402
+
+from qkv.cli.show import encoder_attention  # noqa: E402
 from qkv.models import BertModel, load_tokenizer, minilm_path  # noqa: E402
 from qkv.models.pretrained.bert import relative_buckets  # noqa: E402
+from qkv.models.pretrained.bert_hf import layer_groups  # noqa: E402
 
 VOCAB, POSITIONS = 120, 40
 SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's, pad id 1
@@ -227,8 +232,6 @@ def _roberta_folder(path):
 
 
 def test_show_maps_of_a_roberta_folder_match_transformers(tmp_path):
-    from qkv.cli.show import encoder_attention
-
     peer, peer_tokenizer = _roberta_folder(tmp_path)
     text = "Each query weighs the keys, and values follow."
     maps, tokens = encoder_attention(
@@ -308,4 +311,26 @@ def test_sizes_that_do_not_fit_and_foreign_token_ids_are_named(tmp_path):
     del config["intermediate_size"]  # back to BERT's default of 3072
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"do not fit .* is \(48,\) in the checkpoint, \(3072,\)"):
+        BertModel.from_pretrained(tmp_path)
+
+
+def test_albert_layer_groups_are_consecutive_and_checked():
+    assert layer_groups(4, 2) == [0, 0, 1, 1]  # ALBERT: consecutive layers share weights
+    with pytest.raises(ValueError, match=r"^num_hidden_groups must be in 1\.\.4, got 5$"):
+        layer_groups(4, 5)
+
+
+def test_relative_position_embeddings_are_refused_by_name(tmp_path):
+    config = {
+        "model_type": "bert",
+        "vocab_size": 50,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 16,
+        "position_embedding_type": "relative_key",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"unused": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"position_embedding_type 'relative_key' is not suppo"):
         BertModel.from_pretrained(tmp_path)

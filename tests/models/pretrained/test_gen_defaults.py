@@ -18,6 +18,7 @@ from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 
+import qkv.models  # noqa: E402
 from qkv.models import GPT  # noqa: E402
 from qkv.models.pretrained.gen_defaults import GenerationDefaults  # noqa: E402
 
@@ -245,8 +246,6 @@ def test_generation_config_json_that_is_not_an_object_is_refused(base, tmp_path)
 def test_defaults_given_to_a_built_gpt_decode_as_the_folder_in_transformers(
     base, prompts, plain, tmp_path
 ):
-    import qkv.models
-
     ids, mask = prompts
     end, pad = int(plain[2, 4]), int(plain[0, 1])
     path = _folder(base, tmp_path, generation={"eos_token_id": end, "pad_token_id": pad})

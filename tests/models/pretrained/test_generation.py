@@ -1,5 +1,7 @@
-"""GPT.generate without an attention mask infers one from pad tokens, as transformers does.
+"""Decoding rules against transformers: the prompt mask inferred from pad tokens, and the
+sampling filters.
 
+GPT.generate without an attention mask infers one from pad tokens, as transformers does:
 transformers' ``generate`` masks the prompt tokens equal to the pad token when the pad
 token is set, occurs in the prompts, and is not an end token; otherwise every token is
 real. Each case decodes the same left-padded prompts, given without a mask, with qkv and
@@ -17,7 +19,8 @@ from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 
-from qkv.models import GPT  # noqa: E402
+from qkv.models import GPT, sample_next  # noqa: E402
+from qkv.models.pretrained.generation import filter_logits  # noqa: E402
 
 VOCAB, T, N = 500, 15, 24
 PAD = 7
@@ -101,3 +104,33 @@ def test_no_mask_is_inferred_where_transformers_infers_none(base, case):
     assert torch.equal(out, ref), (out.shape, ref.shape)
     everything = ours.generate(ids, N, attention_mask=torch.ones_like(ids), **options)
     assert torch.equal(out, everything)  # every prompt token was attended
+
+
+# ---- sampling filters ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.99, 0.999, 1.0])
+def test_sampling_filters_keep_the_tokens_transformers_keeps(top_p):
+    warpers = transformers.generation.logits_process
+    logits = torch.randn(16, 50257) * 3  # GPT-2's vocabulary: long tails of tiny probabilities
+    for temperature, top_k in [(1.0, None), (0.7, 2000)]:
+        chain = [warpers.TemperatureLogitsWarper(temperature)]
+        chain += [warpers.TopKLogitsWarper(top_k)] if top_k else []
+        chain += [warpers.TopPLogitsWarper(top_p)] if top_p < 1.0 else []  # as generate does
+        want = warpers.LogitsProcessorList(chain)(None, logits.clone())
+        got = filter_logits(logits, temperature, top_k, top_p)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+        assert torch.equal(got[torch.isfinite(got)], want[torch.isfinite(want)])
+
+
+def test_sample_next_respects_top_k_and_top_p():
+    logits = torch.randn(3, 50).repeat(200, 1)  # many draws of the same 3 distributions
+    gen = torch.Generator().manual_seed(0)
+    picks = sample_next(logits, temperature=1.0, top_k=5, generator=gen)
+    allowed = logits.topk(5, dim=-1).indices
+    assert (allowed == picks[:, None]).any(-1).all()
+    probs = logits.softmax(-1)
+    picks = sample_next(logits, temperature=1.0, top_p=0.5, generator=gen)
+    chosen = probs.gather(-1, picks[:, None])
+    mass_above = (probs * (probs > chosen)).sum(-1)  # more likely tokens than the pick
+    assert (mass_above < 0.5).all()

@@ -1,4 +1,6 @@
-"""GPT against transformers.GPT2LMHeadModel on a small random GPT-2 saved to disk."""
+"""GPT against transformers.GPT2LMHeadModel on small random GPT-2s saved to disk: logits,
+attention, generation and given position ids; calls and configs that cannot run are
+refused in one line that names what is wrong."""
 
 from __future__ import annotations
 
@@ -8,17 +10,17 @@ import os
 import pytest
 import torch
 
-from tests.models.pretrained.gpt_helpers import gpt2_fixtures
+from tests.models.pretrained.gpt_helpers import gpt2_fixtures, random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 transformers = pytest.importorskip("transformers")
 
-from qkv.models import GPTConfig, sample_next  # noqa: E402
-from qkv.models.pretrained.generation import filter_logits  # noqa: E402
+from qkv.models import GPT, GPTConfig  # noqa: E402
 
 VOCAB = 1000
+PAIR_VOCAB, B, T, POSITIONS = 400, 3, 13, 64  # the GPT-2 of the position-id tests
 
 
 folder, peer, ours = gpt2_fixtures("gpt2", layers=4, heads=4, dim=128, vocab=VOCAB, positions=256)
@@ -276,33 +278,6 @@ def test_sampling_several_sequences_per_prompt_matches_transformers(ours, peer, 
         ours.generate(ids, 5, num_return_sequences=2)
 
 
-@pytest.mark.parametrize("top_p", [0.5, 0.99, 0.999, 1.0])
-def test_sampling_filters_keep_the_tokens_transformers_keeps(top_p):
-    warpers = transformers.generation.logits_process
-    logits = torch.randn(16, 50257) * 3  # GPT-2's vocabulary: long tails of tiny probabilities
-    for temperature, top_k in [(1.0, None), (0.7, 2000)]:
-        chain = [warpers.TemperatureLogitsWarper(temperature)]
-        chain += [warpers.TopKLogitsWarper(top_k)] if top_k else []
-        chain += [warpers.TopPLogitsWarper(top_p)] if top_p < 1.0 else []  # as generate does
-        want = warpers.LogitsProcessorList(chain)(None, logits.clone())
-        got = filter_logits(logits, temperature, top_k, top_p)
-        assert torch.equal(torch.isfinite(got), torch.isfinite(want))
-        assert torch.equal(got[torch.isfinite(got)], want[torch.isfinite(want)])
-
-
-def test_sample_next_respects_top_k_and_top_p():
-    logits = torch.randn(3, 50).repeat(200, 1)  # many draws of the same 3 distributions
-    gen = torch.Generator().manual_seed(0)
-    picks = sample_next(logits, temperature=1.0, top_k=5, generator=gen)
-    allowed = logits.topk(5, dim=-1).indices
-    assert (allowed == picks[:, None]).any(-1).all()
-    probs = logits.softmax(-1)
-    picks = sample_next(logits, temperature=1.0, top_p=0.5, generator=gen)
-    chosen = probs.gather(-1, picks[:, None])
-    mass_above = (probs * (probs > chosen)).sum(-1)  # more likely tokens than the pick
-    assert (mass_above < 0.5).all()
-
-
 def test_config_and_length_errors(ours):
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(dim=10, num_heads=3)
@@ -319,3 +294,138 @@ def test_config_and_length_errors(ours):
     )
     with pytest.raises(ValueError, match="attention_mask"):
         ours(torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 3))
+
+
+# ---- given position ids --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    path = random_gpt2_folder(
+        tmp_path_factory.mktemp("gpt2_positions"),
+        layers=2,
+        heads=4,
+        dim=64,
+        vocab=PAIR_VOCAB,
+        positions=POSITIONS,
+    )
+    peer = transformers.GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager")
+    return GPT.from_pretrained(path), peer.eval()
+
+
+def _left_padded() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ids (B, T), a mask with 0, 4 and 7 pads on the left, and the positions
+    ``cumsum(mask) - 1`` clamped at 0."""
+    ids = torch.randint(0, PAIR_VOCAB, (B, T))
+    mask = torch.ones_like(ids)
+    for row, n_pad in enumerate([0, 4, 7]):
+        mask[row, :n_pad] = 0
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _shifted(rows: int) -> torch.Tensor:
+    """Positions ``(rows, T)``: each row counts up from a random start."""
+    start = torch.randint(0, POSITIONS - T, (rows, 1))
+    return start + torch.arange(T)
+
+
+@pytest.mark.parametrize("kind", ["left_padding_cumsum", "shifted_rows", "shifted_shared"])
+def test_given_positions_give_transformers_logits(pair, kind):
+    ours, peer = pair
+    ids, mask, positions = _left_padded()
+    if kind != "left_padding_cumsum":
+        mask = torch.ones_like(ids)
+        positions = _shifted(B if kind == "shifted_rows" else 1)
+    with torch.no_grad():
+        out = ours(ids, attention_mask=mask, position_ids=positions).logits
+        ref = peer(ids, attention_mask=mask, position_ids=positions).logits
+    real = mask.bool()
+    assert (out - ref)[real].abs().max() <= 1e-5
+    if kind != "left_padding_cumsum":  # the positions changed the logits
+        assert (out - ours(ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
+def test_given_positions_with_a_cache_equal_one_pass(pair, padded):
+    ours, peer = pair
+    ids, mask, positions = _left_padded()
+    if not padded:
+        mask, positions = torch.ones_like(ids), _shifted(B)
+    split = 9  # the cache holds the first 9 tokens, then 4 more
+    with torch.no_grad():
+        whole = ours(ids, attention_mask=mask, position_ids=positions).logits
+        cache = ours.new_cache()
+        first = ours(ids[:, :split], mask[:, :split], cache, position_ids=positions[:, :split])
+        rest = ours(ids[:, split:], mask, cache, position_ids=positions[:, split:])
+        ref = peer(ids, attention_mask=mask, position_ids=positions).logits
+    stepwise = torch.cat([first.logits, rest.logits], 1)
+    real = mask.bool()
+    torch.testing.assert_close(stepwise[real], whole[real], atol=1e-5, rtol=0)
+    assert (stepwise - ref)[real].abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "shape", [(B, T + 1), (2, T), (B, 1, T), (T,)], ids=["long", "two_rows", "3d", "1d"]
+)
+def test_position_ids_of_a_wrong_shape_are_named(pair, shape):
+    ours, _ = pair
+    ids = torch.randint(0, PAIR_VOCAB, (B, T))
+    positions = torch.randint(0, T, shape)
+    with pytest.raises(ValueError, match=rf"position_ids must be \(B, T\) = \({B}, {T}\)"):
+        ours(ids, position_ids=positions)
+
+
+def test_position_ids_outside_the_positions_or_not_integers_are_named(pair):
+    ours, _ = pair
+    ids = torch.randint(0, PAIR_VOCAB, (B, T))
+    too_far = _shifted(B)
+    too_far[1, 3] = POSITIONS
+    with pytest.raises(ValueError, match=f"position id {POSITIONS} is outside 0..{POSITIONS - 1}"):
+        ours(ids, position_ids=too_far)
+    with pytest.raises(ValueError, match="position_ids must hold integers, got torch.float32"):
+        ours(ids, position_ids=_shifted(B).float())
+
+
+# ---- calls and configs that cannot run -----------------------------------------------
+
+
+GPT_SIZES = dict(vocab_size=50, max_len=8, num_layers=1, num_heads=2, dim=8)
+
+
+def _gpt() -> GPT:
+    return GPT(GPTConfig(**GPT_SIZES)).eval()
+
+
+def _prompt(t: int = 4) -> torch.Tensor:
+    return torch.randint(0, 50, (1, t))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m(_prompt(9)), r"^sequence length 9 exceeds max_len 8$"),
+        (lambda m: m.generate(_prompt(), 6), r"^prompt length 4 \+ max_new_tokens 6 = 10 exceeds"),
+        (lambda m: m.generate(_prompt(), -1), r"^max_new_tokens must be >= 0, got -1$"),
+        (lambda m: m.generate(_prompt(), -1, num_beams=2), r"^max_new_tokens must be >= 0"),
+        (
+            lambda m: m.generate(_prompt(), 2, num_beams=2, early_stopping="yes"),
+            r"^early_stopping must be True, False or 'never', got 'yes'$",
+        ),
+    ],
+    ids=[
+        "forward-past-max-len",
+        "generate-past-max-len",
+        "greedy-negative",
+        "beam-negative",
+        "early-stopping",
+    ],
+)
+def test_gpt_calls_that_cannot_run_say_why(call, message):
+    with pytest.raises(ValueError, match=message) as err:
+        call(_gpt())
+    assert "\n" not in str(err.value)
+
+
+def test_a_dropout_of_one_is_refused():
+    with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\), got 1.0$"):
+        GPTConfig(**GPT_SIZES, dropout=1.0)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from qkv.models.translators.config import TransformerSeq2SeqConfig
+from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq
 from qkv.models.translators.transformer import TransformerSeq2Seq, TransformerState
 from tests.models.translators.seq2seq_helpers import (
     PAD,
@@ -209,9 +210,6 @@ def test_copy_task_is_learned():
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
 def test_bad_inputs_are_named(kind):
-    from qkv.models.translators.config import RNNSeq2SeqConfig
-    from qkv.models.translators.rnn import RNNSeq2Seq
-
     if kind == "rnn":
         model = RNNSeq2Seq(
             RNNSeq2SeqConfig(src_vocab_size=V, tgt_vocab_size=V + 3, embed_dim=8, hidden_dim=8)
