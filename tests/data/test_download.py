@@ -171,15 +171,16 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 
 def test_run_cli(fake, tmp_path, capsys):
-    from qkv.cli import UserError
+    from qkv.cli.data import run_cli
+    from qkv.errors import UserError
 
-    assert dl.run_cli(Namespace(name="fake", cache=str(tmp_path), base_url=None)) == 0
+    assert run_cli(Namespace(name="fake", cache=str(tmp_path), base_url=None)) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "fake")
     with pytest.raises(UserError, match="unknown corpus 'nope'; choose one of"):
-        dl.run_cli(Namespace(name="nope", cache=str(tmp_path), base_url=None))
+        run_cli(Namespace(name="nope", cache=str(tmp_path), base_url=None))
     fake.files["text.de.gz"] = gzip.compress(b"other")
     with pytest.raises(UserError, match="checksum mismatch"):
-        dl.run_cli(Namespace(name="fake", cache=str(tmp_path / "2"), base_url=None))
+        run_cli(Namespace(name="fake", cache=str(tmp_path / "2"), base_url=None))
 
 
 def test_missing_local_file_fails_at_once(monkeypatch, tmp_path):

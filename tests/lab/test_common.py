@@ -91,13 +91,13 @@ def test_corpora_come_from_the_download_cache_without_a_shared_folder(monkeypatc
 def test_an_unusable_corpus_exits_2_with_one_line(monkeypatch, capsys):
     """A corpus the lab reads that is not usable (test files of unequal line counts, bytes
     that are not UTF-8) ended in a CorpusError traceback, exit 1."""
-    import qkv.lab
+    import qkv.cli.lab
     from qkv.data.corpus import CorpusError
 
     def broken(name, out, *, quick):
         raise CorpusError("line counts differ: t.de has 2 lines, t.en has 1")
 
-    monkeypatch.setattr(qkv.lab, "run_experiment", broken)
+    monkeypatch.setattr(qkv.cli.lab, "run_experiment", broken)  # the name the command calls
     assert main(["lab", "bottleneck"]) == 2
     err = capsys.readouterr().err
     assert err == "qkv lab: error: line counts differ: t.de has 2 lines, t.en has 1\n"
@@ -160,7 +160,7 @@ def test_the_table_prints_whatever_the_locale(monkeypatch, encoding):
     import io
     import sys
 
-    import qkv.lab
+    import qkv.cli.lab
 
     toy = {
         "rnn-none": {
@@ -179,7 +179,7 @@ def test_the_table_prints_whatever_the_locale(monkeypatch, encoding):
         {"toy": toy, "multi30k": {"skipped": "quick"}},
         verdict="고양이 de→en",
     )
-    monkeypatch.setattr(qkv.lab, "run_experiment", lambda name, out, *, quick: run)
+    monkeypatch.setattr(qkv.cli.lab, "run_experiment", lambda name, out, *, quick: run)
     stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
     monkeypatch.setattr(sys, "stdout", stdout)
     assert main(["lab", "bottleneck", "--quick"]) == 0

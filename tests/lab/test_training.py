@@ -34,6 +34,7 @@ def test_qkv_lab_shows_a_bar_per_trained_model(tmp_path, capsys):
 
 
 def test_the_command_line_turns_the_bars_on(monkeypatch, tmp_path):
+    import qkv.cli.lab
     import qkv.lab
     from qkv.cli import main
     from qkv.lab import common
@@ -45,8 +46,8 @@ def test_the_command_line_turns_the_bars_on(monkeypatch, tmp_path):
         seen.append(common._SHOW["bars"])
         return LabRun("gradients", True, {}, [0], {}, verdict="v")
 
-    monkeypatch.setattr(qkv.lab, "run_experiment", fake)
-    monkeypatch.setattr(qkv.lab, "table", lambda run: qkv.lab.Table("t", ["a"], []))
+    monkeypatch.setattr(qkv.cli.lab, "run_experiment", fake)  # the names the command calls
+    monkeypatch.setattr(qkv.cli.lab, "table", lambda run: qkv.lab.Table("t", ["a"], []))
     assert main(["lab", "gradients", "--quick", "--out", str(tmp_path)]) == 0
     assert seen == [True] and common._SHOW["bars"] is False
 
