@@ -25,7 +25,9 @@ log-sum-exp is asked for. What makes the backend fast on a CPU, with no compile 
   block in size instead of ``Tq x Tk``. Where a mask must go along (:func:`_masked_run`):
   in float32, whole rows of scores with the mask read by one C softmax pass
   (:mod:`qkv.kernels.rows`); else calls of about 224 x 512 scores to torch's CPU flash
-  kernel, merged in place by the lse each returns, each call's bias in one reused buffer.
+  kernel, merged in place by the lse each returns, each call's bias in one reused buffer
+  (rows whose lse float32 cannot hold precisely enough, such as rows at
+  ``torch.finfo(float32).min``, again through the online softmax).
 - **Big tiles, masks as biases.** In the online loop a query block takes as many keys at
   once as fit in :data:`TILE_ELEMENTS` scores (usually the whole range: no rescaling),
   adds masks as ``0 / -inf`` biases, and applies the causal mask to diagonal columns only.
@@ -56,6 +58,7 @@ from qkv.kernels.tiles import (
     RunningMerge,
     grouped,
     grouped_mask,
+    lse_limit,
     masked_scores,
     weighted_values,
 )
@@ -261,6 +264,12 @@ def _split_calls(
     dtype by the kernel, and the merge averages them, which costs at most half an ulp of
     max |v| more than one fused call, and is faster than SDPA (measured: BENCHMARKS.md,
     'Chunked backend').
+
+    The merge weighs each call by its lse, which the kernel rounds to float32: rows whose
+    lse lies beyond :func:`~.tiles.lse_limit` (scores all near a huge negative fill
+    such as ``torch.finfo(float32).min``, where ``m + log l`` rounds to ``m``) are computed
+    again by the online softmax, which keeps the maximum and the sum apart
+    (:func:`_exact_rows`).
     """
     qs, qe, lo, hi, dense = run
     size = req.q.element_size()
@@ -280,8 +289,33 @@ def _split_calls(
             merge.add(o, lse)
             del o  # before the next call makes its own
         merge.finish()
+        if not single:
+            _exact_rows(req, sel, (a, b, lo, hi, dense), merge.lse(), acc)
         if acc is not dst:
             dst.copy_(acc)
+
+
+def _exact_rows(req: AttentionRequest, sel: slice, run: tuple, lse: Tensor, acc: Tensor):
+    """Rows of a merged run whose lse is too large in magnitude to have weighed its calls
+    (:func:`~.tiles.lse_limit`), written into ``acc`` ``(B, H, rows, Dv)`` again by
+    the online softmax, from the first such row to the last.
+
+    Such rows are rare (a padded row under a float mask, a fill such as ``-1e6``), and
+    finding them costs one comparison per row: nothing is read twice where there are none.
+    """
+    qs, _, lo, hi, dense = run
+    far = torch.isfinite(lse) & (lse.abs() > lse_limit(req.q.dtype))  # (B, H, rows)
+    rows = far.flatten(0, -2).any(dim=0).nonzero()
+    if len(rows) == 0:
+        return
+    r0, r1 = int(rows[0]), int(rows[-1]) + 1
+    hkv = req.k.shape[1]
+    q, k, v = grouped(req.q[sel], hkv), req.k[sel].unsqueeze(2), req.v[sel].unsqueeze(2)
+    user = grouped_mask(req.mask, hkv)
+    user = user[sel] if user is not None and user.shape[0] > 1 else user
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o, _ = _query_block(req, q, k, v, user, qs + r0, qs + r1, lo, hi, dense, compute)
+    acc[:, :, r0:r1] = o.flatten(1, 2)  # (B, Hkv, G, rows, Dv) -> (B, H, rows, Dv)
 
 
 def _splittable(req: AttentionRequest) -> bool:

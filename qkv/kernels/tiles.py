@@ -23,6 +23,7 @@ __all__ = [
     "exact_scale",
     "grouped",
     "grouped_mask",
+    "lse_limit",
     "mask_tile",
     "masked_scores",
     "prescaled",
@@ -138,15 +139,38 @@ def masked_scores(
     return s
 
 
+def lse_limit(dtype: torch.dtype) -> float:
+    """The largest ``|lse|`` precise enough to weigh results in ``dtype`` by ``e^{lse}``.
+
+    A kernel returns ``lse = m + log l`` rounded to float32 (float64 for float64 inputs),
+    off by up to ``|lse| u`` (``u``: that type's unit roundoff); merging by the lse weighs
+    each part by ``e^{lse}``, and weights ``e^{s - lse}`` are scaled by the same error. Where
+    ``|lse|`` is huge the rounding swallows ``log l`` itself (scores all at
+    ``torch.finfo(float32).min``: every part weighs the same however many keys it holds,
+    every weight is 1). Below this limit that error stays within a quarter of the unit
+    roundoff of ``dtype`` (2048 for float16, 16384 for bfloat16), and at least 32, where
+    rows of ordinary scores lie (the largest score plus ``log Tk``; in float32 the error is
+    then at most about 2e-6).
+    """
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    return max(32.0, torch.finfo(dtype).eps / (4 * torch.finfo(wide).eps))
+
+
 class RunningMerge:
     """Outputs over disjoint key sets folded into ``acc`` one by one, normalised once.
 
     The same sum as :func:`qkv.functional.merge_attention` applied pairwise, in fewer
     passes: ``acc`` holds ``sum_i exp(lse_i - ref) out_i`` for a per-row reference ``ref``
-    (the first finite lse), and ``w`` the sum of those weights; :meth:`finish` divides.
-    ``ref`` moves up only when a later lse exceeds it by more than :data:`RESCALE_ABOVE`,
-    so the weights stay far from overflow. Rows no key reaches end as zeros. A lone part
-    costs only its copy: the first part's weights are made when a second one arrives.
+    (the row's first finite lse), and ``w`` the sum of those weights; :meth:`finish`
+    divides. ``ref`` moves up only when a later lse exceeds it by more than
+    :data:`RESCALE_ABOVE`, so the weights stay far from overflow; a row that the parts so
+    far hid (``w = 0``) takes its reference from the first part that reaches it, however
+    low its lse (a fixed reference would let ``exp`` of such a part underflow to 0). Rows
+    no key reaches end as zeros. A lone part costs only its copy: the first part's weights
+    are made when a second one arrives.
+
+    The parts' lse must be precise enough for their weights: rows beyond
+    :func:`lse_limit` need another way (:meth:`lse` tells which).
     """
 
     RESCALE_ABOVE = 40.0  # exp(40) ~ 2e17: sums of such weights stay finite in float32
@@ -166,14 +190,16 @@ class RunningMerge:
             first = self.first_lse
             self.ref = torch.where(torch.isinf(first), 0.0, first)
             self.w = (first - self.ref).exp_()
-        gap = lse - self.ref  # -inf for rows this part hides: weight 0
-        if bool(gap.amax() > self.RESCALE_ABOVE):
-            top = torch.maximum(self.ref, lse)
-            shrink = (self.ref - top).exp_()
+        # every row the parts so far reach has w >= 1: the part at its reference weighs 1
+        fresh = (self.w == 0) & (lse > float("-inf"))  # reached for the first time
+        rise = (lse > self.ref + self.RESCALE_ABOVE) | fresh  # false for NaN and -inf
+        if bool(rise.any()):
+            top = torch.where(rise, lse, self.ref)
+            shrink = torch.where(fresh, 0.0, (self.ref - top).exp_())  # fresh rows hold 0
             self.acc.mul_(shrink.unsqueeze(-1))
             self.w.mul_(shrink)
-            self.ref, gap = top, lse - top
-        weight = gap.exp_()
+            self.ref = top
+        weight = (lse - self.ref).exp_()  # 0 for rows this part hides
         self.acc.addcmul_(out, weight.unsqueeze(-1))
         self.w.add_(weight)
 
@@ -181,3 +207,9 @@ class RunningMerge:
         """Divide by the total weight; one part alone is already normalised (kept as is)."""
         if self.parts > 1:  # rows of total weight 0 saw no key: they stay 0, not NaN
             self.acc.div_(torch.where(self.w > 0, self.w, 1.0).unsqueeze(-1))
+
+    def lse(self) -> Tensor:
+        """The log-sum-exp of the parts added so far (``-inf`` for rows none reaches)."""
+        if self.parts < 2:
+            return self.first_lse
+        return self.ref + self.w.log()

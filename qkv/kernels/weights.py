@@ -10,10 +10,12 @@ selected heads and rows, one block of query rows at a time:
 
 when the kernel returned the log-sum-exp (one pass over the scores), or an ordinary
 softmax over the block's complete key row when it did not (each row is whole, so this is
-exact too). Either way the cost is one ``QK^T`` and one pass of ``exp`` per weight that is
-returned, never a second copy of the attention itself. When *every* weight is wanted, the
-output is instead taken from them block by block (``out = P V``), so the scores are
-computed once.
+exact too) or when some lse is too large in magnitude for its float32 rounding to leave
+the weights their precision (rows at ``torch.finfo(float32).min``:
+:func:`qkv.kernels.tiles.lse_limit`). Either way the cost is one ``QK^T`` and one pass of
+``exp`` per weight that is returned, never a second copy of the attention itself. When
+*every* weight is wanted, the output is instead taken from them block by block
+(``out = P V``), so the scores are computed once.
 
 Writing the weights is the expensive part at long lengths: at ``B=4, H=8, T=2048`` they
 are 512 MiB, and faulting in that much fresh memory costs about as much as the score and
@@ -39,7 +41,7 @@ from torch import Tensor
 from qkv.kernels import native
 from qkv.kernels.base import AttentionRequest, Scratch
 from qkv.kernels.cpu.memory import kept_results
-from qkv.kernels.tiles import mask_tile, masked_scores, scores, weighted_values
+from qkv.kernels.tiles import lse_limit, mask_tile, masked_scores, scores, weighted_values
 
 __all__ = ["attention_weights"]
 
@@ -79,6 +81,8 @@ def attention_weights(
     heads = list(range(h)) if heads is None else list(heads)
     r0, r1 = rows if rows is not None else (0, tq)
     q, k, v, mask, lse = _select_heads(req, heads, lse)  # 5-d (B, Hs, 1, T, D), no GQA left
+    if lse is not None and _beyond_limit(lse[..., r0:r1], req.q.dtype):
+        lse = None  # whole rows here: the softmax needs no lse
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     shape = (b, len(heads), r1 - r0, tk)
     if req.requires_grad:
@@ -168,6 +172,15 @@ def _probabilities(
             empty &= hidden()
         p = p.masked_fill_(empty, 0.0) if out is not None else p.masked_fill(empty, 0.0)
     return p
+
+
+def _beyond_limit(lse: Tensor, dtype: torch.dtype) -> bool:
+    """Whether some row's lse is too large in magnitude for ``exp(s - lse)`` to give
+    weights in ``dtype`` that sum to 1 (:func:`~qkv.kernels.tiles.lse_limit`): at
+    ``torch.finfo(float32).min`` the lse has rounded ``log Tk`` away and every weight
+    would be 1."""
+    finite = torch.where(torch.isinf(lse), 0.0, lse)  # -inf: a row that sees no key
+    return bool(finite.abs().amax() > lse_limit(dtype)) if lse.numel() else False
 
 
 def _hidden_rows(req: AttentionRequest, mask: Tensor | None, qs: int, qe: int) -> Tensor:

@@ -89,21 +89,23 @@ def test_half_masked_runs(kind, path, dtype, monkeypatch):
     _assert_near_reference(out, q, k, v, mask, causal, split=path == "split")
 
 
-def _assert_near_reference(out, q, k, v, mask, causal, split):
+def _assert_near_reference(out, q, k, v, mask, causal, split, scale=None):
     """``out`` against float64 attention: float32 and float64 by a tolerance, half types
     within twice the error of torch's SDPA on the same inputs (plus a small atol, and for
     split calls their rounding before the merge); rows that see no key are zeros."""
-    ref, ref_w = naive_attention(q, k, v, mask, causal)
+    ref, ref_w = naive_attention(q, k, v, mask, causal, scale)
     seen = ref_w.sum(-1, keepdim=True).expand_as(ref) > 0  # torch gives NaN for the others
     assert (out.double()[~seen] == 0).all()
     if q.dtype in (torch.float64, torch.float32):
         tol = 1e-12 if q.dtype == torch.float64 else 2e-6
         torch.testing.assert_close(out.double(), ref, atol=tol, rtol=0)
         return
-    full = _request(q, k, v, mask, causal, None, 0.0, False, False).full_mask()
+    full = _request(q, k, v, mask, causal, scale, 0.0, False, False).full_mask()
     q, k, v = (x.contiguous() for x in (q, k, v))
     gqa = k.shape[1] < q.shape[1]
-    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, full, enable_gqa=gqa)
+    peer = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, full, enable_gqa=gqa, scale=scale
+    )
     err, peer_err = ((x.double() - ref)[seen].abs().max().item() for x in (out, peer))
     bound = 2 * peer_err + {torch.bfloat16: 1e-3, torch.float16: 2e-4}[q.dtype]
     if split:  # each call's output is rounded to dtype before the merge; the merge
@@ -276,3 +278,104 @@ def test_a_nan_query_row_stays_nan_in_the_lse_path(masked):
     assert torch.isnan(out[1, 2, 4]).all() and torch.isnan(lse[1, 2, 4])
     assert not torch.isnan(lse[~bad]).any()
     torch.testing.assert_close(out[~bad].double(), want[~bad], rtol=1e-5, atol=1e-6)
+
+
+# --- rows whose scores all sit at a huge negative ------------------------------------------
+# transformers fills masks with torch.finfo(dtype).min. Added to float32 scores, such a fill
+# swallows the scores (s + finfo.min rounds to finfo.min), and torch attends uniformly; a
+# log-sum-exp m + log(n) rounds to m, so merging calls by their lse weighed every call the
+# same however many keys it held. Each fill: (value on even keys, value on odd keys).
+HUGE_FILLS = {
+    "f32-min": lambda dtype: (torch.finfo(torch.float32).min,) * 2,
+    "dtype-min": lambda dtype: (torch.finfo(dtype).min,) * 2,
+    "-inf": lambda dtype: (float("-inf"),) * 2,
+    "1e30-and-2e30": lambda dtype: (-1e30, -2e30),  # only the -1e30 keys count
+    "1e6": lambda dtype: (-1e6,) * 2,  # float32 keeps the scores, in steps of 1/16
+    "1e6-and-4-below": lambda dtype: (-1e6, -1e6 - 4),
+}
+# fp32 takes whole rows through the C softmax where it can; fp32-split the kernel calls
+HUGE_DTYPES = {
+    "fp64": torch.float64,
+    "fp32": torch.float32,
+    "fp32-split": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def _huge_fill_inputs(fill, dtype, tk):
+    """q, k, v and a float mask ``(2, 1, 8, tk)``: sequence 0 has an ordinary row 0, row 1
+    at the fill on every key, row 2 hidden on its first half and at the fill on the rest,
+    row 3 at the fill on its first third; every row of sequence 1 is at the fill.
+
+    q and k hold small integers and the scale is 1/4, so every score is a multiple of 1/4:
+    added to -1e6 in float32 (steps of 1/16) it stays exact, and a float64 reference is the
+    answer of every dtype."""
+    q = torch.randint(-2, 3, (2, 2, 8, 16)).to(dtype)
+    k = torch.randint(-2, 3, (2, 2, tk, 16)).to(dtype)
+    v = torch.randn(2, 2, tk, 16, dtype=torch.float64).to(dtype)
+    even, odd = HUGE_FILLS[fill](dtype)
+    mask_dtype = dtype if fill == "dtype-min" or dtype == torch.float64 else torch.float32
+    row = torch.tensor([even, odd], dtype=mask_dtype).repeat(tk // 2 + 1)[:tk]
+    mask = torch.zeros(2, 1, 8, tk, dtype=mask_dtype)
+    mask[0, 0, 1] = row
+    mask[0, 0, 2] = row
+    mask[0, 0, 2, : tk // 2] = float("-inf")
+    mask[0, 0, 3, : tk // 3] = row[: tk // 3]
+    mask[1] = row
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("tk", [511, 512, 513, 1025, 2100])  # 1, 2, 3+ calls or tiles
+@pytest.mark.parametrize("dtype_id", list(HUGE_DTYPES))
+@pytest.mark.parametrize("fill", list(HUGE_FILLS))
+def test_rows_at_huge_negatives_weigh_every_key(fill, dtype_id, tk, monkeypatch, one_thread):
+    """Rows whose every score sits at a huge negative fill (finfo(float32).min,
+    finfo(dtype).min, -1e30 beside -2e30, -1e6) or at -inf: the output (kernel calls
+    merged by their lse, 512 keys a call, 1024 in half precision), the output and lse of
+    the online softmax (64-key tiles) and the weights from that lse, against float64 math
+    (the reference backend's formula) and torch's SDPA, with the chunked tests' tolerance
+    of each dtype. Every key at the fill counts once: rows of weights sum to 1."""
+    dtype = HUGE_DTYPES[dtype_id]
+    if dtype_id == "fp32-split":
+        monkeypatch.setattr(rows, "serves", lambda req: False)
+    monkeypatch.setattr(chunked, "TILE_ELEMENTS", 1)  # the online softmax in 64-key tiles
+    q, k, v, mask = _huge_fill_inputs(fill, dtype, tk)
+    out = qkv.scaled_dot_product_attention(q, k, v, mask, scale=0.25, backend="chunked")
+    online, lse = qkv.attention_lse(q, k, v, mask, scale=0.25, backend="chunked")
+    req = _request(q, k, v, mask, False, 0.25, 0.0, True, True)
+    weights = chunked.chunked_attention(req).weights
+    for o, split in ((out, True), (online, False)):
+        _assert_near_reference(o, q, k, v, mask, False, split=split, scale=0.25)
+    scores = naive_scores(q, k, mask, scale=0.25)
+    want_lse = torch.logsumexp(scores, dim=-1)
+    hidden = torch.isneginf(want_lse)
+    assert torch.isneginf(lse[hidden]).all()
+    tiny = torch.finfo(lse.dtype).eps  # the lse is rounded once, to float32 or float64
+    torch.testing.assert_close(lse[~hidden].double(), want_lse[~hidden], atol=tiny, rtol=2 * tiny)
+    _, want_w = naive_attention(q, k, v, mask, scale=0.25)
+    atol = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 4e-3, torch.float16: 5e-4}
+    torch.testing.assert_close(weights.double(), want_w, atol=atol[dtype], rtol=0)
+    sums = weights.double().sum(-1)[~hidden]
+    torch.testing.assert_close(sums, torch.ones_like(sums), atol=atol[dtype], rtol=0)
+
+
+def test_auto_with_alibi_beside_a_padded_sequence_in_bf16():
+    """bf16, per-head ALiBi and a fully padded sequence (its mask at finfo(bfloat16).min):
+    ``auto`` takes chunked (a per-head float mask), whose calls of 1024 keys merged by
+    their lse weighed the padded rows' 1024 keys and 76 keys alike (error 0.10-0.14 against
+    float64); within twice torch's own bf16 error now."""
+    b, h, tq, tk, dtype = 2, 4, 1024, 1100, torch.bfloat16
+    q = torch.randn(b, h, tq, 16, dtype=torch.float64)
+    k, v = (torch.randn(b, h, tk, 16, dtype=torch.float64) for _ in range(2))
+    slopes = qkv.modules.positional.alibi_slopes(h)[:, None, None]
+    dist = (torch.arange(tq)[:, None] + tk - tq - torch.arange(tk)[None, :]).abs()
+    mask = (-slopes * dist).expand(b, h, tq, tk).to(dtype)  # (B, H, Tq, Tk)
+    mask[1] = torch.finfo(dtype).min
+    exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask.double())
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    assert qkv.explain_dispatch(q, k, v, mask).chosen == "chunked"
+    out = qkv.scaled_dot_product_attention(q, k, v, mask)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)
+    err, peer_err = ((x.double() - exact).abs().max().item() for x in (out, peer))
+    assert err <= 2 * peer_err, (err, peer_err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -55,14 +56,17 @@ def _textbook_merge(out_a, lse_a, out_b, lse_b):
 @settings(max_examples=40, deadline=None)
 @given(
     parts=st.integers(1, 6),
-    spread=st.sampled_from([1.0, 30.0, 200.0]),  # 200: later parts far above the first
+    # 200: later parts far above the first; 2000: also far below 0, where rows that the
+    # first parts hide take their reference from the first part that reaches them
+    spread=st.sampled_from([1.0, 30.0, 200.0, 2000.0]),
     hidden=st.floats(0.0, 0.6),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_running_merge_equals_the_float64_sum_over_all_parts(parts, spread, hidden, seed):
     """Folding parts one by one and normalising once gives softmax-weighted sums of the
     parts; a part that hides a row (lse -inf, out 0) adds nothing, a row hidden by every
-    part stays zero; lse gaps beyond exp's float32 range rescale instead of overflowing."""
+    part stays zero; lse gaps beyond exp's float32 range rescale instead of overflowing;
+    ``lse()`` is the log-sum-exp of the parts."""
     g = torch.Generator().manual_seed(seed)
     rows, d = 7, 5
     outs = torch.randn(parts, 2, rows, d, generator=g, dtype=torch.float64)
@@ -86,3 +90,27 @@ def test_running_merge_equals_the_float64_sum_over_all_parts(parts, spread, hidd
     bound = 2 * (pairwise.double() - expected).abs().max() + 1e-7 * expected.abs().max()
     assert (acc.double() - expected).abs().max() <= bound
     assert torch.equal(acc[0, 0], torch.zeros(d))
+    want_lse = torch.logsumexp(lses.double(), dim=0)
+    torch.testing.assert_close(merge.lse().double(), want_lse, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("late", [-200.0, -1e6, -1e30], ids=["-200", "-1e6", "-1e30"])
+def test_running_merge_weighs_a_row_first_reached_by_a_later_part(late):
+    """A row that the first part hides, then seen by parts of lse far below 0: those parts
+    decide it (each weighing by its lse), where a reference of 0 gave ``exp(lse) = 0``
+    and a row of zeros (below -104 in float32)."""
+    outs = torch.randn(3, 4, 6)
+    lses = late + torch.rand(3, 4) * 3
+    lses[0, :2] = float("-inf")  # rows 0 and 1: hidden by the first part
+    outs[0, :2] = 0.0
+    acc = torch.empty(4, 6)
+    merge = RunningMerge(acc)
+    for o, lse in zip(outs, lses):
+        merge.add(o, lse)
+    merge.finish()
+    weights = torch.softmax(lses.double(), dim=0)
+    expected = (weights.unsqueeze(-1) * outs.double()).sum(0)
+    torch.testing.assert_close(acc.double(), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        merge.lse().double(), torch.logsumexp(lses.double(), 0), atol=0, rtol=1e-7
+    )

@@ -8,11 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
+from qkv.functional import _request
 from qkv.kernels import weights as weights_module
 from qkv.kernels.cpu.memory import KeptResults
 from tests.conftest import naive_attention
 
 BACKENDS = ["sdpa", "chunked", "reference"]
+DTYPE_IDS = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+}
 
 
 def _case(kind: str, dtype=torch.float64):
@@ -270,3 +277,28 @@ def test_a_nan_query_row_stays_nan_beside_rows_that_see_no_key(backend, kind, ca
     want_out, want_w = naive_attention(q, k, v, mask, causal)
     torch.testing.assert_close(w[keep].double(), want_w.expand(w.shape)[keep], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out[keep].double(), want_out[keep], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "fill", [torch.finfo(torch.float32).min, -1e30, -1e6], ids=["f32-min", "-1e30", "-1e6"]
+)
+@pytest.mark.parametrize("dtype", list(DTYPE_IDS), ids=list(DTYPE_IDS.values()))
+def test_weights_from_an_lse_at_a_huge_negative_sum_to_one(fill, dtype):
+    """``exp(s - lse)`` needs an lse as precise as the weights: at finfo(float32).min it has
+    rounded log(Tk) away, and every weight of the row was 1 (at -1e6 off by up to 3%).
+    Those rows get the softmax of their whole row instead: weights that sum to 1."""
+    q = torch.randint(-2, 3, (2, 2, 5, 16)).to(dtype)  # scores: multiples of 1/4, exact
+    k = torch.randint(-2, 3, (2, 2, 300, 16)).to(dtype)  # in float32 beside -1e6
+    v = torch.randn(2, 2, 300, 16, dtype=dtype)
+    mask = torch.zeros(2, 1, 5, 300, dtype=torch.float64 if dtype == torch.float64 else None)
+    mask[:, :, 1] = fill  # the whole row at the fill
+    mask[:, :, 2, ::2] = fill  # half of it (those keys weigh 0)
+    mask[1] = fill  # a fully padded sequence
+    _, lse = qkv.attention_lse(q, k, v, mask, scale=0.25, backend="reference")
+    req = _request(q, k, v, mask, False, 0.25, 0.0, True, True)
+    weights = weights_module.attention_weights(req, lse)
+    _, want = naive_attention(q, k, v, mask, scale=0.25)
+    atol = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 4e-3, torch.float16: 5e-4}
+    torch.testing.assert_close(weights.double(), want, atol=atol[dtype], rtol=0)
+    sums = weights.double().sum(-1)
+    torch.testing.assert_close(sums, torch.ones_like(sums), atol=atol[dtype], rtol=0)
