@@ -32,13 +32,19 @@ Decoding with a KV cache has one query row (or a few) per sequence, so ``B * H``
 fewer than an H100/H200 has multiprocessors (132), each walking the whole cache alone. As in
 Flash-Decoding (Dao, Haziza, Massa, Sizov 2023), the keys are then cut into ``S`` splits of
 ``split_len`` keys, one program per (query block, batch, head, split); each writes its
-split's output and log-sum-exp in float32, and :func:`merge_splits` combines them exactly:
+split's output, running maximum ``m_s`` and normaliser ``l_s`` in float32, and
+:func:`merge_splits` combines them exactly, the maximum and the sum kept apart:
 
 .. math::
-    lse = \\log \\sum_s e^{lse_s},\\qquad out = \\sum_s e^{lse_s - lse}\\, out_s
+    M = \\max_s m_s,\\quad w_s = l_s\\, 2^{m_s - M},\\qquad
+    out = \\frac{\\sum_s w_s\\, out_s}{\\sum_s w_s},\\quad
+    lse = \\Big(M + \\log_2 \\sum_s w_s\\Big) \\ln 2
 
-The merged ``out`` and ``lse`` are those of one pass over all keys (up to rounding), so the
-backward kernels use them unchanged.
+Weighing the splits by their log-sum-exp instead would lose their sizes where a row's
+scores are all huge in magnitude: ``lse_s`` rounds ``log l_s`` away in float32, and splits
+of different numbers of tied keys would weigh the same. The merged ``out`` and ``lse`` are
+those of one pass over all keys (up to rounding), so the backward kernels use them
+unchanged.
 
 Supported: causal (bottom-right aligned) and non-causal attention, ``Tq != Tk``, key padding
 as per-sequence lengths, GQA/MQA (key/value head ``h // (H // Hkv)``, never repeated in
@@ -88,7 +94,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the fast hardware path
 _LOG2E = tl.constexpr(LOG2E)  # kernels may read only constexpr globals
-_LN2 = tl.constexpr(0.6931471805599453)
+LN2 = 0.6931471805599453  # ln(2): base-2 log-sum-exp to natural units
+_LN2 = tl.constexpr(LN2)
 
 
 # --- reference -------------------------------------------------------------------------------
@@ -393,6 +400,7 @@ def _fwd_kernel(
     s_oh,
     s_ot,
     s_ls,
+    s_lp,
     H,
     Tq,
     Tk,
@@ -416,7 +424,8 @@ def _fwd_kernel(
 ):
     """Output and log-sum-exp of one block of query rows of one (batch, head); with SPLIT,
     over the keys of split ``program_id(2)`` only: ``[split, split + 1) * split_len``
-    (split-K decoding, below)."""
+    (split-K decoding, below), and instead of the lse the running maximum (base 2) and the
+    normaliser, ``s_lp`` apart, for :func:`merge_splits`."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -521,7 +530,12 @@ def _fwd_kernel(
     _store_tile(
         o_ptrs, _cast(out, Out.dtype.element_ty, PRECISION), offs_m, Tq, offs_dv, HEAD_DV, PAD_DV
     )
-    tl.store(Lse + split.to(tl.int64) * s_ls + bh * Tq + offs_m, lse, mask=offs_m < Tq)
+    lse_ptrs = Lse + split.to(tl.int64) * s_ls + bh * Tq + offs_m
+    if SPLIT:  # the maximum and the sum apart: merge_splits weighs the splits exactly
+        tl.store(lse_ptrs, m_i, mask=offs_m < Tq)
+        tl.store(lse_ptrs + s_lp, l_i, mask=offs_m < Tq)
+    else:
+        tl.store(lse_ptrs, lse, mask=offs_m < Tq)
 
 
 # --- backward kernels ------------------------------------------------------------------------
@@ -1082,14 +1096,19 @@ def launch_split_len(q: Tensor, tk: int, blocks: tuple[int, int] | None, splits:
     return split_len(programs, tk, multiprocessors(q.device), splits, block_n)
 
 
-def merge_splits(out: Tensor, lse: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Combine per-split results: out ``(S, B, H, Tq, Dv)`` and lse ``(S, B, H, Tq)``, both
-    float32 (a split a row sees no key of: zeros and ``-inf``), into ``(out, lse)`` of all
-    keys, out in ``dtype``. Rows that see no key at all: zeros and ``-inf``."""
-    total = torch.logsumexp(lse, dim=0)
-    safe = torch.where(torch.isinf(total), 0.0, total)  # all -inf: weights 0, not NaN
-    weights = (lse - safe).exp_().unsqueeze(-1)
-    return (weights * out).sum(0).to(dtype), total
+def merge_splits(out: Tensor, m: Tensor, l: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Combine per-split results: out ``(S, B, H, Tq, Dv)``, each split's running maximum
+    ``m`` (base 2) and normaliser ``l`` ``(S, B, H, Tq)``, all float32 (a split a row sees
+    no key of: zeros, ``-inf`` and 0), into ``(out, lse)`` of all keys, out in ``dtype``
+    (module docstring). Rows that see no key at all: zeros and ``-inf``."""
+    top = m.amax(dim=0)
+    top = torch.where(torch.isinf(top), 0.0, top)  # all -inf: weights 0, not NaN
+    weights = l * torch.exp2(m - top)  # (S, B, H, Tq)
+    total = weights.sum(dim=0)
+    lse = (top + torch.log2(total)) * LN2  # -inf where no split sees a key
+    total = torch.where(total > 0, total, 1.0)  # those rows stay 0
+    merged = (weights.unsqueeze(-1) * out).sum(dim=0) / total.unsqueeze(-1)
+    return merged.to(dtype), lse
 
 
 # --- launchers -------------------------------------------------------------------------------
@@ -1126,16 +1145,19 @@ def launch_meta(q, k, v, lengths, causal: bool, scale: float, blocks) -> dict:
 
 def _flash_forward(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, meta: dict):
     """Launch the forward kernel, over ``meta["split_len"]`` keys per split (merged in
-    float32 when there are several: :func:`merge_splits`); returns ``(out, lse)``."""
+    float32 when there are several, by their maxima and normalisers: :func:`merge_splits`);
+    returns ``(out, lse)``."""
     b, h, tq, _ = q.shape
     tk, per = k.shape[2], meta["split_len"]
     splits = -(-tk // per)
     dtype = q.dtype if splits == 1 else torch.float32
     out = torch.empty((splits, b, h, tq, v.shape[-1]), dtype=dtype, device=q.device)
-    lse = torch.empty((splits, b, h, tq), dtype=torch.float32, device=q.device)
+    planes = 1 if splits == 1 else 2  # the lse, or each split's maximum and normaliser
+    lse = torch.empty((splits, planes, b, h, tq), dtype=torch.float32, device=q.device)
     tune = meta["tune"] if splits == 1 else (meta["tune"][0], tune_bucket(per))
     consts = meta["consts"]
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:4], lse.stride(0))
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:4])
+    strides += (lse.stride(0), lse.stride(1))
     args = (q, k, v, out, lse, lengths, *strides, h, tq, tk, per, meta["scale"] * LOG2E, *tune)
     options = dict(consts, SPLIT=splits > 1, **LAUNCH_OPTIONS)
     if meta["blocks"] is None:
@@ -1145,7 +1167,9 @@ def _flash_forward(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor | None, meta
         bm, bn = meta["blocks"]
         grid = (triton.cdiv(tq, bm), b * h, splits)
         _fwd_kernel[grid](*args, **options, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=2)
-    return (out[0], lse[0]) if splits == 1 else merge_splits(out, lse, q.dtype)
+    if splits == 1:
+        return out[0], lse[0, 0]
+    return merge_splits(out, lse[:, 0], lse[:, 1], q.dtype)
 
 
 def _strides(x: Tensor) -> tuple[int, int, int]:

@@ -217,6 +217,28 @@ def test_key_splits_match_the_reference(gen, monkeypatch, splits, causal, tq):
     assert torch.all(out[2] == 0) and torch.all(lse[2] == float("-inf"))
 
 
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("big", [1e15, 1e4], ids=["tied-at-2.5e29", "at-1.8e7"])
+def test_key_splits_of_scores_huge_in_magnitude_give_the_one_pass_answer(gen, big, splits):
+    """Every score of a row near ``-big**2 / 4``: float32 rounds ``log l`` out of each split's
+    lse (``lse + log 2 == lse``), so weighing splits by their lse made the output the sum
+    of the splits' averages; splits of 64 and 36 keys (or 37 and none) must weigh as many
+    keys as they hold. Merged by each split's maximum and normaliser, the splits give the
+    one-pass kernel's out and lse; where the scores tie exactly (1e15: float32 and float64
+    both swallow everything but ``-big**2``), that is the mean of the values."""
+    q, k, v = (x.detach() for x in _qkv(gen, 2, 2, 2, 3, 100, 16, torch.float32))
+    q[..., 0], k[..., 0] = big, -big  # scores -big**2 / 4 plus terms of order 1
+    lengths = torch.tensor([100, 37], device=DEVICE)
+    kw = dict(key_lengths=lengths, block_sizes=(16, 16), scale=0.25)
+    out, lse = tf.flash_attention(q, k, v, key_splits=splits, **kw)
+    one_out, one_lse = tf.flash_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, one_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lse, one_lse, atol=0, rtol=1e-6)
+    if big == 1e15:
+        means = torch.stack([v[0].mean(-2), v[1, :, :37].mean(-2)])[:, :, None]  # (B, H, 1, Dv)
+        torch.testing.assert_close(out, means.expand_as(out), atol=1e-6, rtol=0)
+
+
 def test_key_splits_are_checked():
     q = torch.randn(1, 2, 4, 32, device=DEVICE)
     for bad in (0, -1, 2.5):
