@@ -366,12 +366,83 @@ def _flash_inputs(req: AttentionRequest) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _fused_call(req: AttentionRequest, sel: slice, qs: int, qe: int, run: tuple) -> Tensor:
-    """SDPA (qkv's backend) on queries [qs, qe) and the run's keys."""
+    """SDPA (qkv's backend) on queries [qs, qe) and the run's keys.
+
+    Under autograd in half precision, the calls' parts of dk and dv add up in float32
+    (:class:`_WideSum`), and each query head of a group gets a call of its own: torch's CPU
+    kernel adds the heads of a group in half precision.
+    """
     lo, hi, dense = run[2:]
     mask = _block_mask(req, sel, qs, qe, lo, hi, dense)
-    k, v = req.k[sel, :, lo:hi], req.v[sel, :, lo:hi]
-    block = AttentionRequest(req.q[sel, :, qs:qe], k, v, mask, False, req.scale, 0.0, False, False)
+    q = req.q[sel, :, qs:qe]
+    half = req.q.dtype in (torch.float16, torch.bfloat16)
+    if not (req.requires_grad and half):
+        return _sdpa_call(req, q, req.k[sel, :, lo:hi], req.v[sel, :, lo:hi], mask)
+    sums = req.remember("wide_sums", lambda: (_WideSum.apply(req.k), _WideSum.apply(req.v)))
+    where = (sel, slice(None), slice(lo, hi))
+    g = req.groups
+    heads = q.unflatten(1, (-1, g))  # (B, Hkv, G, rows, D)
+    outs = []
+    for i in range(g):  # keys and values of their own per call: one tensor that several
+        # calls read would get its gradient parts added in its own dtype first
+        k, v = (_WidePart.apply(s, x.detach(), where) for s, x in zip(sums, (req.k, req.v)))
+        outs.append(_sdpa_call(req, heads[:, :, i], k, v, _group_member(mask, i, g)))
+    if g == 1:
+        return outs[0]
+    return torch.stack(outs, dim=2).flatten(1, 2)  # (B, Hkv, G, rows, Dv) -> (B, H, rows, Dv)
+
+
+def _sdpa_call(req: AttentionRequest, q: Tensor, k: Tensor, v: Tensor, mask) -> Tensor:
+    block = AttentionRequest(q, k, v, mask, False, req.scale, 0.0, False, False)
     return SDPABackend()(block).out
+
+
+def _group_member(mask: Tensor | None, i: int, groups: int) -> Tensor | None:
+    """The heads of a 4-d per-head ``mask`` that are the ``i``-th of their group."""
+    if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
+        return mask
+    return mask.unflatten(1, (-1, groups))[:, :, i]
+
+
+class _WideSum(torch.autograd.Function):
+    """Stands for a half-precision ``x`` whose gradient arrives in parts: autograd adds the
+    parts in float32 (:class:`_WidePart` hands them over in float32), and the sum is
+    rounded to ``x``'s dtype once.
+
+    Every fused call of a key range returns its own part of dk and dv, rounded once to
+    half precision; added in half precision, each sum was rounded again. With the heads of
+    a group in one call, torch's CPU kernel added them in half precision as well: fp16, one
+    key/value head for 16 query heads, 1023 x 1024, D = 224, causal put dk or dv at 3.6 to
+    4.7 times the error of the plain math in fp16 (both against float64; 1.0 to 1.4 times
+    now), where FlashAttention's rule allows 3.
+
+    The stand-in holds no data: a float32 scalar expanded to ``x``'s shape.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.dtype = x.dtype
+        return torch.empty((), dtype=torch.float32, device=x.device).expand(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.to(ctx.dtype)
+
+
+class _WidePart(torch.autograd.Function):
+    """``x[where]`` (a view: nothing is copied), whose gradient goes to the stand-in
+    ``wide`` of x (:class:`_WideSum`) in float32."""
+
+    @staticmethod
+    def forward(ctx, wide: Tensor, x: Tensor, where: tuple) -> Tensor:
+        ctx.shape, ctx.where = wide.shape, where
+        return x[where]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        full = grad.new_zeros(ctx.shape, dtype=torch.float32)
+        full[ctx.where] = grad
+        return full, None, None
 
 
 def _carries_mask(req: AttentionRequest, qs: int, hi: int, dense: bool) -> bool:
