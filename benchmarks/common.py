@@ -50,7 +50,7 @@ def machine() -> dict:
     try:
         with open("/proc/meminfo") as f:
             info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-        with open("/proc/cpuinfo") as f:  # the machines differ from session to session
+        with open("/proc/cpuinfo") as f:  # results name the machine they ran on
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         info["cpu_model"] = names[0] if names else None
     except OSError:

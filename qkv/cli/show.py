@@ -15,17 +15,18 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch import Tensor
 
 from qkv.data.text import utf8_problem
 from qkv.errors import UserError
-from qkv.viz.heatmap import IMAGE_SUFFIXES
-from qkv.viz.html import HTML_SUFFIXES
-
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from qkv.models import GPT, BertModel
+from qkv.models import GPT, BertConfig, BertModel, GPTConfig, load_tokenizer, minilm_path
+from qkv.models.pretrained.hf import read_config
+from qkv.viz.heatmap import IMAGE_SUFFIXES, fonts_for, plot_alignment, plot_heads, save_figure
+from qkv.viz.html import HTML_SUFFIXES, AttentionView, render_html
+from qkv.viz.maps import summary
 
 __all__ = ["decoder_attention", "encoder_attention", "run_cli"]
 
@@ -50,8 +51,6 @@ def encoder_attention(
         ``(maps, tokens)``: maps ``(L, H, T, T)`` float tensor (rows are queries, each a
         distribution over the keys), and the ``T`` token strings.
     """
-    import torch
-
     enc = tokenizer.encode(text, text_b) if text_b is not None else tokenizer.encode(text)
     if enc.overflowing:
         log.warning("input truncated to %d tokens", len(enc.ids))
@@ -73,8 +72,6 @@ def decoder_attention(model: GPT, tokenizer: Any, text: str) -> tuple[Tensor, li
         causal attention), with each token decoded to the text it stands for (byte-level
         BPE pieces such as ``"Ġcat"`` read ``" cat"``).
     """
-    import torch
-
     enc = tokenizer.encode(text)
     if enc.overflowing:
         log.warning("input truncated to %d tokens", len(enc.ids))
@@ -145,8 +142,6 @@ def _check_utf8(name: str, text: str) -> None:
 def _model_folder(model: str | None) -> tuple[Path, str]:
     """The encoder folder to read and a short name for titles."""
     if model is None:
-        from qkv.models import minilm_path
-
         try:
             return minilm_path(), _DEFAULT_NAME
         except (ImportError, FileNotFoundError) as err:
@@ -166,8 +161,6 @@ def _model_folder(model: str | None) -> tuple[Path, str]:
 
 def _check_config(folder: Path) -> _Model:
     """Read ``config.json``: a BERT-family encoder or a GPT-2 decoder."""
-    from qkv.models import BertConfig, GPTConfig
-    from qkv.models.pretrained.hf import read_config
 
     try:
         config = read_config(folder)
@@ -195,8 +188,6 @@ def _load(folder: Path, kind: str) -> tuple[BertModel | GPT, Any]:
     """Model and tokenizer of a folder; unreadable files are user errors."""
     from safetensors import SafetensorError
 
-    from qkv.models import GPT, BertModel, load_tokenizer
-
     try:
         tokenizer = load_tokenizer(folder)
         model = (GPT if kind == "decoder" else BertModel).from_pretrained(folder)
@@ -215,8 +206,6 @@ def _write(
 ) -> None:
     """Write the viewer page (HTML) or a heatmap (image) of the maps."""
     if out.suffix.lower() in HTML_SUFFIXES:
-        from qkv.viz.html import AttentionView, render_html
-
         initial = None
         if layer is not None or head is not None:
             view = "matrix" if layer is not None and head is not None else "head"
@@ -228,15 +217,12 @@ def _write(
     elif layer is not None and head is not None:
         _plot_one_head(out, maps[layer, head], tokens, f"{title}\nlayer {layer}, head {head}")
     else:
-        from qkv.viz.heatmap import plot_heads
-
         pick = (None if layer is None else [layer], None if head is None else [head])
         plot_heads(maps, tokens, layers=pick[0], heads=pick[1], path=out, title=title)
 
 
 def _plot_one_head(out: Path, weights: Tensor, tokens: list[str], title: str) -> None:
     """Heatmap of one self-attention head, queries down and keys across."""
-    from qkv.viz.heatmap import fonts_for, plot_alignment, save_figure
 
     with fonts_for([*tokens, title]):
         fig = plot_alignment(weights, tokens, tokens, title=title)
@@ -264,7 +250,6 @@ def run_cli(args: argparse.Namespace) -> int:
         qkv.cli.UserError: missing or non-BERT model folder, empty text, layer or head
             out of range, unknown output suffix.
     """
-    from qkv.viz.maps import summary
 
     out = Path(args.out)
     if out.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:

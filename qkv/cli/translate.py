@@ -20,6 +20,9 @@ from qkv.models.checkpoint import load_checkpoint
 from qkv.train.checks import free_memory
 from qkv.train.progress import stderr_bar
 from qkv.translate.evaluate import translate_texts
+from qkv.viz.heatmap import IMAGE_SUFFIXES
+from qkv.viz.html import HTML_SUFFIXES
+from qkv.viz.translations import save_translations
 
 __all__ = ["check_search_args", "load_translator", "read_stdin", "run_translate", "translate_lines"]
 
@@ -214,8 +217,6 @@ def _tsv_field(text: str) -> str:
 
 def _check_attention_output(path: str, model) -> None:
     """Refuse, before translating, an ``--show-attention`` path that cannot be written."""
-    from qkv.viz.heatmap import IMAGE_SUFFIXES
-    from qkv.viz.html import HTML_SUFFIXES
 
     where = f"--show-attention {path}"
     target = Path(path)
@@ -239,7 +240,6 @@ def _check_attention_output(path: str, model) -> None:
 
 
 def _write_alignments(path: str, lines: list[str], out, src_tok, model) -> list:
-    from qkv.viz.translations import save_translations
 
     entries, numbers = [], []  # images are numbered by input line: blank lines leave gaps
     for number, (text, nbest) in enumerate(zip(lines, out), start=1):

@@ -81,11 +81,10 @@ def test_gpu_decode_rows_compare_with_sdpa_and_keep_the_one_pass_time():
 
 def test_gpu_rows_name_the_tiles_the_autotuner_chose(monkeypatch):
     tf = pytest.importorskip("qkv.kernels.triton_flash")
-    tb = pytest.importorskip("qkv.kernels.triton_bwd")
     monkeypatch.setattr(tf._fwd_tuned, "best_config", tf.FWD_CONFIGS[0], raising=False)
-    monkeypatch.setattr(tb._dq_tuned, "best_config", tb.BWD_DQ_FLOAT32_CONFIGS[0], raising=False)
-    monkeypatch.delattr(tb._dkdv_tuned, "best_config", raising=False)  # not launched yet
-    c, f = tf.FWD_CONFIGS[0], tb.BWD_DQ_FLOAT32_CONFIGS[0]
+    monkeypatch.setattr(tf._dq_tuned, "best_config", tf.BWD_DQ_FLOAT32_CONFIGS[0], raising=False)
+    monkeypatch.delattr(tf._dkdv_tuned, "best_config", raising=False)  # not launched yet
+    c, f = tf.FWD_CONFIGS[0], tf.BWD_DQ_FLOAT32_CONFIGS[0]
     assert gpu.chosen_tiles() == {
         "fwd": f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}",
         "dq": f"{f.kwargs['BLOCK_M']}x{f.kwargs['BLOCK_N']} w{f.num_warps} s{f.num_stages}",
