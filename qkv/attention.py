@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attention", "causal_mask", "padding_mask"]
+__all__ = ["attention", "causal_mask", "padding_mask", "restrict"]
 
 
 def attention(
@@ -73,7 +73,7 @@ def attention(
 
     # 2) hide what may not be seen: -inf for a hidden key, a float mask added as it is
     if causal:
-        mask = _and(mask, causal_mask(tq, tk, device=q.device))
+        mask = restrict(mask, causal_mask(tq, tk, device=q.device))
     sees_a_key = None  # (B?, H?, Tq, 1): rows that see some key; None when all do
     if mask is not None:
         bias = torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask
@@ -132,7 +132,7 @@ def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
     return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
 
 
-def _and(mask: Tensor | None, allowed: Tensor) -> Tensor:
+def restrict(mask: Tensor | None, allowed: Tensor) -> Tensor:
     """``mask`` (``None``, boolean or float) further limited to the ``allowed`` positions."""
     if mask is None:
         return allowed

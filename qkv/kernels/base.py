@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from qkv.attention import causal_mask
+from qkv.attention import causal_mask, restrict
 
 __all__ = [
     "AttentionRequest",
@@ -120,14 +120,6 @@ class Backend:
     def __call__(self, req: AttentionRequest) -> AttentionResult:
         raise NotImplementedError
 
-
-def restrict(mask: Tensor | None, allowed: Tensor) -> Tensor:
-    """``mask`` (``None``, boolean or float) further limited to the ``allowed`` positions."""
-    if mask is None:
-        return allowed
-    if mask.dtype == torch.bool:
-        return mask & allowed
-    return mask.masked_fill(~allowed, float("-inf"))
 
 
 def visible_rows(mask: Tensor | None) -> Tensor | None:
