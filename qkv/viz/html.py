@@ -139,7 +139,8 @@ def render_pages(
         map_label: as in :func:`render_html`, for every item (each a single map), or one
             per item (``None`` for an item whose maps keep their layer and head numbers).
         groups: one line per item naming what it belongs to (e.g. its sentence):
-            consecutive items of one group are listed, and numbered, under it.
+            consecutive items of one group make one entry, numbered, of a "Sentence"
+            selector on the page, and the item selector lists the chosen group's items.
 
     Returns:
         the complete HTML document; its payload holds ``items``, each a payload as

@@ -59,7 +59,8 @@ _TEMPLATE = """<!DOCTYPE html>
 <div id="qkv-app" data-kind="{kind}">
 <header>
 <h1 id="qkv-title">{title}</h1>
-<div id="qkv-items" hidden><div id="qkv-item-group"></div>
+<div id="qkv-items" hidden>
+<label id="qkv-group-label" hidden>Sentence <select id="qkv-group"></select></label>
 <label><span id="qkv-item-kind">Sentence</span> <select id="qkv-item"></select></label></div>
 <div id="qkv-tabs" role="tablist" aria-label="Views">
 <button type="button" role="tab" id="qkv-tab-head" data-view="head"

@@ -5,9 +5,10 @@ layer's cross-attention). The page can show more: one teacher-forced pass over t
 source and the translation found gives every layer and head of the cross-attention, the
 encoder's self-attention and the decoder's causal self-attention, with the same rows
 search saw (row ``i`` is the step that produced output token ``i``, the final ``</s>``
-included). Each sentence then has four entries, listed under it in the page's selector:
-the alignment (as search kept it), the cross-attention of every layer and head, and the
-encoder's and the decoder's self-attention.
+included). Each sentence then has four views, which the page's view selector lists once
+its sentence selector has picked the sentence: the alignment (as search kept it), the
+cross-attention of every layer and head, and the encoder's and the decoder's
+self-attention.
 
 A page of every map grows as layers x heads x tokens² per sentence; past the size that
 opens quickly (:data:`qkv.viz.page.SIZE_BUDGET`) it stores 8-bit weights instead of

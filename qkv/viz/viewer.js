@@ -1,6 +1,6 @@
 // qkv attention viewer: head view, model view, matrix view.
 // This file is the wiring: shared state, payload decoding, small helpers, the controls
-// (view tabs, layer, heads, sentence selector), render() and the start of the page.
+// (view tabs, layer, heads, sentence and item selectors), render() and the start of the page.
 // The views are drawn by viewer_head.js (head view) and viewer_matrix.js (model and matrix
 // views). qkv.viz.html inlines viewer_head.js, viewer_matrix.js, then this file, inside one
 // strict-mode closure, so they share names without any global; this file runs last, so
@@ -176,31 +176,56 @@ function buildShapeControls() {
   }
 }
 
-// Items with a "group" (e.g. the views of one translated sentence) are numbered by
-// group and listed under it, and the chosen item's group is shown above the selector
-// (a closed selector shows only the option); others are numbered one by one.
-const GROUP_LINES = [];
+// Items with a "group" (e.g. the views of one translated sentence) get two selectors: the
+// group's (the sentence, on the page, numbered) and the item's, which lists the items of
+// the group on show; choosing another group keeps the item's place in it (its cross-
+// attention for a cross-attention). Items without a group are numbered one by one.
+const GROUPS = []; // { name, items: [item index, ...] }, in order
+const GROUP_OF = []; // item index -> its group's index
 
 function buildItemSelector() {
   if (!PAGE.items) return;
   const select = document.getElementById("qkv-item");
-  let group = null, parent = select, groups = 0;
   ITEMS.forEach((item, k) => {
     if (item.group === undefined) {
       select.appendChild(el("option", { value: k }, `${k + 1}. ${item.title}`));
       return;
     }
-    if (item.group !== group) {
-      group = item.group;
-      groups += 1;
-      parent = select.appendChild(el("optgroup", { label: `${groups}. ${group}` }));
-    }
-    GROUP_LINES[k] = `${groups}. ${group}`;
-    parent.appendChild(el("option", { value: k }, item.title));
+    const last = GROUPS[GROUPS.length - 1];
+    if (!last || last.name !== item.group) GROUPS.push({ name: item.group, items: [] });
+    GROUP_OF[k] = GROUPS.length - 1;
+    GROUPS[GROUPS.length - 1].items.push(k);
   });
-  if (GROUP_LINES.length) document.getElementById("qkv-item-kind").textContent = "View";
+  if (GROUPS.length) buildGroupSelector();
   select.addEventListener("change", () => showItem(+select.value));
   document.getElementById("qkv-items").hidden = false;
+}
+
+function buildGroupSelector() {
+  const groups = document.getElementById("qkv-group");
+  GROUPS.forEach((g, n) => groups.appendChild(el("option", { value: n }, `${n + 1}. ${g.name}`)));
+  groups.addEventListener("change", () => {
+    const place = GROUPS[GROUP_OF[state.item]].items.indexOf(state.item);
+    const items = GROUPS[+groups.value].items;
+    showItem(items[Math.min(place, items.length - 1)]);
+  });
+  document.getElementById("qkv-group-label").hidden = false;
+  document.getElementById("qkv-item-kind").textContent = "View";
+}
+
+// The item selector lists the items of the group on show (rebuilt when the group changes).
+function syncItemSelectors() {
+  const select = document.getElementById("qkv-item");
+  if (GROUPS.length) {
+    const n = GROUP_OF[state.item];
+    document.getElementById("qkv-group").value = String(n);
+    if (select.dataset.group !== String(n)) {
+      select.replaceChildren(...GROUPS[n].items.map((k) =>
+        el("option", { value: k }, ITEMS[k].title)));
+      select.dataset.group = String(n);
+    }
+  }
+  select.value = String(state.item);
 }
 
 function showItem(k) {
@@ -220,10 +245,7 @@ function toggleHead(h) {
 
 function syncControls() {
   layerSelect.value = String(state.layer);
-  if (PAGE.items) {
-    document.getElementById("qkv-item").value = String(state.item);
-    document.getElementById("qkv-item-group").textContent = GROUP_LINES[state.item] || "";
-  }
+  if (PAGE.items) syncItemSelectors();
   for (const b of headBar.querySelectorAll(".qkv-head-toggle")) {
     const h = +b.dataset.head;
     const on = state.view === "matrix" ? h === state.matrixHead : state.heads.has(h);

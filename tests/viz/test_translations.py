@@ -123,22 +123,16 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
     (path,) = save_translations(translator[0], entries, tmp_path / "t.html")
     items = extract_payload(path.read_text(encoding="utf-8"))["items"]
     p = open_page(path)
-    assert p.page.locator("#qkv-item option").count() == 4 * len(entries)
-    groups = p.page.eval_on_selector_all("#qkv-item optgroup", "gs => gs.map(g => g.label)")
-    assert groups == [
-        f"{n + 1}. {alignment_label(e[0], e[3].target_labels)}" for n, e in enumerate(entries)
-    ]
-    views = p.page.eval_on_selector_all(
-        "#qkv-item optgroup:first-child option", "os => os.map(o => o.textContent)"
-    )
-    assert views == [
-        "alignment",
-        "cross-attention, every layer and head",
-        "encoder self-attention",
-        "decoder self-attention (causal)",
-    ]
-    for k in (3, 1, 2, 5):  # a sentence's views, then another sentence's cross-attention
+    assert p.page.locator("#qkv-group option").count() == len(entries)
+    assert p.page.locator("#qkv-item option").count() == 4  # the views of one sentence
+    assert p.page.text_content("#qkv-item-kind") == "View"
+
+    def choose(k: int) -> None:  # item k: its sentence, then its view
+        p.page.select_option("#qkv-group", str(k // 4))
         p.page.select_option("#qkv-item", str(k))
+
+    for k in (3, 1, 2, 5):  # a sentence's views, then another sentence's cross-attention
+        choose(k)
         p.page.select_option("#qkv-layer", "1")
         p.page.click(".qkv-head-toggle[data-head='2']")  # the matrix view shows one head
         got = p.page.eval_on_selector_all(
@@ -148,16 +142,51 @@ def test_the_page_switches_between_views_in_the_browser(open_page, translator, t
         np.testing.assert_array_equal(np.array(got).reshape(want.shape), want)
         rows = p.page.eval_on_selector_all(".qkv-row-label", "ls => ls.map(l => l.textContent)")
         assert rows == items[k]["queryTokens"]
-    p.page.select_option("#qkv-item", "4")  # the second sentence's alignment: named so
-    assert p.page.text_content("#qkv-item-group") == groups[1]  # above the closed selector
-    assert p.page.text_content("#qkv-item-kind") == "View"
+    choose(4)  # the second sentence's alignment: named so
     caption = p.page.text_content("#qkv-matrix-caption")
     assert caption.startswith(describe_alignment(translator[0]))
     assert p.page.text_content("#qkv-map-label") == f"Map: {describe_alignment(translator[0])}"
-    p.page.select_option("#qkv-item", "5")
+    choose(5)
     assert p.page.text_content("#qkv-matrix-caption").startswith("layer 0, head 0")
     p.page.click("#qkv-tab-model")
     assert p.page.locator(".qkv-thumb").count() == 2 * 3
+    assert p.requests == [p.url] and not p.errors and not p.dialogs
+
+
+def test_the_sentence_selector_is_on_the_page_and_switches_sentences(
+    open_page, translator, tmp_path
+):
+    """The sentences were the groups of one "View" menu: the page showed a view's name,
+    and which sentence it belonged to was found only by opening that menu. The sentence
+    is now a selector of its own, on the page; the view selector lists that sentence's
+    views, and choosing another sentence keeps the view."""
+    entries = _entries(translator, 1)
+    (path,) = save_translations(translator[0], entries, tmp_path / "t.html")
+    items = extract_payload(path.read_text(encoding="utf-8"))["items"]
+    p = open_page(path)
+    assert p.page.is_visible("#qkv-group") and p.page.is_visible("#qkv-item")
+    assert p.page.text_content("#qkv-group-label").startswith("Sentence")
+    sentences = p.page.eval_on_selector_all("#qkv-group option", "os => os.map(o => o.text)")
+    assert sentences == [
+        f"{n + 1}. {alignment_label(e[0], e[3].target_labels)}" for n, e in enumerate(entries)
+    ]
+    views = p.page.eval_on_selector_all("#qkv-item option", "os => os.map(o => o.text)")
+    assert views == [
+        "alignment",
+        "cross-attention, every layer and head",
+        "encoder self-attention",
+        "decoder self-attention (causal)",
+    ]
+    p.page.select_option("#qkv-item", label="encoder self-attention")
+    for n in (2, 1):
+        p.page.select_option("#qkv-group", str(n))
+        k = 4 * n + 2  # sentence n's encoder self-attention
+        assert p.page.get_attribute("#qkv-app", "data-item") == str(k)
+        assert p.page.eval_on_selector("#qkv-item", "s => s.selectedOptions[0].text") == (
+            "encoder self-attention"
+        )
+        rows = p.page.eval_on_selector_all(".qkv-row-label", "ls => ls.map(l => l.textContent)")
+        assert rows == items[k]["queryTokens"] == entries[n][2]
     assert p.requests == [p.url] and not p.errors and not p.dialogs
 
 
@@ -183,11 +212,15 @@ def test_a_page_past_the_quick_size_stores_8_bit_weights(translator, tmp_path, m
 
 ARABIC, HEBREW = ["مرحبا", "بالعالم", "كيف"], ["שלום", "עולם"]
 
-# Left edge on screen of the source, the arrow and the translation in the line above the
-# selector, found by text.
+# Left edge on screen of the source, the arrow and the translation in the chosen
+# sentence's line, found by text (a select's own text cannot be measured: the line is
+# laid out in a probe element beside it, in the same font).
 _GROUP_X = """([source, translation]) => {
-  const line = document.getElementById("qkv-item-group");
-  const node = line.firstChild;
+  const select = document.getElementById("qkv-group");
+  const probe = document.createElement("span");
+  probe.textContent = select.selectedOptions[0].text;
+  select.parentNode.appendChild(probe);
+  const node = probe.firstChild;
   const left = (s) => {
     const at = node.data.indexOf(s);
     if (at < 0) return null;
@@ -196,12 +229,14 @@ _GROUP_X = """([source, translation]) => {
     range.setEnd(node, at + s.length);
     return range.getBoundingClientRect().left;
   };
-  return [left(source), left("\u2192"), left(translation)];
+  const xs = [left(source), left("\u2192"), left(translation)];
+  probe.remove();
+  return xs;
 }"""
 
 
 def test_a_right_to_left_translation_is_named_source_arrow_translation(open_page, tmp_path):
-    """Arabic → Hebrew in the sentence line was one right-to-left run: it showed the
+    """Arabic → Hebrew in the sentence's line was one right-to-left run: it showed the
     translation first, the arrow pointing from it to the source."""
     source, translation = " ".join(ARABIC), " ".join(HEBREW)
     src, tgt = train_tokenizers("word", [source], [translation], joint=False)
@@ -225,7 +260,7 @@ def test_a_right_to_left_translation_is_named_source_arrow_translation(open_page
     entry = (source, ids, [src.id_to_token(i) for i in ids], best)
     (path,) = save_translations(model, [entry], tmp_path / "t.html")
     p = open_page(path)
-    line = p.page.text_content("#qkv-item-group")
+    line = p.page.eval_on_selector("#qkv-group", "s => s.selectedOptions[0].text")
     assert line.startswith("1. ") and source in line and translation in line
     xs = p.page.evaluate(_GROUP_X, [source, translation])
     assert None not in xs and xs == sorted(xs), (line, xs)
