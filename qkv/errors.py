@@ -18,6 +18,7 @@ __all__ = [
     "DeviceError",
     "DownloadError",
     "LaunchError",
+    "ModelFileError",
     "OutputFolderError",
     "UserError",
 ]
@@ -46,6 +47,11 @@ class CorpusError(UserError, ValueError):
 
 class CheckpointError(UserError, ValueError):
     """A file that is not a readable qkv checkpoint (the message names the file)."""
+
+
+class ModelFileError(UserError, ValueError):
+    """A pretrained model file (a GGUF file, ...) that cannot be read, or of an architecture
+    qkv does not run; the message names the file and what is wrong."""
 
 
 class DownloadError(UserError, RuntimeError):
