@@ -1,12 +1,13 @@
 """Dropout that draws 16 random bits per element instead of one random float.
 
-``nn.Dropout`` on a CPU draws a float per element (``bernoulli_``) and then multiplies,
-a noticeable share of a small Transformer's training step on a CPU. Here one 64-bit random integer serves four elements: an element is dropped when its
-16 bits, read as a signed integer, fall below ``-32768 + round(p * 65536)``. The drop
-probability is therefore ``p`` rounded to a multiple of ``2**-16`` (off by less than
-``8e-6``); kept elements are scaled by ``1 / (1 - p)`` as in ``nn.Dropout``, so the
-expected value is unchanged. The kept-or-scaled multiplier is built with integer bit
-operations and autograd keeps it for the backward pass (``grad * multiplier``).
+``nn.Dropout`` on a CPU draws a float per element (``bernoulli_``) and then multiplies, a
+noticeable share of a small Transformer's training step on a CPU. Here one 64-bit random
+integer serves four elements: an element is dropped when its 16 bits, read as a signed
+integer, fall below ``-32768 + round(p * 65536)``. The drop probability is therefore ``p``
+rounded to a multiple of ``2**-16`` (off by less than ``8e-6``); kept elements are scaled
+by ``1 / (1 - p)`` as in ``nn.Dropout``, so the expected value is unchanged. The kept-or-
+scaled multiplier is built with integer bit operations and autograd keeps it for the
+backward pass (``grad * multiplier``).
 
 About three times faster than ``F.dropout`` (measured: BENCHMARKS.md, 'CPU dropout').
 The draws come from torch's generator, so ``torch.manual_seed`` and saved
