@@ -5,9 +5,9 @@ noticeable share of a small Transformer's training step on a CPU. Here one 64-bi
 integer serves four elements: an element is dropped when its 16 bits, read as a signed
 integer, fall below ``-32768 + round(p * 65536)``. The drop probability is therefore ``p``
 rounded to a multiple of ``2**-16`` (off by less than ``8e-6``); kept elements are scaled
-by ``1 / (1 - p)`` as in ``nn.Dropout``, so the expected value is unchanged. The kept-or-
-scaled multiplier is built with integer bit operations and autograd keeps it for the
-backward pass (``grad * multiplier``).
+by ``1 / (1 - p)`` as in ``nn.Dropout``, so the expected value is unchanged. The
+kept-or-scaled multiplier is built with integer bit operations and autograd keeps it for
+the backward pass (``grad * multiplier``).
 
 About three times faster than ``F.dropout`` (measured: BENCHMARKS.md, 'CPU dropout').
 The draws come from torch's generator, so ``torch.manual_seed`` and saved
