@@ -2,13 +2,20 @@
 
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, KVCache, LayerCache, LayerKV
+from qkv.modules.feedforward import SwiGLU
+from qkv.modules.norms import RMSNorm
 from qkv.modules.positional import (
     ALiBi,
     AttentionPositional,
+    DynamicRopeScaling,
     LearnedPositionalEncoding,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    RopeScaling,
     RotaryPositionalEncoding,
     SinusoidalPositionalEncoding,
     alibi_slopes,
+    apply_rotary,
 )
 from qkv.modules.rnn_attention import BahdanauAttention, LuongAttention
 from qkv.modules.scores import AdditiveScore, DotScore, GeneralScore, ScaledDotScore, Score
@@ -27,6 +34,7 @@ __all__ = [
     "BahdanauAttention",
     "Decoder",
     "DecoderCache",
+    "DynamicRopeScaling",
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
@@ -38,10 +46,16 @@ __all__ = [
     "KVCache",
     "LayerKV",
     "LearnedPositionalEncoding",
+    "LinearRopeScaling",
+    "Llama3RopeScaling",
     "MultiHeadAttention",
+    "RMSNorm",
+    "RopeScaling",
     "RotaryPositionalEncoding",
     "ScaledDotScore",
     "Score",
     "SinusoidalPositionalEncoding",
+    "SwiGLU",
     "alibi_slopes",
+    "apply_rotary",
 ]

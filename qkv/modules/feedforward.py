@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
 
-__all__ = ["FeedForward", "layer_from_torch", "layer_norm", "residual"]
+__all__ = ["FeedForward", "SwiGLU", "layer_from_torch", "layer_norm", "residual"]
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -71,6 +71,38 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward block (Shazeer 2020, "GLU Variants Improve Transformer"), as in
+    LLaMA: the activated gate multiplies a second projection, element by element.
+
+    .. math::
+        \\mathrm{SwiGLU}(x) = W_d \\left(\\mathrm{SiLU}(W_g x) \\odot W_u x\\right)
+
+    Args:
+        dim: model width E.
+        hidden_dim: inner width (about 8E/3 in LLaMA).
+        activation: of the gate (``"silu"``: SwiGLU; ``"gelu"``: GeGLU; see
+            :class:`FeedForward`).
+        bias: biases on the three linear maps.
+
+    Shape:
+        ``(..., E)`` -> ``(..., E)``.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu", bias: bool = False):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; known: {sorted(_ACTIVATIONS)}")
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=bias)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=bias)
+        self.activation = _ACTIVATIONS[activation]()
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = self.activation(self.gate_proj(x))  # (..., hidden)
+        return self.down_proj(gate * self.up_proj(x))  # (..., E)
 
 
 def layer_norm(dim: int, eps: float, bias: bool) -> nn.LayerNorm:

@@ -15,6 +15,7 @@ Self-attention without positions is permutation-equivariant: "Sally likes Sam" a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -24,10 +25,15 @@ from qkv.modules.sizes import is_size
 __all__ = [
     "ALiBi",
     "AttentionPositional",
+    "DynamicRopeScaling",
     "LearnedPositionalEncoding",
+    "LinearRopeScaling",
+    "Llama3RopeScaling",
+    "RopeScaling",
     "RotaryPositionalEncoding",
     "SinusoidalPositionalEncoding",
     "alibi_slopes",
+    "apply_rotary",
 ]
 
 
@@ -107,6 +113,89 @@ class AttentionPositional(nn.Module):
         heads of size ``head_dim`` (:class:`MultiHeadAttention` asks when it is built)."""
 
 
+class RopeScaling:
+    """How a RoPE model stretches its frequencies to reach beyond its training length.
+
+    :meth:`frequencies` turns the plain frequencies ``base^(-2i/D)`` (float64 ``(D/2,)``)
+    into the scaled ones for a call whose positions reach ``seq_len - 1``. The plain
+    class changes nothing; the subclasses are the types of Hugging Face's ``rope_scaling``.
+    """
+
+    def frequencies(self, inv_freq: Tensor, head_dim: int, base: float, seq_len: int) -> Tensor:
+        """The scaled frequencies ``(D/2,)`` (float64)."""
+        return inv_freq
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling(RopeScaling):
+    """Position interpolation (Chen et al. 2023): every angle divided by ``factor``, as
+    if position ``p`` were ``p / factor`` (Hugging Face ``rope_type`` ``"linear"``)."""
+
+    factor: float
+
+    def frequencies(self, inv_freq: Tensor, head_dim: int, base: float, seq_len: int) -> Tensor:
+        return inv_freq / self.factor
+
+
+@dataclass(frozen=True)
+class DynamicRopeScaling(RopeScaling):
+    """Dynamic NTK scaling (Hugging Face ``rope_type`` ``"dynamic"``): a call whose positions
+    reach ``seq_len > max_len`` uses the larger base
+
+    .. math::
+        b' = b \\left(\\frac{f \\cdot seq\\_len}{max\\_len} - (f - 1)\\right)^{D / (D - 2)}
+
+    and the plain base up to ``max_len``. Each call decides from its own positions: cached
+    keys keep the angles of the call that made them, as in transformers' cache.
+    """
+
+    factor: float
+    max_len: int
+
+    def frequencies(self, inv_freq: Tensor, head_dim: int, base: float, seq_len: int) -> Tensor:
+        if seq_len <= self.max_len:
+            return inv_freq
+        grown = self.factor * seq_len / self.max_len - (self.factor - 1)
+        new_base = base * grown ** (head_dim / (head_dim - 2))
+        i = torch.arange(0, head_dim, 2, dtype=torch.float64, device=inv_freq.device)
+        return new_base ** (-i / head_dim)
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling(RopeScaling):
+    """LLaMA 3.1's scaling (Hugging Face ``rope_type`` ``"llama3"``), by wavelength
+    ``λ = 2π / θ_i``: short wavelengths (``λ < L / high_freq_factor``, ``L`` the original
+    context) keep their frequency, long ones (``λ > L / low_freq_factor``) are divided by
+    ``factor``, and those between blend the two with ``s = (L / λ - low) / (high - low)``:
+    ``θ' = (1 - s) θ / factor + s θ``."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_len: int
+
+    def frequencies(self, inv_freq: Tensor, head_dim: int, base: float, seq_len: int) -> Tensor:
+        length, low, high = self.original_max_len, self.low_freq_factor, self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > length / low, inv_freq / self.factor, inv_freq)
+        smooth = (length / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = (wavelen >= length / high) & (wavelen <= length / low)
+        return torch.where(medium, blended, scaled)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the pairs ``(x1_i, x2_i)`` of the two halves of ``x``'s last dimension:
+    ``x cos + rotate_half(x) sin`` with ``rotate_half(x1, x2) = (-x2, x1)``.
+
+    Shape:
+        x ``(..., T, D)``; cos and sin broadcastable to it (``(B, 1, T, D)`` from
+        :meth:`RotaryPositionalEncoding.cos_sin`).
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 class RotaryPositionalEncoding(AttentionPositional):
     """Rotary position embedding, RoPE (Su et al. 2021), rotate-half convention.
 
@@ -123,17 +212,22 @@ class RotaryPositionalEncoding(AttentionPositional):
     Args:
         head_dim: D (even).
         base: 10000 in the paper.
+        scaling: a :class:`RopeScaling` that stretches the frequencies (linear, dynamic
+            NTK, LLaMA 3), or ``None``.
 
     Shape:
         q ``(B, H, Tq, D)``, k ``(B, Hkv, Tk, D)``; ``q_start``/``k_start`` are absolute
         positions of their first rows (``k_start`` is the start of the *new* keys).
+        Rows at positions of their own (left-padded batches): :meth:`cos_sin` of the
+        positions ``(B, T)`` and :func:`apply_rotary`.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None):
         super().__init__()
         if head_dim % 2 or head_dim < 1:
             raise ValueError(f"RoPE needs a positive even head size, got {head_dim}")
         self.head_dim, self.base = head_dim, base
+        self.scaling = scaling or RopeScaling()
 
     def check_fits(self, num_heads: int, head_dim: int) -> None:
         if head_dim != self.head_dim:
@@ -142,15 +236,34 @@ class RotaryPositionalEncoding(AttentionPositional):
                 f"{self.head_dim}, but the attention's heads have size {head_dim}"
             )
 
-    def inv_freq(self, device=None) -> Tensor:
-        """The frequencies ``base^(-2i/D)``, float64 ``(D/2,)``.
+    def inv_freq(self, device=None, seq_len: int = 0) -> Tensor:
+        """The frequencies ``base^(-2i/D)``, scaled for positions up to ``seq_len - 1``,
+        float64 ``(D/2,)``.
 
         Computed at each call rather than kept in a buffer: ``module.to(torch.bfloat16)``
         would round a buffer, and a rounded frequency puts every far position off by its
         error times the position.
         """
         i = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
-        return self.base ** (-i / self.head_dim)
+        plain = self.base ** (-i / self.head_dim)
+        return self.scaling.frequencies(plain, self.head_dim, self.base, seq_len)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The cosines and sines of every position's angles, for :func:`apply_rotary`.
+
+        Args:
+            positions: integer positions ``(B, T)`` (or ``(T,)``).
+            dtype: of the queries and keys they rotate.
+
+        Returns:
+            ``(cos, sin)``, each ``(B, 1, T, D)`` (``(T, D)`` for ``(T,)`` positions).
+        """
+        seq_len = int(positions.max()) + 1 if positions.numel() else 0
+        angles = positions.to(torch.float64)[..., None] * self.inv_freq(positions.device, seq_len)
+        angles = torch.cat([angles, angles], dim=-1)  # (..., T, D)
+        if positions.ndim == 2:
+            angles = angles[:, None]  # (B, 1, T, D): shared by the heads
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def rotate(self, x: Tensor, start: int = 0) -> Tensor:
         """Rotate ``x`` ``(..., T, D)`` as if its rows sat at positions ``start, start+1, ...``."""
@@ -159,12 +272,9 @@ class RotaryPositionalEncoding(AttentionPositional):
                 f"RotaryPositionalEncoding({self.head_dim}) rotates (..., T, {self.head_dim}), "
                 f"got {tuple(x.shape)}"
             )
-        pos = torch.arange(start, start + x.shape[-2], dtype=torch.float64, device=x.device)
-        angles = torch.outer(pos, self.inv_freq(x.device))  # (T, D/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (T, D)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        pos = torch.arange(start, start + x.shape[-2], device=x.device)
+        cos, sin = self.cos_sin(pos, x.dtype)  # (T, D)
+        return apply_rotary(x, cos, sin)
 
     def forward(self, q: Tensor, k: Tensor, q_start: int = 0, k_start: int = 0):
         return self.rotate(q, q_start), self.rotate(k, k_start)

@@ -248,3 +248,63 @@ def test_alibi_takes_numpy_ints_as_torch_modules_do():
     floats must not refuse them too."""
     heads = int(torch.randint(1, 17, ()))
     assert torch.equal(qkv.ALiBi(np.int64(heads)).slopes, qkv.ALiBi(heads).slopes)
+
+
+def _hf_rope_config(rope_parameters: dict, head_dim: int = 16, max_len: int = 64):
+    transformers = pytest.importorskip("transformers")
+    return transformers.LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        max_position_embeddings=max_len,
+        rope_parameters={"rope_theta": 500.0, **rope_parameters},
+    )
+
+
+@pytest.mark.parametrize(
+    "scaling, params, seq_len",
+    [
+        (qkv.modules.LinearRopeScaling(4.0), {"rope_type": "linear", "factor": 4.0}, 10),
+        (
+            qkv.modules.DynamicRopeScaling(3.0, 64),
+            {"rope_type": "dynamic", "factor": 3.0},
+            200,
+        ),
+        (qkv.modules.DynamicRopeScaling(3.0, 64), {"rope_type": "dynamic", "factor": 3.0}, 30),
+        (
+            qkv.modules.Llama3RopeScaling(8.0, 1.0, 4.0, 32),
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            10,
+        ),
+    ],
+    ids=["linear", "dynamic-beyond-context", "dynamic-within-context", "llama3"],
+)
+def test_rope_scaling_matches_hugging_face_frequencies(scaling, params, seq_len):
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    config = _hf_rope_config(params)
+    hf, _ = rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]](config, seq_len=seq_len)
+    ours = qkv.RotaryPositionalEncoding(16, 500.0, scaling).inv_freq(seq_len=seq_len)
+    plain = qkv.RotaryPositionalEncoding(16, 500.0).inv_freq()
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours.float(), hf, rtol=2e-6, atol=0)  # HF computes in float32
+    if not (params["rope_type"] == "dynamic" and seq_len <= 64):
+        assert not torch.allclose(ours, plain)  # the scaling changed something
+
+
+def test_cos_sin_rotate_each_row_at_its_own_positions():
+    rope = qkv.RotaryPositionalEncoding(8, scaling=qkv.modules.LinearRopeScaling(2.0))
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    cos, sin = rope.cos_sin(positions, torch.float64)  # (B, 1, T, D)
+    assert cos.shape == (2, 1, 5, 8)
+    rotated = qkv.modules.apply_rotary(x, cos, sin)
+    torch.testing.assert_close(rotated[0], rope.rotate(x[0], 0))
+    torch.testing.assert_close(rotated[1], rope.rotate(x[1], 7))
+    # linear scaling by 2: position 8 turns as far as position 4 does without it
+    plain = qkv.RotaryPositionalEncoding(8)
+    torch.testing.assert_close(rope.rotate(x[:, :, :1], 8), plain.rotate(x[:, :, :1], 4))
