@@ -12,9 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from qkv.data.tokenizers import WordTokenizer
 from qkv.models import checkpoint
-from qkv.models.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
+from qkv.models.checkpoint import (
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    save_checkpoint,
+)
+from tests.models.memory_helpers import GIB, MAX_RSS, run_bounded, write_safetensors
 
 
 def _model():
@@ -130,9 +139,6 @@ def test_a_model_comes_back_in_its_dtype_with_the_same_outputs(tmp_path, kind, d
 
 def _rewrite(tmp_path, change_header=None, change_tensors=None):
     """A valid RNN checkpoint, its qkv header and tensors changed, saved as bad.safetensors."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     good = save_checkpoint(tmp_path / "good.safetensors", build_model("rnn", RNN_OPTIONS))
     with safe_open(str(good), "pt") as f:
         header = json.loads(f.metadata()["qkv"])
@@ -261,3 +267,139 @@ def test_what_a_killed_save_left_is_removed_by_the_next_save(tmp_path):
     save_checkpoint(path, _model())
     assert os.listdir(tmp_path) == [path.name]
     load_checkpoint(path)
+
+
+def _translator(path: Path, **config) -> Path:
+    """A tiny word-level translator checkpoint (with its tokenizers), its config changed
+    by ``config`` in the header only: a file that claims what its weights do not hold."""
+    words = WordTokenizer(["hi", "there"])
+    options = {
+        "src_vocab_size": words.vocab_size,
+        "tgt_vocab_size": words.vocab_size,
+        "d_model": 16,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "ff_dim": 32,
+        "pad_id": words.pad_id,
+        "bos_id": words.bos_id,
+        "eos_id": words.eos_id,
+    }
+    tokenizers = {"src": words.to_json(), "tgt": words.to_json()}
+    good = save_checkpoint(path, build_model("transformer", options), tokenizers=tokenizers)
+    header = json.loads(_read(good)[0]["qkv"])
+    header["model_config"].update(config)
+    _resave(good, path, json.dumps(header))
+    return path
+
+
+def _read(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """The metadata and the tensors of a safetensors file."""
+    with safe_open(str(path), "pt") as f:
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _resave(src: Path, dst: Path, header: str, change_tensors=None) -> Path:
+    """``src``'s tensors (changed by ``change_tensors``) under the qkv header ``header``."""
+    tensors = _read(src)[1]
+    (change_tensors or (lambda t: None))(tensors)
+    save_file(tensors, str(dst), metadata={"qkv": header})
+    return dst
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        # built ten million layers for hours (2.6 GB at 90 s)
+        (
+            {"num_encoder_layers": 10_000_000},
+            "model_config.num_encoder_layers 10000000 does not match the 1 layer(s) of weights",
+        ),
+        # a positional table of 256 GiB: 17.2 GB allocated before the error
+        ({"max_len": 2**31 - 1}, "(model_config: max_len 2147483647)"),
+    ],
+    ids=["layers", "max_len"],
+)
+def test_translate_refuses_sizes_the_weights_do_not_hold_before_allocating(
+    tmp_path, config, message
+):
+    path = _translator(tmp_path / "claims.safetensors", **config)
+    run = run_bounded(["-m", "qkv", "translate", str(path)], stdin="hi there\n")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(f"qkv translate: error: {path}: "), run.stderr
+    assert message in run.stderr and run.max_rss < MAX_RSS, (run.stderr, run.max_rss)
+
+
+QUERY = "model.encoder.layers.0.self_attn.q_proj.weight"
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    "header, change_tensors, message",
+    [
+        (  # RecursionError
+            lambda h: h[:-1] + f', "x": {_nested(100_000)}}}',
+            None,
+            "corrupt qkv header: not JSON that qkv reads: nested 100001 levels deep",
+        ),
+        (  # ValueError: Exceeds the limit (4300 digits) for integer string conversion
+            lambda h: h[:-1] + f', "step": {"7" * 5000}}}',
+            None,
+            "corrupt qkv header: not JSON that qkv reads: an integer of 5,000 digits",
+        ),
+        (  # loaded; translate raised RecursionError reading the tokenizer
+            lambda h: json.dumps({**json.loads(h), "tokenizers": {"src": _nested(100_000)}}),
+            None,
+            "tokenizer 'src' is not JSON that qkv reads: nested 100000 levels deep",
+        ),
+        (  # loaded; translating raised "weights are torch.float16, but its query is float32"
+            lambda h: h,
+            lambda t: t.update({QUERY: t[QUERY].half()}),
+            f"corrupt weights: {QUERY} is torch.float16, the other weights are torch.float32",
+        ),
+        (  # NotImplementedError: "isfinite" not implemented for 'Float8_e4m3fn'
+            lambda h: h,
+            lambda t: t.update({QUERY: t[QUERY].to(torch.float8_e4m3fn)}),
+            f"corrupt weights: {QUERY} is torch.float8_e4m3fn; the weights of a qkv model are",
+        ),
+    ],
+    ids=["nested-header", "digits", "nested-tokenizer", "float16", "float8"],
+)
+def test_a_hostile_header_or_dtype_is_one_line_naming_the_file(
+    tmp_path, header, change_tensors, message
+):
+    good = _translator(tmp_path / "good.safetensors")
+    text = header(_read(good)[0]["qkv"])
+    path = _resave(good, tmp_path / "bad.safetensors", text, change_tensors)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_tensors_that_are_not_needed_are_never_read(tmp_path):
+    """An unknown tensor beside the weights was read whole before anything was checked,
+    and so was an optimiser tensor larger than any weight (here 2 GiB of holes each)."""
+    good = _translator(tmp_path / "good.safetensors")
+    metadata, tensors = _read(good)
+    for name in ("unused", "optim.0.exp_avg"):
+        holes = {name: ((2 * GIB // 4,), torch.float32)}
+        write_safetensors(tmp_path / f"{name}.safetensors", tensors, metadata=metadata, holes=holes)
+    code = (
+        "import sys\n"
+        "from qkv.models.checkpoint import CheckpointError, load_checkpoint\n"
+        "print(type(load_checkpoint(sys.argv[1]).model).__name__)\n"
+        "try:\n"
+        "    load_checkpoint(sys.argv[2])\n"
+        "except CheckpointError as err:\n"
+        "    print(err)\n"
+    )
+    files = [str(tmp_path / f"{name}.safetensors") for name in ("unused", "optim.0.exp_avg")]
+    run = run_bounded(["-c", code, *files])
+    assert run.returncode == 0 and run.max_rss < MAX_RSS, (run.stderr[-2000:], run.max_rss)
+    loaded, refused = run.stdout.splitlines()
+    assert loaded == "TransformerSeq2Seq"
+    assert refused.startswith(f"{files[1]}: corrupt checkpoint: optimiser tensor 'optim.0.exp_avg'")
