@@ -17,6 +17,8 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +34,64 @@ from qkv.kernels.cpu.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import build_model, rng_state, save_checkpoint
 from qkv.train.checks import check_lengths, check_loss, check_memory, finished
 from qkv.train.distributed import Dist, uses_bf16
-from qkv.train.progress import TrainingProgress
+from qkv.train.progress import StepTimes, TrainingProgress
 from qkv.train.recipe import Recipe
 from qkv.train.resume import restore
-from qkv.train.run_folder import check_out_dir, prepare_out_dir
+from qkv.train.run_folder import best_from_last, check_out_dir, prepare_out_dir
 from qkv.train.schedule import make_schedule
 from qkv.translate.evaluate import bleu, translate_texts
 
-__all__ = ["TrainResult", "make_schedule", "train"]
+__all__ = ["Interrupted", "TrainResult", "make_schedule", "train"]
 
 log = logging.getLogger(__name__)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by SIGINT (Ctrl-C) or SIGTERM after finishing its step, which
+    ``last.safetensors`` holds: ``--resume`` continues from it as if never stopped.
+
+    A ``KeyboardInterrupt``, so that what stops on Ctrl-C stops on it too.
+    """
+
+    def __init__(self, signum: int | None, step: int, out: Path):
+        name = signal.Signals(signum).name if signum else "a signal"
+        super().__init__(f"{name}: stopped after step {step}, saved in {out / 'last.safetensors'}")
+        self.signum, self.step, self.out = signum, step, out
+
+
+class _StopSignals:
+    """While the loop runs, SIGINT and SIGTERM are noted (``received``) instead of stopping
+    it mid-step: the loop finishes the step, saves it and raises :class:`Interrupted`. A
+    second signal stops at once, as it would have without this (the handlers before are
+    back once the first is noted). Only the main thread can handle signals: elsewhere
+    this does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self.before: dict = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self.before = {sig: signal.signal(sig, self.note) for sig in self.SIGNALS}
+        return self
+
+    def note(self, signum, frame) -> None:
+        self.received = signum
+        self.restore()
+        log.warning(
+            "%s: finishing step and saving last.safetensors (again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    def restore(self) -> None:
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self.before = {}
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
 
 
 @dataclass
@@ -204,7 +254,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
             f"{dist.world_size} processes; use more data or fewer processes"
         )
     if dist.is_main:
-        prepare_out_dir(out, state.step)
+        prepare_out_dir(out, state.step, state.best_step)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
 
@@ -221,6 +271,8 @@ class _Loop:
         self.tokens_seen, self.started = 0, time.perf_counter()
         self.before, self.first_step = state.seconds, state.step  # from the checkpoint
         self.bf16 = uses_bf16(self.cfg.bf16, dist.device)
+        self.signals = _StopSignals()
+        self.step_times = StepTimes(torch.get_num_threads())
         if self.bf16 and dist.device.type == "cpu":
             bound_onednn_caches()  # else they grow with every new batch shape (kernels.cpu.memory)
 
@@ -241,10 +293,15 @@ class _Loop:
     def run(self, show: bool) -> TrainResult:
         self.model.train()
         stream = self.batches()
-        with TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar:
+        with (
+            self.signals,
+            TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar,
+        ):
             while self.state.step < self.cfg.steps:
+                self.step_times.start()
                 loss, tokens, lr = self.update(stream)
                 self.state.step += 1
+                self.step_times.stop(self.state.step)
                 self.tokens_seen += tokens
                 seconds = time.perf_counter() - self.started
                 rate = self.tokens_seen / seconds
@@ -259,7 +316,10 @@ class _Loop:
                         "seconds": self.trained_seconds(),
                     }
                 )
-                if self.after_step() == "stop":
+                verdict = self.after_step()
+                if verdict == "interrupted":
+                    raise Interrupted(self.signals.received, self.state.step, self.out)
+                if verdict == "stop":
                     break
         return self.result()
 
@@ -289,35 +349,56 @@ class _Loop:
         return mean_loss, self.dist.sum_int(tokens), lr
 
     def after_step(self) -> str | None:
+        """Evaluate and save as this step asks: ``"stop"`` (patience, time budget),
+        ``"interrupted"`` (a signal arrived: the step is saved) or None.
+
+        A new best evaluation is saved as ``last.safetensors`` first and then as
+        ``best.safetensors`` (the same file), so that a kill between or during the two
+        writes leaves a folder that resumes to the uninterrupted run's result: the resumed
+        run either repeats the whole step (its evaluation included) or completes the pair.
+        """
         cfg, st = self.cfg, self.state
         out_of_time = self.dist.broadcast_flag(
             cfg.max_seconds > 0 and self.trained_seconds() > cfg.max_seconds
         )
+        interrupted = self.dist.broadcast_flag(self.signals.received is not None)
         last = st.step == cfg.steps or out_of_time
-        verdict = "stop" if out_of_time else None
+        verdict, improved = ("stop" if out_of_time else None), False
         if st.step % cfg.eval_every == 0 or last:
-            verdict = self.evaluate() or verdict
-        if st.step % cfg.save_every == 0 or last or verdict == "stop":
+            stop, improved = self.evaluate()
+            verdict = stop or verdict
+        if improved or interrupted or st.step % cfg.save_every == 0 or last or verdict:
             self.save("last.safetensors")
+        if improved and self.dist.is_main:
+            best_from_last(self.out)
+        if interrupted and not (last or verdict):
+            return "interrupted"
         return verdict
 
     def trained_seconds(self) -> float:
         """Training time of the whole run, the processes it was resumed from included."""
         return self.before + time.perf_counter() - self.started
 
-    def evaluate(self) -> str | None:
-        st = self.state
+    def evaluate(self) -> tuple[str | None, bool]:
+        """Validate: ``"stop"`` when patience has run out, and whether this evaluation is
+        the best so far (the caller saves it)."""
+        st, improved = self.state, False
         if self.dist.is_main:
             st.valid_loss, score = validate(self.model, self.data, self.recipe, self.dist.device)
-            # at equal BLEU (all 0 early on, and without BLEU sentences) the lower loss
-            if score > st.best_bleu or (score == st.best_bleu and st.valid_loss < st.best_loss):
+            # at equal BLEU (all 0 early on, and without BLEU sentences) the lower loss; and
+            # the evaluation that best.safetensors holds, made again by a run resumed from
+            # an older last.safetensors (a folder of an earlier qkv), is no worse than itself
+            again = st.step == st.best_step and st.valid_loss == st.best_loss
+            if score > st.best_bleu or (
+                score == st.best_bleu and (st.valid_loss < st.best_loss or again)
+            ):
                 st.best_bleu, st.best_loss, st.best_step, st.bad_evals = (
                     score,
                     st.valid_loss,
                     st.step,
                     0,
                 )
-                self.save("best.safetensors")
+                improved = True
             else:
                 st.bad_evals += 1
             self.log(
@@ -329,7 +410,7 @@ class _Loop:
                 }
             )
         stop = self.cfg.patience > 0 and st.bad_evals >= self.cfg.patience
-        return "stop" if self.dist.broadcast_flag(stop) else None
+        return ("stop" if self.dist.broadcast_flag(stop) else None), improved
 
     def save(self, name: str) -> None:
         if not self.dist.is_main:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,10 @@ LOOP_STATE = {
 
 _ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # per parameter, as train's AdamW keeps it
 
+# The settings of each AdamW parameter group that the config gives (--set train.lr=...):
+# a resumed run takes the config's, so the saved ones need only be of the right type.
+_CONFIG_SETTINGS = {"lr", "initial_lr", "betas", "weight_decay"}
+
 
 def restore(
     path: Path, model: nn.Module, optimizer, recipe: Recipe, data: Prepared
@@ -74,8 +79,13 @@ def restore(
         saved = _checked_loop_state(ckpt.extra.get("train", {}))
         _adopt_later_best(path.parent, saved)
         if ckpt.optimizer_state is not None:
+            _check_settings(optimizer, ckpt.optimizer_state["param_groups"])
             _check_optimizer_state(optimizer, ckpt.optimizer_state)
+            ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
             optimizer.load_state_dict(ckpt.optimizer_state)
+            for group, settings in zip(optimizer.param_groups, ours):
+                for key, value in settings.items():  # what the file left out: this run's
+                    group.setdefault(key, value)
             _use_config_settings(optimizer, recipe)
         if ckpt.rng is not None:
             restore_rng(ckpt.rng)
@@ -124,6 +134,81 @@ def _checked_loop_state(saved: Any) -> dict[str, Any]:
         if kind is int and value < 0:
             raise ValueError(f"{key} is {value}, not >= 0")
     return saved
+
+
+def _check_settings(optimizer, saved: Any) -> None:
+    """The saved AdamW settings are the ones this run trains with, key by key.
+
+    torch loads a parameter group's settings as they are, and they decide what the step
+    computes: ``amsgrad: true`` failed on a missing moment (a KeyError traceback),
+    ``differentiable: true`` and ``eps: "abc"`` in the step (tracebacks), and
+    ``maximize: true`` climbed the loss without a word. qkv always writes the settings
+    of the AdamW that :func:`qkv.train.loop.train` builds, so any other value is a
+    file edited by hand or written by another program, and is refused (a ``ValueError``
+    naming the key, which :func:`restore` makes one line naming the file). The
+    config's settings (learning rate, betas, weight decay) are only checked for their
+    type: the config's values replace them. A key that is missing (a checkpoint of an
+    older torch) takes this run's value, as torch's own loading does.
+    """
+    groups = optimizer.param_groups
+    if not isinstance(saved, list) or len(saved) != len(groups):
+        count = len(saved) if isinstance(saved, list) else type(saved).__name__
+        raise ValueError(f"optimizer.param_groups has {count} groups, AdamW here {len(groups)}")
+    first = 0
+    for index, (group, ours) in enumerate(zip(saved, groups)):
+        where = f"optimizer.param_groups[{index}]"
+        if not isinstance(group, dict):
+            raise TypeError(f"{where} is a {type(group).__name__}, not an object")
+        ids = list(range(first, first + len(ours["params"])))
+        if group.get("params") != ids:
+            raise ValueError(f"{where}.params is not the model's parameters {ids[0]}..{ids[-1]}")
+        first += len(ids)
+        settings = {k: v for k, v in ours.items() if k != "params"}
+        settings.setdefault("initial_lr", ours["lr"])  # the schedule adds it, after this
+        for key, value in group.items():
+            if key == "params":
+                continue
+            if key not in settings:
+                raise ValueError(f"{where}.{key}: not a setting of the AdamW qkv trains with")
+            _check_setting(f"{where}.{key}", value, settings[key], key in _CONFIG_SETTINGS)
+
+
+def _check_setting(where: str, value: Any, ours: Any, from_config: bool) -> None:
+    """One saved setting against this run's: of its type, and (unless the config gives
+    it) equal to it."""
+    wanted = list(ours) if isinstance(ours, tuple) else [ours]  # betas: two numbers
+    got = list(value) if isinstance(value, (list, tuple)) else [value]
+    if isinstance(ours, tuple) != isinstance(value, (list, tuple)) or len(got) != len(wanted):
+        raise TypeError(f"{where} is {_json(value)}, not {_kind(ours)}")
+    for part, want in zip(got, wanted):
+        if isinstance(want, bool) or want is None:  # switches: amsgrad, maximize, fused ...
+            fits = part is None or isinstance(part, bool)
+        else:  # lr, eps, betas, weight decay
+            fits = isinstance(part, (int, float)) and not isinstance(part, bool)
+            fits = fits and math.isfinite(part)
+        if not fits:
+            raise TypeError(f"{where} is {_json(value)}, not {_kind(ours)}")
+    if not from_config and got != wanted:
+        used = _json(ours)
+        raise ValueError(
+            f"{where} is {_json(value)}, but qkv trains with {used}: a checkpoint qkv wrote "
+            f"holds {used} (edited by hand, or written by another program?)"
+        )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"{len(value)} finite numbers"
+    if isinstance(value, bool) or value is None:
+        return "true, false or null"
+    return "a finite number"
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(list(value) if isinstance(value, tuple) else value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _check_optimizer_state(optimizer, saved: dict) -> None:

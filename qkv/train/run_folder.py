@@ -4,14 +4,17 @@ and what an interrupted run leaves there to resume from."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
 from qkv.errors import ConfigError
-from qkv.files import write_text_atomic
+from qkv.files import replacing, write_text_atomic
 from qkv.models.checkpoint import saved_extra
 
 __all__ = [
+    "best_from_last",
     "check_not_a_run",
     "check_out_dir",
     "later_best",
@@ -20,6 +23,8 @@ __all__ = [
     "resume_note",
     "trim_log",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def check_out_dir(path: Path, name: str = "out") -> None:
@@ -52,17 +57,41 @@ def check_not_a_run(out: Path, resume: bool = False) -> None:
         )
 
 
-def prepare_out_dir(out: Path, step: int) -> None:
+def prepare_out_dir(out: Path, step: int, best_step: int = 0) -> None:
     """Make ``out`` ready for a run that starts at ``step`` (0: a new run): the log cut
     back to that step, what killed checkpoint writes left removed, and for a new run the
     checkpoints of an earlier one too (they are not this run's: an old last.safetensors
-    left until the first save would be what ``--resume`` continues, beside the new log)."""
+    left until the first save would be what ``--resume`` continues, beside the new log).
+
+    A resumed run whose checkpoint was its best evaluation (``best_step == step``) and
+    whose ``best.safetensors`` is not that step's (killed between the two writes of
+    :func:`best_from_last`'s save order) gets it back from ``last.safetensors``."""
     out.mkdir(parents=True, exist_ok=True)
     trim_log(out / "log.jsonl", step)
     remove_partial_checkpoints(out)
     if step == 0:
         for name in ("last", "best"):
             (out / f"{name}.safetensors").unlink(missing_ok=True)
+    elif best_step == step and _saved_step(out / "best.safetensors") != step:
+        log.warning(
+            "best.safetensors is not the best evaluation of step %d that last.safetensors "
+            "holds (the run stopped between the two saves): written again from it",
+            step,
+        )
+        best_from_last(out)
+
+
+def best_from_last(out: Path) -> Path:
+    """``best.safetensors`` becomes a copy of ``last.safetensors``, atomically. The loop
+    saves ``last`` first and then this, so that a kill between the two leaves a ``last``
+    that :func:`prepare_out_dir` completes the pair from. A copy, not a hard link: a file
+    copied over one of the two names (``cp``, ``shutil.copy``) would change both."""
+    last, best = out / "last.safetensors", out / "best.safetensors"
+    with replacing(best) as tmp:
+        shutil.copyfile(last, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    return best
 
 
 def remove_partial_checkpoints(out: Path) -> None:
@@ -119,6 +148,13 @@ def later_best(out: Path, step: int) -> dict | None:
     state = _saved_loop_state(best) if best.is_file() else None
     saved_step = None if state is None else state.get("step")
     return state if isinstance(saved_step, int) and saved_step > step else None
+
+
+def _saved_step(checkpoint: Path) -> int | None:
+    """The step a checkpoint holds, or ``None`` (no such file, or not one qkv wrote)."""
+    state = _saved_loop_state(checkpoint) if checkpoint.is_file() else None
+    step = None if state is None else state.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _saved_loop_state(checkpoint: Path) -> dict | None:

@@ -7,7 +7,7 @@ import random
 
 import yaml
 
-from qkv.train.progress import LogProgress
+from qkv.train.progress import LogProgress, StepTimes
 from tests.train.helpers import run_cli, tiny_dict
 
 
@@ -57,3 +57,35 @@ def test_a_half_written_last_row_is_skipped(tmp_path):
         log.write_bytes(b'{"step": 6, "loss": 1.5, "seconds": 9.0}\n{"step": 7, "lo\xc3')
         bars.refresh()
         assert bars._progress.tasks[0].fields["step"] == 6
+
+
+def _timed(durations, **options):
+    """A StepTimes whose clock gives the steps ``durations``; the steps' warnings."""
+    now = [0.0]
+    times = StepTimes(2, clock=lambda: now[0], **options)
+    for step, seconds in enumerate(durations, 1):
+        times.start()
+        now[0] += seconds
+        times.stop(step)
+    return times
+
+
+def test_a_step_far_slower_than_the_last_ones_warns_once(caplog):
+    """Two threads on two loaded cores made steps of 0.1 s take up to 4.4 s, and the
+    run was five times slower without a word."""
+    base = random.uniform(0.05, 0.2)
+    steps = [base * random.uniform(0.9, 1.1) for _ in range(20)]
+    with caplog.at_level("WARNING", logger="qkv.train.progress"):
+        _timed([*steps, base * 4, base * 30, base * 40], window=20, factor=5)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("step 22 took ")
+    assert "the median" in warned[0] and "2 threads (train.threads)" in warned[0]
+    assert "--set train.threads=1" in warned[0] and "cores" in warned[0]
+
+
+def test_no_step_is_judged_before_the_window_is_full(caplog):
+    """The first steps (memory paged in, kernels chosen) are slow on every machine."""
+    with caplog.at_level("WARNING", logger="qkv.train.progress"):
+        _timed([3.0, 0.1, 0.1, 2.0, *[0.1] * 6], window=10, factor=5)
+    assert caplog.records == []

@@ -20,6 +20,7 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from qkv.cli import main
 from qkv.models.checkpoint import CheckpointError, load_checkpoint, saved_extra
 from qkv.train.loop import _State, train
 from qkv.train.recipe import recipe_from_dict
@@ -121,6 +122,86 @@ def test_resume_after_sigkill_in_the_middle_of_writing_a_checkpoint(tmp_path):
         for name, out in (("full", full), ("killed", killed))
     }
     assert all(torch.equal(last["killed"][k], v) for k, v in last["full"].items())
+
+
+KILLED_SAVING = """
+import os, signal, sys
+from tests.train.helpers import tiny_recipe
+from qkv.train.loop import train
+
+out, when, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+replace, done = os.replace, []
+
+def killed_around(src, dst, *args, **kwargs):  # a checkpoint's file takes its name here
+    if not str(dst).endswith(".safetensors"):
+        return replace(src, dst, *args, **kwargs)
+    done.append(dst)
+    if when == "before" and len(done) == count:
+        os.kill(os.getpid(), signal.SIGKILL)
+    replace(src, dst, *args, **kwargs)
+    if when == "after" and len(done) == count:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+os.replace = killed_around
+train(tiny_recipe(out, **SETTINGS), progress=False)
+"""
+
+# evaluations at steps 4, 8 and 12, each a new best, saved then; patience 1
+SAVING = {"steps": 12, "eval_every": 4, "save_every": 4, "patience": 1}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = train(tiny_recipe(out, **SAVING), progress=False)
+    evaluations = [r for r in logged_rows(out) if "valid_loss" in r]
+    assert [r["step"] for r in evaluations] == [4, 8, 12]  # else the test shows nothing
+    assert result.steps == 12 and result.best_step == 12
+    return out
+
+
+def _final(out) -> dict:
+    """What a run ends with: its log (no timings), and each checkpoint's weights and
+    saved loop state (no training seconds)."""
+    final = {"log": logged_rows(out)}
+    for name in ("last", "best"):
+        ckpt = load_checkpoint(out / f"{name}.safetensors")
+        final[name] = {k: v.tolist() for k, v in ckpt.model.state_dict().items()}
+        final[f"{name}.train"] = {k: v for k, v in ckpt.extra["train"].items() if k != "seconds"}
+    return final
+
+
+@pytest.mark.parametrize(
+    ("when", "count"),
+    [("after", 1), ("before", 3), ("after", 3), ("before", 4), ("after", 4)],
+    ids=[
+        "first-evaluation-between-the-two-files",
+        "before-last-takes-its-name",
+        "between-the-two-files",
+        "before-best-takes-its-name",
+        "after-both",
+    ],
+)
+def test_a_kill_in_any_window_of_saving_an_evaluation_resumes_to_the_same_run(
+    uninterrupted, tmp_path, when, count
+):
+    """A new best evaluation is two files, last.safetensors and best.safetensors. best was
+    written first: killed before last, the resumed run evaluated that step again, scored a
+    tie with the best it had taken from best.safetensors, counted a bad evaluation and
+    (train.patience 1) stopped at step 8 where the uninterrupted run trains to step 12;
+    killed at the first evaluation, the folder held only best and --resume refused it.
+    Killed (SIGKILL) before or after each file of the evaluations at steps 4 and 8 takes
+    its name, then resumed: the same log, checkpoints and best as never killed."""
+    killed = tmp_path / "killed"
+    script = KILLED_SAVING.replace("**SETTINGS", ", ".join(f"{k}={v}" for k, v in SAVING.items()))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", script, str(killed), when, str(count)], env=env)
+    assert proc.returncode == -signal.SIGKILL
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(killed, **SAVING)))
+    assert main(["train", str(config), "--resume"]) == 0
+    assert _final(killed) == _final(uninterrupted)
+    assert not list(killed.glob(".*.tmp"))
 
 
 @pytest.mark.parametrize("key, value", [("seed", 1), ("n_train", 390), ("max_len", 5)])
@@ -248,20 +329,44 @@ def test_a_checkpoint_without_best_loss_still_resumes(tmp_path):
     assert train(tiny_recipe(tmp_path, steps=6), resume=True, progress=False).steps == 6
 
 
+def _an_earlier_qkvs_folder(out, recipe, older, best_at: int, last_at: int) -> None:
+    """What an earlier qkv, which saved best.safetensors before last.safetensors, left when
+    killed between the two: ``recipe`` trained to ``best_at`` in ``out``, and ``older``
+    (the same run to ``last_at``, trained elsewhere) as its last.safetensors."""
+    train_until_interrupted(recipe, step=best_at)
+    train(older, progress=False)
+    shutil.copy(older.out_dir / "last.safetensors", out / "last.safetensors")
+    assert saved_extra(out / "last.safetensors")["train"]["step"] == last_at
+    best = saved_extra(out / "best.safetensors")["train"]
+    assert best["step"] == best_at == best["best_step"]
+
+
 def test_a_resume_keeps_a_best_checkpoint_saved_after_its_last(tmp_path, caplog):
     """Killed between saves (best at step 6, last at step 4), the resumed run took the best
     of step 4's state, older than the file: with the lr near 0 (the weights of step 4) it
     said 'best at step 4' while best.safetensors held step 6's model."""
-    train_until_interrupted(tiny_recipe(tmp_path, steps=10, eval_every=2, save_every=4), step=6)
-    assert saved_extra(tmp_path / "last.safetensors")["train"]["step"] == 4
-    best = saved_extra(tmp_path / "best.safetensors")["train"]
-    assert best["step"] == 6 == best["best_step"]  # the step-6 evaluation was the best
-    frozen = tiny_recipe(tmp_path, steps=10, eval_every=2, save_every=4, lr=1e-12)
+    out = tmp_path / "run"
+    recipe = tiny_recipe(out, steps=10, eval_every=2, save_every=4)
+    older = tiny_recipe(tmp_path / "older", steps=4, eval_every=2, save_every=4)
+    _an_earlier_qkvs_folder(out, recipe, older, best_at=6, last_at=4)
+    frozen = tiny_recipe(out, steps=10, eval_every=2, save_every=4, lr=1e-12)
     with caplog.at_level("WARNING", logger="qkv.train.resume"):
         result = train(frozen, resume=True, progress=False)
     assert "best.safetensors holds step 6, after the resumed step 4" in caplog.text
-    kept = saved_extra(tmp_path / "best.safetensors")["train"]
+    kept = saved_extra(out / "best.safetensors")["train"]
     assert result.best_step == kept["best_step"] == 6 and result.best_bleu == kept["best_bleu"]
+
+
+def test_the_best_evaluation_made_again_is_not_a_bad_one(uninterrupted, tmp_path):
+    """From a folder where best.safetensors is later than last.safetensors (an earlier
+    qkv killed between its saves), the resumed run evaluates best's step again and scores
+    what that file holds: a tie, counted as an evaluation without a better BLEU, so with
+    train.patience 1 it stopped at step 8 where the uninterrupted run trains to 12."""
+    out = tmp_path / "run"
+    older = tiny_recipe(tmp_path / "older", **{**SAVING, "steps": 4})
+    _an_earlier_qkvs_folder(out, tiny_recipe(out, **SAVING), older, best_at=8, last_at=4)
+    assert train(tiny_recipe(out, **SAVING), resume=True, progress=False).steps == 12
+    assert _final(out) == _final(uninterrupted)
 
 
 @pytest.fixture(scope="module")
