@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from qkv import __version__
 from qkv.errors import UserError
 
 __all__ = ["main", "UserError"]
@@ -48,6 +49,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="qkv", description="Attention from Q, K, V to a translator.")
     p.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    p.add_argument("--version", action="version", version=f"qkv {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         _add_walkthrough,
@@ -98,8 +100,15 @@ def _add_train(sub) -> None:
 
 
 def _add_translate(sub) -> None:
-    tr = sub.add_parser("translate", help="translate stdin to stdout")
+    tr = sub.add_parser("translate", help="translate sentences (arguments or stdin) to stdout")
     tr.add_argument("checkpoint", help="a .safetensors checkpoint written by qkv train")
+    tr.add_argument(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="sentences to translate, one output line each (default: the lines of stdin; "
+        "a terminal's lines are translated as they are typed, a pipe's in batches)",
+    )
     tr.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
     tr.add_argument(
         "--n-best",
@@ -195,7 +204,7 @@ def _add_data(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     logging.basicConfig(  # warnings name the command, as errors do
         level=logging.INFO if args.verbose else logging.WARNING,
         format=f"qkv {args.command}: %(message)s",
@@ -223,6 +232,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qkv {args.command}: error: {_os_error_line(err)}", file=sys.stderr)
         return 2
     return int(code or 0)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed arguments. argparse gives a ``nargs="*"`` positional only the words
+    before the first option, so the sentences of ``qkv translate CKPT --beam 2 S1 S2``
+    come back unrecognised: they join the others."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "translate" and not any(a.startswith("-") for a in extra):
+        args.sentences = [*args.sentences, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _os_error_line(err: OSError) -> str:

@@ -7,6 +7,9 @@ What the user sees is decided here (scores, one-line errors, exit codes); transl
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -14,10 +17,13 @@ from qkv.cli.translate import check_search_args, load_translator, read_stdin, tr
 from qkv.data.corpus import read_lines
 from qkv.data.prepare import held_out_pairs
 from qkv.errors import ConfigError, CorpusError, UserError
+from qkv.files import cache_root
 from qkv.train.recipe import recipe_from_dict
-from qkv.translate.evaluate import bleu, chrf
+from qkv.translate.evaluate import bleu, chrf, decoding_settings, unknown_tokens
 
 __all__ = ["run_evaluate"]
+
+log = logging.getLogger(__name__)
 
 
 def run_evaluate(args) -> int:
@@ -33,10 +39,29 @@ def run_evaluate(args) -> int:
     _check_tokenize(tokenize)
     model, src_tok, tgt_tok, extra = load_translator(args.checkpoint)
     src, ref = _evaluation_texts(args, extra)
+    _warn_unknown_tokens(src_tok, src)
     hyps = [n[0].text for n in translate_lines(model, src_tok, tgt_tok, src, args)]
-    print(bleu(hyps, ref, tokenize=tokenize))
-    print(chrf(hyps, ref))
+    # the same checkpoint scores differently under greedy and beam search: say which ran
+    decoding = f"decoding: {decoding_settings(model, args.beam)}"
+    print(f"{bleu(hyps, ref, tokenize=tokenize)}  {decoding}")
+    print(f"{chrf(hyps, ref)}  {decoding}")
     return 0
+
+
+def _warn_unknown_tokens(src_tok, lines: list[str]) -> None:
+    """One warning for the whole test set: how many source tokens the model reads as
+    ``<unk>`` (a test set in another language than training scores near zero)."""
+    counts = [unknown_tokens(src_tok, line)[:2] for line in lines]
+    unknown = sum(u for u, _ in counts)
+    if unknown:
+        log.warning(
+            "%d of %d source tokens (in %d of %d sentences) are outside the model's "
+            "vocabulary and read as <unk>; their translations may be meaningless",
+            unknown,
+            sum(t for _, t in counts),
+            sum(1 for u, _ in counts if u),
+            len(lines),
+        )
 
 
 def _check_tokenize(name: str | None) -> None:
@@ -91,19 +116,68 @@ def _text_name(path: str) -> str:
 
 
 def _recipe_split(checkpoint: str, extra: dict, split: str) -> tuple[list[str], list[str]]:
-    """The held-out pairs the checkpoint's training recipe defines (same seed, same filter)."""
+    """The held-out pairs the checkpoint's training recipe defines (same seed, same filter).
+
+    The recipe comes from the checkpoint, so the files it names are read only when they
+    are regular files under the folder training ran in (``extra["folder"]``), the current
+    folder or qkv's download cache: a checkpoint naming ``/etc/shadow`` or a FIFO is
+    refused before anything is read. Files elsewhere are read when the user names them
+    (``--src`` and ``--ref``).
+    """
     if "recipe" not in extra:
         raise UserError(f"{checkpoint}: holds no training recipe; give --src and --ref")
+    folder = extra.get("folder")
     try:
         recipe = dict(extra["recipe"])
-        recipe["data"] = _paths_from(extra.get("folder"), recipe.get("data") or {})
-        pairs = held_out_pairs(recipe_from_dict(recipe).data, split)
+        recipe["data"] = _paths_from(folder, recipe.get("data") or {})
+        data = recipe_from_dict(recipe).data
     except (ConfigError, CorpusError, OSError) as err:
+        raise UserError(f"{checkpoint}: its recipe's data cannot be read: {err}") from None
+    files = _split_files(data, split)
+    for key, path in files:
+        _check_recipe_file(checkpoint, folder, key, path)
+    try:
+        pairs = held_out_pairs(data, split)
+    except (CorpusError, OSError) as err:
         raise UserError(f"{checkpoint}: its recipe's data cannot be read: {err}") from None
     if not pairs:
         raise UserError(f"{checkpoint}: its recipe has no {split} split")
-    print(f"{split} split of the training recipe: {len(pairs)} sentences", file=sys.stderr)
+    read = f" from {' and '.join(path for _, path in files)}" if files else ""
+    print(f"{split} split of the training recipe: {len(pairs)} sentences{read}", file=sys.stderr)
     return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def _split_files(data, split: str) -> list[tuple[str, str]]:
+    """``(recipe key, path)`` of each file that reading ``split`` of ``data`` opens."""
+    if data.kind == "files":
+        return [(f"data.{split}", path) for path in getattr(data, split)]
+    if data.kind == "tsv":
+        return [("data.path", data.path)]
+    return []  # the toy corpus is generated
+
+
+def _check_recipe_file(checkpoint: str, folder, key: str, path: str) -> None:
+    """Refuse a file of the stored recipe outside the folders it may read, or one that is
+    not a regular file (a FIFO blocks forever, a device never ends)."""
+    where = f"{checkpoint}: its recipe's {key} names {path}"
+    target = Path(path).resolve()  # links followed: a link out of the folder points out
+    roots = [Path.cwd().resolve(), cache_root().resolve()]
+    if isinstance(folder, str) and Path(folder).is_absolute():
+        roots.insert(0, Path(folder).resolve())
+    if not any(target.is_relative_to(root) for root in roots):
+        trained = f"the folder it was trained in ({folder}), " if len(roots) == 3 else ""
+        raise UserError(
+            f"{where}, outside {trained}the current folder and qkv's cache; "
+            "give the files as --src and --ref to read them"
+        )
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return  # the reader names the missing file with its recipe key
+    except OSError as err:
+        raise UserError(f"{where}: {err.strerror or err}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{where}: not a regular file; only regular files are read as a corpus")
 
 
 def _paths_from(folder: str | None, data: dict) -> dict:

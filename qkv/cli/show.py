@@ -23,6 +23,7 @@ from torch import Tensor
 from qkv.data.text import utf8_problem
 from qkv.errors import UserError
 from qkv.models import GPT, BertConfig, BertModel, GPTConfig, load_tokenizer, minilm_path
+from qkv.models.checkpoint import saved_extra
 from qkv.models.pretrained.hf import read_config
 from qkv.viz.heatmap import IMAGE_SUFFIXES, fonts_for, plot_alignment, plot_heads, save_figure
 from qkv.viz.html import HTML_SUFFIXES, AttentionView, render_html
@@ -150,6 +151,7 @@ def _model_folder(model: str | None) -> tuple[Path, str]:
                 "or give --model DIR"
             ) from None
     path = Path(model)
+    _refuse_translator(path)
     if path.exists() and not path.is_dir():
         raise UserError(
             f"--model {model}: is a file; give the model's folder (config.json and weights)"
@@ -157,6 +159,29 @@ def _model_folder(model: str | None) -> tuple[Path, str]:
     if not path.is_dir():
         raise UserError(f"--model {model}: no such folder")
     return path, path.resolve().name
+
+
+def _refuse_translator(path: Path) -> None:
+    """Refuse a qkv translator's checkpoint or run folder, saying which command shows its
+    attention (``qkv show`` reads Hugging Face folders only)."""
+    if path.is_file():
+        found, what = path, "a qkv translator checkpoint"
+    elif path.is_dir() and not (path / "config.json").exists():
+        found, what = _run_checkpoint(path), "the run folder of a qkv translator"
+    else:
+        return
+    if found is not None and saved_extra(found) is not None:
+        raise UserError(
+            f"--model {path}: {what}, not a Hugging Face model folder; a translator's "
+            f"attention is shown by `qkv translate {found} --show-attention OUT.html`"
+        )
+
+
+def _run_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint of a run folder: ``last.safetensors``, else the first one there."""
+    if (folder / "last.safetensors").is_file():
+        return folder / "last.safetensors"
+    return next((p for p in sorted(folder.glob("*.safetensors")) if p.is_file()), None)
 
 
 def _check_config(folder: Path) -> _Model:
@@ -232,6 +257,25 @@ def _plot_one_head(out: Path, weights: Tensor, tokens: list[str], title: str) ->
         save_figure(fig, out)
 
 
+def _warn_unknown(tokenizer: Any, ids: list[int], label: str, name: str) -> None:
+    """Warn when the vocabulary lacks some of the text's tokens: an English-only encoder
+    reads Hangul or an emoji as ``[UNK]``, and its attention then follows no word."""
+    unk = getattr(tokenizer.model, "unk_token", None)  # byte-level BPE (GPT-2) has none
+    unk_id = None if unk is None else tokenizer.token_to_id(unk)
+    unknown = sum(1 for i in ids if unk_id is not None and i == unk_id)
+    if unknown:
+        log.warning(
+            "%s: %d of %d tokens %s %s, outside %s's vocabulary: the model reads each of "
+            "them as the same unknown token",
+            label,
+            unknown,
+            len(ids),
+            "is" if unknown == 1 else "are",
+            unk,
+            name,
+        )
+
+
 def _title(name: str, text: str, text_b: str | None) -> str:
     """Page title: the model and the input, cut to a readable length."""
     shown = text if text_b is None else f"{text} | {text_b}"
@@ -269,9 +313,13 @@ def run_cli(args: argparse.Namespace) -> int:
     _check_index("layer", args.layer, spec.layers)
     _check_index("head", args.head, spec.heads)
     model, tokenizer = _load(folder, spec.kind)
-    for text in (args.text, args.text_b):
-        if text is not None and not tokenizer.encode(text, add_special_tokens=False).ids:
+    for label, text in (("TEXT", args.text), ("TEXT_B", args.text_b)):
+        if text is None:
+            continue
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        if not ids:
             raise UserError(f"the text to encode is empty: {text!r} gives no token")
+        _warn_unknown(tokenizer, ids, label, name)
     try:
         if spec.kind == "decoder":
             maps, tokens = decoder_attention(model, tokenizer, args.text)

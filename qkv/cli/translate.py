@@ -7,6 +7,7 @@ by :func:`qkv.translate.evaluate.translate_texts`, :func:`~qkv.translate.evaluat
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -14,17 +15,21 @@ from pathlib import Path
 import torch
 
 from qkv.data.corpus import decode_lines
+from qkv.data.text import utf8_problem
 from qkv.data.tokenizers import tokenizer_from_json
 from qkv.errors import CheckpointError, CorpusError, UserError
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.checks import free_memory
 from qkv.train.progress import stderr_bar
-from qkv.translate.evaluate import translate_texts
+from qkv.translate.evaluate import translate_texts, unknown_tokens
 from qkv.viz.heatmap import IMAGE_SUFFIXES
 from qkv.viz.html import HTML_SUFFIXES
 from qkv.viz.translations import save_translations
 
 __all__ = ["check_search_args", "load_translator", "read_stdin", "run_translate", "translate_lines"]
+__all__ += ["warn_unknown_tokens"]
+
+log = logging.getLogger(__name__)
 
 
 def load_translator(path: str):
@@ -87,7 +92,13 @@ def read_stdin(what: str = "the sentences") -> list[str]:
 
 
 def run_translate(args) -> int:
-    """``qkv translate CHECKPOINT``: stdin to stdout, one sentence per line.
+    """``qkv translate CHECKPOINT [SENTENCE ...]``: sentences to stdout, one per line.
+
+    The sentences are the arguments after the checkpoint, else the lines of stdin. A
+    pipe or file on stdin is read whole and translated in length-sorted batches; a
+    terminal is read line by line, each line answered as soon as it is typed (Ctrl-D
+    ends). A sentence with tokens outside the model's vocabulary gets a warning on stderr
+    naming its line and how many tokens the model reads as ``<unk>``.
 
     With ``--n-best K`` every input line gives exactly K rows,
     ``LINE<TAB>RANK<TAB>SCORE<TAB>LOGPROB<TAB>TRANSLATION``: the 1-based input line and
@@ -98,29 +109,124 @@ def run_translate(args) -> int:
     Without it, each input line gives one output line (:func:`_one_line`).
     """
     check_search_args(args)
+    sentences = list(getattr(args, "sentences", None) or [])
+    for number, text in enumerate(sentences, start=1):
+        _check_argument(number, text)
     model, src_tok, tgt_tok, _ = load_translator(args.checkpoint)
     if args.show_attention:
         _check_attention_output(args.show_attention, model)
-    lines = read_stdin()
-    out = translate_lines(model, src_tok, tgt_tok, lines, args)
     if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out as in, whatever the locale says
         sys.stdout.reconfigure(encoding="utf-8")
-    for number, nbest in enumerate(out, start=1):
-        if args.n_best == 1:
-            print(_one_line(nbest[0].text))
-        else:
-            for rank, t in enumerate(nbest, start=1):
-                scores = f"{t.normalized_score:.4f}\t{t.score:.4f}"
-                print(f"{number}\t{rank}\t{scores}\t{_tsv_field(t.text)}")
+    if sentences or not _stdin_is_terminal():
+        lines = sentences or read_stdin()
+        warn_unknown_tokens(src_tok, lines, "sentence" if sentences else "line")
+        out = translate_lines(model, src_tok, tgt_tok, lines, args)
+        for number, nbest in enumerate(out, start=1):
+            _print_rows(number, nbest, args.n_best)
+    else:
+        lines, out = [], []
+        for number, line in _terminal_lines():
+            warn_unknown_tokens(src_tok, [line], "line", first=number)
+            (nbest,) = translate_lines(
+                model, src_tok, tgt_tok, [line], args, first_line=number, bar=False
+            )
+            _print_rows(number, nbest, args.n_best)
+            sys.stdout.flush()  # the answer shows before the next line is typed
+            lines.append(line)
+            out.append(nbest)
     if args.show_attention:
         written = _write_alignments(args.show_attention, lines, out, src_tok, model)
         print("attention: " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
 
 
-def translate_lines(model, src_tok, tgt_tok, lines: list[str], args) -> list:
+def _check_argument(number: int, text: str) -> None:
+    """Refuse a SENTENCE argument with bytes that are not UTF-8 (see
+    :func:`qkv.data.text.utf8_problem`)."""
+    problem = utf8_problem(text)
+    if problem is not None:
+        what, at = problem
+        raise UserError(
+            f"SENTENCE {number}: not valid UTF-8 ({what} at character {at + 1}); "
+            "give the sentence in UTF-8"
+        )
+
+
+def _stdin_is_terminal() -> bool:
+    isatty = getattr(sys.stdin, "isatty", None)
+    return sys.stdin is not None and isatty is not None and isatty()
+
+
+def _terminal_lines():
+    """``(number, line)`` for each line typed on the terminal, as soon as it is typed;
+    bytes that are not UTF-8 are an error naming the line and byte, as in a file."""
+    stream = getattr(sys.stdin, "buffer", None)
+    read = stream.readline if stream is not None else lambda: sys.stdin.readline().encode()
+    for number, raw in enumerate(iter(read, b""), start=1):
+        line = raw.rstrip(b"\n").removesuffix(b"\r")
+        try:
+            yield number, line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError(
+                f"stdin: line {number}, byte {err.start + 1}: not valid UTF-8 "
+                f"(byte 0x{line[err.start]:02x})"
+            ) from None
+
+
+def _print_rows(number: int, nbest: list, n_best: int) -> None:
+    """The output of input line ``number``: one line, or ``n_best`` TSV rows."""
+    if n_best == 1:
+        print(_one_line(nbest[0].text))
+        return
+    for rank, t in enumerate(nbest, start=1):
+        scores = f"{t.normalized_score:.4f}\t{t.score:.4f}"
+        print(f"{number}\t{rank}\t{scores}\t{_tsv_field(t.text)}")
+
+
+_UNKNOWN_LINES_NAMED = 10  # lines with unknown tokens named one by one; then one summary
+
+
+def warn_unknown_tokens(src_tok, lines: list[str], what: str, first: int = 1) -> None:
+    """Warn, per line, how many of its tokens the source vocabulary lacks: the model reads
+    each as ``<unk>``, and an unknown word (English to a Korean model, an emoji) silently
+    turns into words of the training text. After ``_UNKNOWN_LINES_NAMED`` lines one more
+    warning counts the rest, so a file in the wrong language does not flood stderr."""
+    named = more_lines = more_tokens = 0
+    for number, text in enumerate(lines, start=first):
+        unknown, total, pieces = unknown_tokens(src_tok, text)
+        if not unknown:
+            continue
+        if named == _UNKNOWN_LINES_NAMED:
+            more_lines, more_tokens = more_lines + 1, more_tokens + unknown
+            continue
+        named += 1
+        shown = ", ".join(map(repr, pieces[:5])) + ", ..." * (len(pieces) > 5)
+        log.warning(
+            "%s %d: %d of %d source tokens %s outside the model's vocabulary%s and read as "
+            "<unk>; the translation may be meaningless",
+            what,
+            number,
+            unknown,
+            total,
+            "is" if unknown == 1 else "are",
+            f" ({shown})" if shown else "",
+        )
+    if more_lines:
+        log.warning(
+            "%d more %ss hold tokens outside the model's vocabulary (%d tokens in all)",
+            more_lines,
+            what,
+            more_tokens,
+        )
+
+
+def translate_lines(
+    model, src_tok, tgt_tok, lines: list[str], args, *, first_line: int = 1, bar: bool = True
+) -> list:
     """:func:`~qkv.translate.evaluate.translate_texts` with the command's ``--beam``, ``--n-best``
-    and ``--batch-size``; a search too large for memory is one line, not a traceback."""
+    and ``--batch-size``; a search too large for memory is one line, not a traceback.
+    ``first_line``: the number of ``lines[0]`` in warnings; ``bar``: a progress bar of
+    sentences on a terminal's stderr (not for lines typed one at a time)."""
 
     n_best, batch_size = getattr(args, "n_best", 1), getattr(args, "batch_size", _BATCH)
     at_once = min(batch_size, max(len(lines), 1))
@@ -128,7 +234,7 @@ def translate_lines(model, src_tok, tgt_tok, lines: list[str], args) -> list:
     hint = "use a smaller --beam" + " or --batch-size" * hasattr(args, "batch_size")
     _check_search_memory(model, args.beam * at_once, f"{sizes}: the scores alone", hint)
     try:
-        with _SentenceBar(len(lines)) as bar:
+        with _SentenceBar(len(lines) if bar else 0) as progress:
             return translate_texts(
                 model,
                 src_tok,
@@ -137,7 +243,8 @@ def translate_lines(model, src_tok, tgt_tok, lines: list[str], args) -> list:
                 beam=args.beam,
                 n_best=n_best,
                 batch_size=batch_size,
-                progress=bar.update,
+                progress=progress.update,
+                first_line=first_line,
             )
     except RuntimeError as err:  # torch.OutOfMemoryError too
         if not _out_of_memory(err):

@@ -15,18 +15,23 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from qkv.translate.search import MAX_LEN_OFFSET, MAX_LEN_RATIO, greedy
 from qkv.translate.search import beam as beam_search
-from qkv.translate.search import greedy
 
 __all__ = [
+    "LENGTH_PENALTY",
     "Score",
     "Translation",
     "bleu",
     "chrf",
+    "decoding_settings",
     "translate_texts",
+    "unknown_tokens",
 ]
 
 log = logging.getLogger(__name__)
+
+LENGTH_PENALTY = 0.6  # alpha of Wu et al. (2016), with which beam search ranks its hypotheses
 
 
 @dataclass
@@ -129,8 +134,9 @@ def translate_texts(
     beam: int = 1,
     n_best: int = 1,
     batch_size: int = 64,
-    length_penalty: float = 0.6,
+    length_penalty: float = LENGTH_PENALTY,
     progress: Callable[[int], None] | None = None,
+    first_line: int = 1,
 ) -> list[list[Translation]]:
     """Translate ``texts`` with greedy (``beam=1``) or beam search, in length-sorted batches.
 
@@ -142,6 +148,8 @@ def translate_texts(
     When fewer than ``n_best`` translations exist (a blank text has only one), the list is
     filled up with empty translations of score ``-inf``. ``progress``, if given, is called
     after each batch with the number of texts translated so far (blank ones included).
+    ``first_line`` is the line number of ``texts[0]`` in warnings (a caller that
+    translates a stream line by line passes each line's own number).
 
     Returns:
         For each input text, ``n_best`` translations, best first.
@@ -150,7 +158,7 @@ def translate_texts(
     model.eval()
     device = next(model.parameters()).device
     config = getattr(model, "config", None)
-    ids = _fit_sources([src_tokenizer.encode(t.strip()) for t in texts], config)
+    ids = _fit_sources([src_tokenizer.encode(t.strip()) for t in texts], config, first_line)
     results: list[list[Translation]] = [
         [] if i else [Translation("", [], 0.0, None, eos=True)] for i in ids
     ]
@@ -167,6 +175,48 @@ def translate_texts(
             progress(len(texts) - len(order) + start + len(chunk))
     filler = Translation("", [], float("-inf"), None, eos=False)
     return [r + [filler] * (n_best - len(r)) for r in results]
+
+
+def decoding_settings(model: nn.Module, beam: int, length_penalty: float = LENGTH_PENALTY) -> str:
+    """The search :func:`translate_texts` runs with ``beam``, in words, for printing beside
+    a score: the same checkpoint scores differently under greedy and beam search.
+
+    Returns:
+        e.g. ``"beam 5, length penalty 0.6, max length 1.5 × source + 10 (at most 16)"``
+        or ``"greedy, max length 1.5 × source + 10"``: the search, the alpha of the length
+        penalty that ranks beam hypotheses (Wu et al. 2016; greedy search ranks nothing),
+        and the longest translation of a source of ``source`` tokens, capped by the
+        decoder's positions (``config.max_target_len``) when it has a limit.
+    """
+    search = "greedy" if beam == 1 else f"beam {beam}, length penalty {length_penalty:g}"
+    longest = f"max length {MAX_LEN_RATIO:g} × source + {MAX_LEN_OFFSET}"
+    positions = getattr(getattr(model, "config", None), "max_target_len", None)
+    if positions is not None:
+        longest += f" (at most {positions})"
+    return f"{search}, {longest}"
+
+
+def unknown_tokens(tokenizer, text: str) -> tuple[int, int, list[str]]:
+    """The tokens of ``text`` that the vocabulary lacks (each reads as ``<unk>``).
+
+    Args:
+        tokenizer: a source tokenizer (:mod:`qkv.data.tokenizers`).
+        text: one source text, stripped as :func:`translate_texts` strips it.
+
+    Returns:
+        ``(unknown, total, pieces)``: how many of the ``total`` tokens are unknown, and
+        the unknown words or characters themselves when the tokenizer splits text into
+        whole words or characters (empty for BPE, whose pieces do not map back to text).
+    """
+    text = text.strip()
+    ids = tokenizer.encode(text)
+    unknown = [n for n, i in enumerate(ids) if i == tokenizer.unk_id]
+    if not unknown:
+        return 0, len(ids), []
+    kind = getattr(tokenizer, "kind", "")
+    pieces = {"word": [w for w in text.split(" ") if w], "char": list(text)}.get(kind, [])
+    shown = [pieces[n] for n in unknown] if len(pieces) == len(ids) else []
+    return len(unknown), len(ids), shown
 
 
 def _check_search_sizes(beam: int, n_best: int, batch_size: int) -> None:
@@ -215,10 +265,10 @@ def _translation(hyp, tgt_tokenizer) -> Translation:
     )
 
 
-def _fit_sources(ids: list[list[int]], config) -> list[list[int]]:
+def _fit_sources(ids: list[list[int]], config, first_line: int = 1) -> list[list[int]]:
     """Cut sources to the longest the model reads, with one warning for all cut lines."""
     limit = getattr(config, "max_source_len", None)
-    long = [n for n, x in enumerate(ids, start=1) if limit is not None and len(x) > limit]
+    long = [n for n, x in enumerate(ids, start=first_line) if limit is not None and len(x) > limit]
     if not long:
         return ids
     if len(long) == 1:
@@ -227,7 +277,7 @@ def _fit_sources(ids: list[list[int]], config) -> list[list[int]]:
             "line %d: %d source tokens, more than the %d the model reads (its max_len); "
             "translating its first %d",
             n,
-            len(ids[n - 1]),
+            len(ids[n - first_line]),
             limit,
             limit,
         )

@@ -29,9 +29,13 @@ from torch import Tensor
 
 from qkv.models.translators.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention, source_mask
 
-__all__ = ["Hypothesis", "beam", "greedy", "length_penalty"]
+__all__ = ["MAX_LEN_OFFSET", "MAX_LEN_RATIO", "Hypothesis", "beam", "greedy", "length_penalty"]
 
 logger = logging.getLogger(__name__)
+
+# a sentence of S source tokens gets at most int(MAX_LEN_RATIO * S + MAX_LEN_OFFSET) target tokens
+MAX_LEN_RATIO = 1.5
+MAX_LEN_OFFSET = 10
 
 
 @dataclass
@@ -117,8 +121,8 @@ def greedy(
     src: Tensor,
     src_mask: Tensor | None = None,
     *,
-    max_len_ratio: float = 1.5,
-    max_len_offset: int = 10,
+    max_len_ratio: float = MAX_LEN_RATIO,
+    max_len_offset: int = MAX_LEN_OFFSET,
     max_len: int | None = None,
     min_len: int = 0,
     length_penalty: float = 0.0,
@@ -200,8 +204,8 @@ def beam(
     n_best: int = 1,
     src_mask: Tensor | None = None,
     *,
-    max_len_ratio: float = 1.5,
-    max_len_offset: int = 10,
+    max_len_ratio: float = MAX_LEN_RATIO,
+    max_len_offset: int = MAX_LEN_OFFSET,
     max_len: int | None = None,
     min_len: int = 0,
     bos_id: int | None = None,

@@ -218,6 +218,32 @@ def test_a_quick_run_keeps_the_checked_in_results(tmp_path, monkeypatch):
     assert "| fake case |" in (root / "BENCHMARKS.md").read_text()
 
 
+def test_a_quick_run_says_its_targets_apply_to_the_full_run(tmp_path, monkeypatch, capsys):
+    """``qkv bench --quick`` printed ✗ marks judged on smoke sizes with nothing to say that
+    they are not the benchmark; a quick run now ends with one line saying so."""
+    root = tmp_path / "repo"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "benchmarks" / "fake.py").write_text("")
+
+    def run(out_dir, quick=False):
+        row = common.result("fake case", 2.0, "peer", 1.0, target="≤ 1.1×", met=False)
+        common.report(out_dir, "fake", [row])
+
+    monkeypatch.setattr(bench, "find_root", lambda: root)
+    monkeypatch.setattr(
+        bench,
+        "importlib",
+        types.SimpleNamespace(import_module=lambda name: types.SimpleNamespace(run=run)),
+    )
+    for quick in (True, False):
+        args = argparse.Namespace(name="fake", out=str(tmp_path / "out"), quick=quick, threads=None)
+        assert bench.run_cli(args) == 0
+        out = capsys.readouterr().out
+        assert "≤ 1.1× ✗" in out
+        assert (out.splitlines()[-1] == bench.QUICK_NOTE) is quick
+    assert "the targets (✓/✗) apply to the full run" in bench.QUICK_NOTE
+
+
 def test_the_help_lists_every_benchmark_and_experiment():
     assert cli._BENCHMARKS == tuple(BENCHMARKS) and cli._LABS == tuple(EXPERIMENTS)
 

@@ -5,7 +5,10 @@ input as one line and exit code 2."""
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from qkv.cli import main
 from qkv.cli.evaluate import _paths_from
 from qkv.data.prepare import load_pairs
 from qkv.data.tokenizers import tokenizer_from_json
-from qkv.models.checkpoint import load_checkpoint
+from qkv.models.checkpoint import load_checkpoint, save_checkpoint
 from qkv.train.loop import train
 from qkv.train.recipe import recipe_from_dict
 from qkv.translate.evaluate import bleu, translate_texts
@@ -89,7 +92,8 @@ def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
         monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref, "--tokenize", "char"
     )
     assert code == 0
-    assert out.splitlines()[0] == str(bleu(hyps, ref.read_text().splitlines(), tokenize="char"))
+    score = bleu(hyps, ref.read_text().splitlines(), tokenize="char")
+    assert out.splitlines()[0].startswith(f"{score}  decoding: beam 5")
     assert "tok:char" in out
     bad = [("nope", "--tokenize: unknown tokenizer 'nope'; one of none, zh")]
     if importlib.util.find_spec("MeCab") is None:  # sacreBLEU's ja-mecab needs mecab-python3
@@ -125,9 +129,10 @@ def _train_on(files: dict, out: Path) -> str:
     return str(out / "last.safetensors")
 
 
-def test_evaluate_split_of_a_files_corpus_reads_only_that_split(tmp_path):
+def test_evaluate_split_of_a_files_corpus_reads_only_that_split(tmp_path, monkeypatch):
     """``--split test`` of a ``files`` corpus read the training files too (and failed
     once they were moved away after training); it now reads the test files alone."""
+    monkeypatch.chdir(tmp_path)  # trained here: the recipe's absolute paths lie under it
     files, test = _files_corpus(tmp_path, str(tmp_path))
     ckpt = _train_on(files, tmp_path / "run")
     by_files = run_cli("evaluate", ckpt, "--src", files["test"][0], "--ref", files["test"][1])
@@ -248,3 +253,109 @@ def test_a_closed_stdin_names_the_lines_it_should_hold(ckpt, tmp_path, monkeypat
         out, err = capsys.readouterr()
         one_line_error(code, err, f"stdin: is closed; {wanted}")
         assert out == ""
+
+
+def test_every_score_names_the_decoding_that_gave_it(ckpt, tmp_path, monkeypatch, capsys):
+    """The demo's greedy BLEU (98.2) and ``qkv evaluate --split test``'s (98.41, beam 5 by
+    default) differed with nothing printed to say why; each score now names its search."""
+    src, ref = _files(tmp_path)
+    length = "max length 1.5 × source + 10 (at most 16)"
+    for beam, search in ((1, "greedy"), (3, "beam 3, length penalty 0.6")):
+        code, out, err = run_main(
+            monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref, "--beam", beam
+        )
+        assert code == 0, err
+        lines = out.splitlines()
+        assert [line.split(" = ")[0] for line in lines] == ["BLEU", "chrF"]
+        assert all(line.endswith(f")  decoding: {search}, {length}") for line in lines), out
+
+
+def test_tokens_outside_the_vocabulary_are_counted_once(
+    ckpt, tmp_path, monkeypatch, capsys, caplog
+):
+    """An English test set given to the Korean model scored near zero with no word on
+    why; one warning now counts the source tokens the model reads as <unk>."""
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("the cat caught the mouse\n고양이가 쥐를 잡았다\n쥐를 잡았다😀\n")
+    ref.write_text(REFERENCES)
+    with caplog.at_level(logging.WARNING, logger="qkv.cli.evaluate"):
+        code, out, _ = run_main(monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref)
+    assert code == 0 and "BLEU = " in out
+    assert [r.getMessage() for r in caplog.records] == [
+        "6 of 10 source tokens (in 2 of 3 sentences) are outside the model's vocabulary "
+        "and read as <unk>; their translations may be meaningless"
+    ]
+
+
+def _with_recipe_data(ckpt: Path, to: Path, data: dict, folder: Path) -> Path:
+    """A copy of ``ckpt`` whose stored recipe reads ``data``, trained in ``folder``."""
+    c = load_checkpoint(ckpt)
+    extra = {**c.extra, "recipe": {**c.extra["recipe"], "data": data}, "folder": str(folder)}
+    save_checkpoint(to, c.model, tokenizers=c.tokenizers, extra=extra)
+    return to
+
+
+class _Writer(threading.Thread):
+    """Opens a FIFO for writing as soon as something opens it for reading, and writes one
+    pair: a reader of the FIFO gets its lines instead of blocking forever."""
+
+    def __init__(self, fifo: Path):
+        super().__init__(daemon=True)
+        self.fifo, self.stop = fifo, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet
+                continue
+            os.write(fd, "고양이가 잤다\tthe cat slept\n".encode())
+            os.close(fd)
+            return
+
+
+def test_a_stored_recipe_reads_only_regular_files_under_its_folders(
+    ckpt, tmp_path, monkeypatch, capsys
+):
+    """``qkv evaluate CKPT --split test`` read whatever file the checkpoint's recipe named:
+    ``/etc/shadow`` gave its line count and a BLEU, a FIFO hung. Only regular files under
+    the folder training ran in, the current folder or qkv's cache are read now; others are
+    one line naming the checkpoint and the path, and --src/--ref still read any file."""
+    trained, here, outside = tmp_path / "trained", tmp_path / "here", tmp_path / "outside"
+    for folder in (trained, here, outside):
+        folder.mkdir()
+    secret = outside / "secret.tsv"
+    secret.write_text("tab\tseparated\n" * 30)
+    (here / "link.tsv").symlink_to(secret)
+    os.mkfifo(here / "fifo.tsv")
+    kept = "".join(f"고양이가 {n}\tthe cat {n}\n" for n in range(30))
+    (trained / "kept.tsv").write_text(kept, encoding="utf-8")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tsv = {"kind": "tsv", "n_valid": 5, "n_test": 5, "src_column": 0, "tgt_column": 1}
+    refused = {
+        str(secret): "outside the folder it was trained in",
+        "link.tsv": "outside the folder it was trained in",  # a link out of the folder
+        "fifo.tsv": "not a regular file",
+    }
+    writer = _Writer(here / "fifo.tsv")
+    writer.start()  # without the check, reading the FIFO gets a pair instead of blocking
+    try:
+        for number, (path, why) in enumerate(refused.items()):
+            bad = _with_recipe_data(
+                ckpt, tmp_path / f"bad{number}.safetensors", {**tsv, "path": path}, trained
+            )
+            code, out, err = run_main(monkeypatch, capsys, "evaluate", bad, "--split", "test")
+            one_line_error(code, err, f"{bad}: its recipe's data.path names {path}")
+            assert why in err and out == ""
+    finally:
+        writer.stop.set()
+    good = _with_recipe_data(
+        ckpt, tmp_path / "good.safetensors", {**tsv, "path": "kept.tsv"}, trained
+    )
+    code, out, err = run_main(monkeypatch, capsys, "evaluate", good, "--split", "test")
+    assert code == 0 and "BLEU = " in out, err
+    code, out, err = run_main(
+        monkeypatch, capsys, "evaluate", good, "--src", secret, "--ref", secret
+    )
+    assert code == 0 and "BLEU = " in out, err

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from qkv.cli import build_parser, main
+import qkv
+from qkv.cli import _parse, build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -65,3 +66,25 @@ def test_every_argument_says_what_it_is_in_help():
         and not action.help
     ]
     assert bare == []
+
+
+def test_version_prints_the_version(capsys):
+    """``qkv --version`` was an error (unrecognized arguments); it prints the version."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"qkv {qkv.__version__}\n"
+
+
+def test_words_after_the_options_of_translate_are_sentences_and_options_stay_checked():
+    parse = build_parser().parse_known_args
+    args, extra = parse(["translate", "m.safetensors", "--beam", "2", "a b", "c"])
+    assert args.sentences == [] and extra == ["a b", "c"]  # what argparse alone gives
+    assert _parse(build_parser(), ["translate", "m", "a", "--beam", "2", "b"]).sentences == [
+        "a",
+        "b",
+    ]
+    for argv in (["translate", "m", "--beam", "2", "a", "--nope"], ["show", "t", "u", "v"]):
+        with pytest.raises(SystemExit) as stop:
+            _parse(build_parser(), argv)
+        assert stop.value.code == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -293,3 +294,36 @@ def test_gpt2_pieces_of_a_character_are_told_apart(small_gpt, tmp_path):
     assert not any("\ufffd" in t for t in tokens), tokens
     assert b"".join(_bytes_of(t) for t in tokens) == text.encode("utf-8")
     assert tokens[0] == "cat"  # whole characters stay text
+
+
+def test_tokens_an_english_only_encoder_lacks_are_counted(minilm, tmp_path, caplog):
+    """MiniLM reads Hangul and emoji as [UNK]: a Korean sentence became a page of [UNK]
+    rows with no word said; each text now gets a warning counting its [UNK] tokens."""
+    out = tmp_path / "unk.html"
+    with caplog.at_level(logging.WARNING, logger="qkv.cli.show"):
+        assert main(["show", "고양이가 쥐를 잡았다", "The cat 😀 sat", "--out", str(out)]) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "TEXT: 3 of 3 tokens are [UNK], outside all-MiniLM-L6-v2's vocabulary: the model "
+        "reads each of them as the same unknown token",
+        "TEXT_B: 1 of 4 tokens is [UNK], outside all-MiniLM-L6-v2's vocabulary: the model "
+        "reads each of them as the same unknown token",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qkv.cli.show"):
+        assert main(["show", TEXT, "--out", str(out)]) == 0
+    assert not caplog.records
+
+
+def test_a_translator_checkpoint_or_run_folder_points_to_qkv_translate(ckpt, capsys):
+    """``qkv show --model runs/demo/transformer`` said "not a Hugging Face model folder"
+    and no more; it now says which command shows a qkv translator's attention."""
+    for model, what in ((ckpt, "a qkv translator checkpoint"), (ckpt.parent, "the run folder")):
+        assert main(["show", TEXT, "--model", str(model)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert captured.err == (
+            f"qkv show: error: --model {model}: {what}"
+            + " of a qkv translator" * (what == "the run folder")
+            + ", not a Hugging Face model folder; a translator's attention is shown by "
+            f"`qkv translate {ckpt} --show-attention OUT.html`\n"
+        )

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import random
 import re
+import select
+import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -101,11 +106,14 @@ def test_blank_lines_translate_to_blank_lines(tmp_path):
 
 def _written(nbest: list[list[Translation]], n_best: int) -> str:
     """What run_translate prints for these translations (model and stdin mocked)."""
-    args = mock.Mock(beam=max(n_best, 1), n_best=n_best, batch_size=1, show_attention=None)
+    args = mock.Mock(
+        beam=max(n_best, 1), n_best=n_best, batch_size=1, show_attention=None, sentences=[]
+    )
     out = io.StringIO()
     with (
         mock.patch("qkv.cli.translate.load_translator", return_value=(None, None, None, {})),
         mock.patch("qkv.cli.translate._check_search_memory"),
+        mock.patch("qkv.cli.translate.warn_unknown_tokens"),
         mock.patch("qkv.cli.translate.read_stdin", return_value=["x"] * len(nbest)),
         mock.patch("qkv.cli.translate.translate_texts", return_value=nbest),
         mock.patch("sys.stdout", out),
@@ -491,3 +499,100 @@ def test_a_terminal_shows_a_bar_of_sentences_and_a_pipe_none(
         assert main([command, str(ckpt), *map(str, files), "--beam", "2"]) == 0
         assert ("3/3" in err.getvalue() and "sentences" in err.getvalue()) == terminal
         assert "sentences" not in capsys.readouterr().out
+
+
+def _greedy(ckpt: Path, lines: list[str]) -> list[str]:
+    c = load_checkpoint(ckpt)
+    src, tgt = (tokenizer_from_json(c.tokenizers[side]) for side in ("src", "tgt"))
+    return [n[0].text for n in translate_texts(c.model, src, tgt, lines)]
+
+
+def _read_line(stream, seconds: float) -> bytes:
+    """One line from a pipe, or what came before ``seconds`` ran out."""
+    data, deadline = b"", time.monotonic() + seconds
+    while not data.endswith(b"\n") and time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        chunk = os.read(stream.fileno(), 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_a_terminal_gets_each_line_translated_as_it_is_typed(ckpt):
+    """On a terminal, ``qkv translate CKPT`` read the whole of stdin before translating:
+    a typed line got no answer until Ctrl-D, so the command looked hung. Each line typed
+    is now answered at once (a pipe keeps its batches)."""
+    lines = ["고양이가 쥐를 잡았다", "개가 잤다"]
+    wanted = _greedy(ckpt, lines)
+    terminal, stdin = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qkv", "translate", str(ckpt)],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    os.close(stdin)
+    try:
+        for line, translation in zip(lines, wanted):
+            os.write(terminal, (line + "\n").encode())
+            answer = _read_line(proc.stdout, 60)  # stdin stays open: no Ctrl-D yet
+            assert answer.decode() == translation + "\n"
+        os.write(terminal, b"\x04")  # Ctrl-D: the end of input
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        os.close(terminal)
+    assert proc.returncode == 0 and out == b"", err
+    assert b"Traceback" not in err
+
+
+def test_sentences_given_as_arguments_are_translated_and_stdin_is_not_read(
+    ckpt, monkeypatch, capsys
+):
+    """``qkv translate CKPT "고양이가 쥐를 잡았다"`` was an error (unrecognized
+    arguments); each argument is now one sentence, one output line, stdin left unread."""
+    lines = ["고양이가 쥐를 잡았다", "개가 잤다"]
+    stdin = io.TextIOWrapper(io.BytesIO("고양이가 잤다\n".encode()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert main(["translate", str(ckpt), *lines]) == 0
+    assert capsys.readouterr().out.splitlines() == _greedy(ckpt, lines)
+    assert stdin.read() == "고양이가 잤다\n"
+    code, out, _ = run_main(
+        monkeypatch, capsys, "translate", ckpt, "--beam", 2, "--n-best", 2, *lines
+    )
+    assert code == 0 and [r.split("\t")[:2] for r in out.splitlines()] == [
+        ["1", "1"],
+        ["1", "2"],
+        ["2", "1"],
+        ["2", "2"],
+    ]
+    code, out, err = run_main(monkeypatch, capsys, "translate", ckpt, "개가", "\udcff잤다")
+    one_line_error(code, err, "SENTENCE 2: not valid UTF-8 (byte 0xff at character 1)")
+    assert out == ""
+
+
+def test_tokens_outside_the_vocabulary_are_warned_line_by_line(ckpt, monkeypatch, capsys, caplog):
+    """English given to the Korean toy model came out as "the liked the liked ...", and
+    one emoji changed a translation, both silently: each line with tokens the source
+    vocabulary lacks (read as <unk>) now gets a warning naming them."""
+    stdin = "the cat caught the mouse\n고양이가 쥐를 잡았다\n고양이가 쥐를 잡았다😀\n".encode()
+    with caplog.at_level(logging.WARNING, logger="qkv.cli.translate"):
+        code, out, _ = run_main(monkeypatch, capsys, "translate", ckpt, stdin=stdin)
+    assert code == 0 and len(out.splitlines()) == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "line 1: 5 of 5 source tokens are outside the model's vocabulary ('the', 'cat', "
+        "'caught', 'the', 'mouse') and read as <unk>; the translation may be meaningless",
+        "line 3: 1 of 3 source tokens is outside the model's vocabulary ('잡았다😀') and "
+        "read as <unk>; the translation may be meaningless",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qkv.cli.translate"):
+        code, _, _ = run_main(monkeypatch, capsys, "translate", ckpt, "쥐를 잡았다", "hello")
+    assert code == 0
+    assert [r.getMessage()[:40] for r in caplog.records] == [
+        "sentence 2: 1 of 1 source tokens is outs"
+    ]
