@@ -44,7 +44,7 @@ from qkv.models.pretrained.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
-__all__ = ["GPT", "GPTConfig", "GPTOutput"]
+__all__ = ["GPT", "GPTConfig", "GPTOutput", "generate_tokens", "real_token_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class GPT(nn.Module):
                 raise ValueError(
                     f"sequence length {past + t} exceeds max_len {self.config.max_len}"
                 )
-            position_ids = _real_token_positions(key_mask, past, b, t, input_ids.device)
+            position_ids = real_token_positions(key_mask, past, b, t, input_ids.device)
         else:
             check_position_ids(position_ids, b, t, self.config.max_len)
         check_token_ids(input_ids, self.config.vocab_size)
@@ -292,53 +292,26 @@ class GPT(nn.Module):
             ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
             ``N = max_new_tokens`` unless every row ended earlier.
         """
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"attention_mask must have the prompts' shape {tuple(input_ids.shape)}, "
-                f"got {tuple(attention_mask.shape)}"
-            )
-        longest = input_ids.shape[1] + max_new_tokens
-        if longest > self.config.max_len:
-            raise ValueError(
-                f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = "
-                f"{longest} exceeds the model's {self.config.max_len} positions (max_len)"
-            )
-        rules = DecodingRules(
-            temperature,
-            top_k,
-            top_p,
-            repetition_penalty,
-            no_repeat_ngram_size,
-            min_new_tokens,
-            *with_defaults(self.generation_defaults, eos_token_id, pad_token_id),
-        )
-        if attention_mask is None:
-            attention_mask = prompt_mask(input_ids, rules)
-        if num_beams != 1:
-            return beam_decode(
-                self,
-                input_ids,
-                max_new_tokens,
-                num_beams,
-                rules,
-                length_penalty=length_penalty,
-                early_stopping=early_stopping,
-                num_return_sequences=num_return_sequences,
-                attention_mask=attention_mask,
-            )
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-        return decode(
+        return generate_tokens(
             self,
             input_ids,
             max_new_tokens,
-            rules,
-            attention_mask=attention_mask,
+            max_len=self.config.max_len,
+            defaults=self.generation_defaults,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
             use_cache=use_cache,
-            generator=generator,
+            attention_mask=attention_mask,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            min_new_tokens=min_new_tokens,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
             num_return_sequences=num_return_sequences,
         )
 
@@ -368,7 +341,91 @@ class GPT(nn.Module):
         return model.eval()
 
 
-def _real_token_positions(
+def generate_tokens(
+    model: nn.Module,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    max_len: int | None,
+    defaults: GenerationDefaults | None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    attention_mask: Tensor | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
+    min_new_tokens: int = 0,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    num_return_sequences: int = 1,
+) -> Tensor:
+    """:meth:`GPT.generate` for any causal language model with its surface (``model(ids,
+    mask, cache=...)`` returning ``.logits``, and ``model.new_cache()``).
+
+    Args:
+        model: the language model.
+        max_len: the most positions it has (``None``: no limit, as with rotary positions).
+        defaults: its folder's end and pad tokens, for ``eos_token_id``/``pad_token_id``
+            given as ``None``.
+        the others: as :meth:`GPT.generate`.
+    """
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have the prompts' shape {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    longest = input_ids.shape[1] + max_new_tokens
+    if max_len is not None and longest > max_len:
+        raise ValueError(
+            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = "
+            f"{longest} exceeds the model's {max_len} positions (max_len)"
+        )
+    rules = DecodingRules(
+        temperature,
+        top_k,
+        top_p,
+        repetition_penalty,
+        no_repeat_ngram_size,
+        min_new_tokens,
+        *with_defaults(defaults, eos_token_id, pad_token_id),
+    )
+    if attention_mask is None:
+        attention_mask = prompt_mask(input_ids, rules)
+    if num_beams != 1:
+        return beam_decode(
+            model,
+            input_ids,
+            max_new_tokens,
+            num_beams,
+            rules,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            num_return_sequences=num_return_sequences,
+            attention_mask=attention_mask,
+        )
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    return decode(
+        model,
+        input_ids,
+        max_new_tokens,
+        rules,
+        attention_mask=attention_mask,
+        use_cache=use_cache,
+        generator=generator,
+        num_return_sequences=num_return_sequences,
+    )
+
+
+def real_token_positions(
     key_mask: Tensor | None, past: int, b: int, t: int, device: torch.device
 ) -> Tensor:
     """``(B, T)``: the positions of the new tokens, counting the real tokens of ``key_mask``
