@@ -6,6 +6,7 @@ from qkv.models.pretrained.gen_defaults import GenerationDefaults
 from qkv.models.pretrained.generation import DecodingRules, sample_next
 from qkv.models.pretrained.gpt import GPT, GPTConfig, GPTOutput
 from qkv.models.pretrained.hf_tokenizer import load_tokenizer, minilm_path, sentence_options
+from qkv.models.pretrained.llama import Llama, LlamaConfig, LlamaOutput
 from qkv.models.pretrained.sentence import encode
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
@@ -34,6 +35,9 @@ __all__ = [
     "GPTConfig",
     "GPTOutput",
     "GenerationDefaults",
+    "Llama",
+    "LlamaConfig",
+    "LlamaOutput",
     "encode",
     "load_tokenizer",
     "minilm_path",

@@ -1,0 +1,438 @@
+"""LLaMA: the decoder-only layout that today's open language models share.
+
+Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models". GPT-2's
+decoder with four changes: RMSNorm instead of LayerNorm, rotary positions (RoPE) inside
+attention instead of learned ones added to the embeddings, grouped-query attention
+(``Hkv < H`` key/value heads), and a gated feed-forward block (SwiGLU):
+
+.. math::
+    h_0 = E[x],\\quad
+    a_l = h_{l-1} + \\mathrm{Attn}(\\mathrm{RMSNorm}(h_{l-1}), \\mathrm{RoPE}(p)),\\quad
+    h_l = a_l + \\mathrm{SwiGLU}(\\mathrm{RMSNorm}(a_l)),\\quad
+    \\mathrm{logits} = \\mathrm{RMSNorm}(h_L)\\, W_{out}^\\top
+
+Mistral adds a sliding window (each token sees the ``W`` latest tokens only) and Qwen2
+biases on the query, key and value projections; :class:`LlamaConfig` holds these options
+and :mod:`~qkv.models.pretrained.llama_hf` reads them from a Hugging Face folder.
+:meth:`Llama.generate` is :meth:`GPT.generate`'s decoding (greedy, sampling, beam search).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.errors import ConfigError
+from qkv.functional import combine_masks, scaled_dot_product_attention
+from qkv.models.inputs import check_position_ids, check_token_ids
+from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
+from qkv.models.pretrained.gpt import generate_tokens, real_token_positions
+from qkv.models.pretrained.hf import check_values, load_into, load_state_dict, read_config
+from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights
+from qkv.modules.cache import KVCache, LayerKV
+from qkv.modules.feedforward import SwiGLU
+from qkv.modules.norms import RMSNorm
+from qkv.modules.positional import RopeScaling, RotaryPositionalEncoding, apply_rotary
+
+__all__ = ["Llama", "LlamaAttention", "LlamaConfig", "LlamaLayer", "LlamaOutput"]
+
+_NO_LIMIT = 2**62  # rotary positions have no table to run off
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Sizes and options of a :class:`Llama`.
+
+    Args:
+        vocab_size: V. max_len: the context the model was trained for (rotary positions
+            go beyond it; dynamic scaling starts there). num_layers: decoder layers.
+        num_heads: query heads H. num_kv_heads: key/value heads Hkv (default H).
+        dim: model width E. ff_dim: SwiGLU inner width (default ``8E/3`` rounded up to 256).
+        head_dim: D (default ``E / H``).
+        activation: of the SwiGLU gate (``"silu"``).
+        norm_eps: epsilon of every RMSNorm.
+        rope_base: the rotary base ``θ`` (``rope_theta``). rope_scaling: a
+            :class:`~qkv.modules.positional.RopeScaling` or ``None``.
+        qkv_bias: biases on the query, key and value projections (Qwen2).
+        out_bias: a bias on the output projection (LLaMA's ``attention_bias`` sets both).
+        mlp_bias: biases in the SwiGLU block.
+        tie_embeddings: the output projection is the token embedding.
+        sliding_window: each token sees the latest ``W`` tokens only (Mistral); ``None``:
+            all earlier tokens.
+        full_layers: layers that see all earlier tokens despite ``sliding_window`` (Qwen2's
+            first ``max_window_layers``).
+        attention_dropout: on the attention weights while training.
+    """
+
+    vocab_size: int = 32000
+    max_len: int = 2048
+    num_layers: int = 32
+    num_heads: int = 32
+    num_kv_heads: int | None = None
+    dim: int = 4096
+    ff_dim: int | None = None
+    head_dim: int | None = None
+    activation: str = "silu"
+    norm_eps: float = 1e-6
+    rope_base: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = False
+    sliding_window: int | None = None
+    full_layers: tuple[int, ...] = ()
+    attention_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        kinds = dict.fromkeys(("vocab_size", "max_len", "num_layers", "num_heads", "dim"), "count")
+        kinds.update(
+            dict.fromkeys(("num_kv_heads", "ff_dim", "head_dim", "sliding_window"), "count?"),
+            activation="name",
+            norm_eps="positive",
+            rope_base="positive",
+            attention_dropout="probability",
+            **dict.fromkeys(("qkv_bias", "out_bias", "mlp_bias", "tie_embeddings"), "flag"),
+        )
+        try:
+            check_values(vars(self), kinds)
+        except ValueError as err:
+            raise ConfigError(f"LlamaConfig.{err}") from None
+        if self.num_heads % self.kv_heads:
+            raise ConfigError(
+                f"num_kv_heads {self.kv_heads} must divide num_heads {self.num_heads}"
+            )
+        if self.head_dim is None and self.dim % self.num_heads:
+            raise ConfigError(
+                f"dim {self.dim} is not divisible by num_heads {self.num_heads} (give head_dim)"
+            )
+        if self.head_size % 2:
+            raise ConfigError(f"rotary positions need an even head size, got {self.head_size}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ConfigError(f"rope_scaling must be a RopeScaling, got {self.rope_scaling!r}")
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise ConfigError(f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
+
+    @property
+    def kv_heads(self) -> int:
+        """Hkv."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        """D."""
+        return self.head_dim or self.dim // self.num_heads
+
+    @property
+    def inner_dim(self) -> int:
+        """The SwiGLU inner width."""
+        return self.ff_dim or 256 * -(-(8 * self.dim // 3) // 256)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (0-based), ``None`` for none."""
+        return None if layer in self.full_layers else self.sliding_window
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
+        """Build from a Hugging Face ``config.json`` dict of ``model_type`` ``llama``,
+        ``mistral`` or ``qwen2`` (:mod:`~qkv.models.pretrained.llama_hf`); a dict without
+        ``model_type`` is read as ``llama``.
+
+        Raises:
+            ConfigError: another model type (named), a missing size, a wrong value.
+        """
+        return cls(**llama_config_values(config))
+
+
+@dataclass
+class LlamaOutput:
+    """What :class:`Llama` returns.
+
+    Attributes:
+        logits: ``(B, T, V)``.
+        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
+        cache: the updated cache that was passed in, or ``None``.
+    """
+
+    logits: Tensor
+    attentions: list[Tensor] = field(default_factory=list)
+    cache: KVCache | None = None
+
+
+class LlamaAttention(nn.Module):
+    """Causal self-attention with rotary positions and grouped-query heads.
+
+    Args:
+        config: the model's :class:`LlamaConfig`.
+        layer: this layer's index (it decides the sliding window).
+
+    Shape:
+        x ``(B, T, E)``; cos and sin ``(B, 1, T, D)`` (:meth:`RotaryPositionalEncoding.cos_sin`);
+        key_mask ``(B, Tk)``, ``True`` for real tokens, ``Tk = cache.length + T``.
+        Returns ``(B, T, E)`` and the weights ``(B, H, T, Tk)`` or ``None``.
+    """
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.kv_heads, c.head_size
+        self.window = c.window(layer)
+        self.dropout = c.attention_dropout
+        self.q_proj = nn.Linear(c.dim, c.num_heads * c.head_size, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.dim, c.kv_heads * c.head_size, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.dim, c.kv_heads * c.head_size, bias=c.qkv_bias)
+        self.out_proj = nn.Linear(c.num_heads * c.head_size, c.dim, bias=c.out_bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        cache: LayerKV | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        b, t, _ = x.shape
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+
+        # 1) project and split heads: (B, T, E) -> (B, H, T, D) and (B, Hkv, T, D)
+        q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, hkv, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, hkv, d).transpose(1, 2)
+
+        # 2) rotate queries and keys by their positions; 3) append to the cache
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, Hkv, Tk, D): every position so far
+
+        # 4) attend: causal, minus padding, within the window; K/V heads shared (GQA)
+        tk = k.shape[-2]
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
+        if self.window is not None and tk > self.window:
+            mask = combine_masks(mask, _band(t, tk, self.window, x.device))
+        dropout_p = self.dropout if self.training else 0.0
+        result = scaled_dot_product_attention(
+            q, k, v, mask, causal=True, dropout_p=dropout_p, need_weights=need_weights
+        )
+        out, weights = result if need_weights else (result, None)
+
+        # 5) concatenate heads and project: (B, H, T, D) -> (B, T, E)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, h * d)), weights
+
+
+def _band(tq: int, tk: int, window: int, device: torch.device) -> Tensor:
+    """``(Tq, Tk)``: the last ``Tq`` queries see the keys less than ``window`` behind them."""
+    queries = torch.arange(tk - tq, tk, device=device)[:, None]
+    keys = torch.arange(tk, device=device)[None, :]
+    return keys > queries - window
+
+
+class LlamaLayer(nn.Module):
+    """One pre-norm decoder layer: ``x + Attn(RMSNorm(x))``, then ``x + SwiGLU(RMSNorm(x))``."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        c = config
+        self.attn_norm = RMSNorm(c.dim, c.norm_eps)
+        self.self_attn = LlamaAttention(c, layer)
+        self.ff_norm = RMSNorm(c.dim, c.norm_eps)
+        self.ff = SwiGLU(c.dim, c.inner_dim, c.activation, bias=c.mlp_bias)
+
+    def forward(self, x, cos, sin, *, key_mask=None, cache=None, need_weights=False):
+        h, weights = self.self_attn(
+            self.attn_norm(x), cos, sin, key_mask=key_mask, cache=cache, need_weights=need_weights
+        )
+        x = x + h  # (B, T, E)
+        return x + self.ff(self.ff_norm(x)), weights
+
+
+class Llama(nn.Module):
+    """Decoder-only language model of the LLaMA family (LLaMA, Mistral, Qwen2).
+
+    Args:
+        config: a :class:`LlamaConfig`.
+
+    Attributes:
+        generation_defaults: the end and pad tokens that :meth:`generate` takes when given
+            none (:meth:`from_pretrained` reads the folder's; ``None`` otherwise).
+
+    Shape:
+        input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
+        1/True for real tokens. Returns :class:`LlamaOutput`.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.generation_defaults: GenerationDefaults | None = None  # set by from_pretrained
+        c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        self.rope = RotaryPositionalEncoding(c.head_size, c.rope_base, c.rope_scaling)
+        self.layers = nn.ModuleList(LlamaLayer(c, i) for i in range(c.num_layers))
+        self.final_norm = RMSNorm(c.dim, c.norm_eps)
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for incremental decoding (one entry per layer)."""
+        return KVCache(self.config.num_layers)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        position_ids: Tensor | None = None,
+    ) -> LlamaOutput:
+        """Next-token logits for every position (as :meth:`GPT.forward`).
+
+        Positions, unless ``position_ids`` gives them, count real tokens only: with
+        ``attention_mask``, a left-padded prompt starts at position 0 (as Hugging Face
+        ``generate`` does); without it, positions are ``cache.length + arange(T)``.
+
+        Args:
+            input_ids: token ids ``(B, T)`` (only the new ones when ``cache`` is given).
+            attention_mask: ``(B, cache.length + T)``, 1/True for real tokens.
+            cache: from :meth:`new_cache`; updated in place and returned.
+            need_weights: also return every layer's attention weights.
+            position_ids: ``(B, T)`` or ``(1, T)``, each token's position (>= 0).
+        """
+        b, t = input_ids.shape
+        past = cache.length if cache is not None else 0
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (b, past + t):
+                raise ValueError(
+                    f"attention_mask must be (B, cache length + T) = {(b, past + t)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            key_mask = attention_mask.bool()  # (B, Tk)
+        if position_ids is None:
+            position_ids = real_token_positions(key_mask, past, b, t, input_ids.device)
+        else:
+            check_position_ids(position_ids, b, t, _NO_LIMIT)
+        check_token_ids(input_ids, self.config.vocab_size)
+
+        x = self.tok_emb(input_ids)  # (B, T, E)
+        cos, sin = self.rope.cos_sin(position_ids, x.dtype)  # (B, 1, T, D): shared by the layers
+        attentions = []
+        for i, layer in enumerate(self.layers):
+            x, weights = layer(
+                x,
+                cos,
+                sin,
+                key_mask=key_mask,
+                cache=None if cache is None else cache[i],
+                need_weights=need_weights,
+            )
+            if need_weights:
+                attentions.append(weights)
+        logits = self.lm_head(self.final_norm(x))  # (B, T, V)
+        return LlamaOutput(logits=logits, attentions=attentions, cache=cache)
+
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+        attention_mask: Tensor | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        min_new_tokens: int = 0,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        num_return_sequences: int = 1,
+    ) -> Tensor:
+        """Continue each prompt by ``max_new_tokens`` tokens: the options and the result
+        of :meth:`GPT.generate` (greedy, sampling with a seed, repetition rules, end and
+        pad tokens, beam search, left-padded batches), with no limit on the positions.
+
+        Returns:
+            ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens.
+        """
+        return generate_tokens(
+            self,
+            input_ids,
+            max_new_tokens,
+            max_len=None,
+            defaults=self.generation_defaults,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            use_cache=use_cache,
+            attention_mask=attention_mask,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            min_new_tokens=min_new_tokens,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            num_return_sequences=num_return_sequences,
+        )
+
+    @classmethod
+    def from_weights(
+        cls,
+        config: LlamaConfig,
+        tensors: dict[str, Tensor],
+        dtype: torch.dtype | str | None = None,
+        *,
+        source: str = "the weights",
+    ) -> Llama:
+        """A model of ``config`` holding ``tensors``, named as Hugging Face names them
+        (``model.layers.0.self_attn.q_proj.weight``, with or without ``model.``).
+
+        ``dtype``: float32 (``None``), the tensors' own type (``"auto"``) or a floating
+        ``torch.dtype``. Missing, unknown or misshapen weights are an error that names
+        them (``source`` names the weights there). Returns the model in eval mode.
+        """
+        model = cls(config)
+        load_into(model, llama_weights(tensors, config.tie_embeddings), what=source, dtype=dtype)
+        return model.eval()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> Llama:
+        """Load a Hugging Face folder of ``model_type`` ``llama``, ``mistral`` or ``qwen2``:
+        ``config.json``, the weights (``model.safetensors``, or shards named by
+        ``model.safetensors.index.json``) and the default end and pad tokens.
+
+        ``dtype``: float32 (``None``), the checkpoint's own type (``"auto"``) or a floating
+        ``torch.dtype``. Returns the model in eval mode.
+
+        Raises:
+            ConfigError: ``config.json`` names another model type or a wrong value (the
+                message starts with the file).
+        """
+        raw = read_config(path)
+        try:
+            config = LlamaConfig.from_hf(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{Path(path) / 'config.json'}: {err}") from None
+        model = cls(config)
+        state = llama_weights(load_state_dict(path), config.tie_embeddings)
+        load_into(model, state, what=str(path), dtype=dtype, config=raw)
+        model.generation_defaults = read_generation_defaults(path, config.vocab_size)
+        return model.eval()
