@@ -213,6 +213,57 @@ def _short(label: str, limit: int = 24) -> str:
     return plain_text(label if len(label) <= limit else label[: limit - 1] + "…")
 
 
+def _is_wide(char: str) -> bool:
+    """A glyph about one em wide: Hangul, CJK ideographs, kana, full-width forms."""
+    return unicodedata.east_asian_width(char) in "WF"
+
+
+def _glyphs(text: str) -> list[str]:
+    """``text`` cut into what is drawn as one glyph: a base character with the marks and
+    joiners after it (combining marks, variation selectors, conjoining Hangul vowels and
+    finals)."""
+    out: list[str] = []
+    for c in text:
+        joins = (
+            unicodedata.combining(c)
+            or unicodedata.category(c) in ("Mn", "Me", "Mc")
+            or "\u1160" <= c <= "\u11ff"  # a conjoining jamo after its initial consonant
+            or c in "\u200c\u200d\ufe0e\ufe0f"
+        )
+        if out and joins:
+            out[-1] += c
+        else:
+            out.append(c)
+    return out
+
+
+def _key_label(label: str) -> tuple[str, int]:
+    """A key (x axis) label and its rotation in degrees.
+
+    Columns are narrow, so a label runs along the column rather than across it. Turned 90
+    degrees, Latin reads well (the head tilted), but Hangul and CJK lie on their side: a
+    label with any wide glyph ("고양이가", "東京", "##가", "2024년") stands upright
+    instead, one glyph under the other, as those scripts are written vertically.
+    """
+    label = _visible(label)
+    label = label if len(label) <= 24 else label[:23] + "…"
+    glyphs = _glyphs(label)
+    if any(_is_wide(g[0]) for g in glyphs):
+        return plain_text("\n".join(glyphs)), 0
+    return plain_text(label), 90
+
+
+def _set_key_labels(ax: Axes, positions: Sequence[int], labels: Sequence[str], fontsize: float):
+    """Label the x axis (keys): upright or turned 90 degrees, label by label (see
+    :func:`_key_label`), centred on their column whichever side of the map they are on."""
+    shown = [_key_label(label) for label in labels]
+    ax.set_xticks(list(positions), [text for text, _ in shown], fontsize=fontsize)
+    for tick, (_, rotation) in zip(ax.xaxis.get_major_ticks(), shown):
+        for text in (tick.label1, tick.label2):  # the bottom and the top label
+            text.set_rotation(rotation)
+            text.set_linespacing(1.1)  # stacked glyphs close, as written vertically
+
+
 def _label_step(n: int, max_labels: int = 64) -> int:
     """Show every k-th label so that at most ``max_labels`` are drawn on an axis."""
     return max(1, math.ceil(n / max_labels))
@@ -222,7 +273,7 @@ def _set_token_ticks(ax: Axes, src: Sequence[str], tgt: Sequence[str], fontsize:
     """Label the x axis with source (key) tokens and the y axis with target (query) tokens."""
     sx, sy = _label_step(len(src)), _label_step(len(tgt))
     xs, ys = range(0, len(src), sx), range(0, len(tgt), sy)
-    ax.set_xticks(list(xs), [_short(src[i]) for i in xs], rotation=90, fontsize=fontsize)
+    _set_key_labels(ax, xs, [src[i] for i in xs], fontsize)
     ax.set_yticks(list(ys), [_short(tgt[i]) for i in ys], fontsize=fontsize)
     ax.tick_params(axis="x", top=True, labeltop=True, bottom=False, labelbottom=False)
     ax.tick_params(length=2, pad=1)
@@ -387,7 +438,7 @@ def _label_cell(
     if not labelled:
         return
     if bottom:
-        ax.set_xticks(range(len(keys)), [_short(k) for k in keys], rotation=90, fontsize=6)
+        _set_key_labels(ax, range(len(keys)), keys, 6)
     if left:
         ax.set_yticks(range(len(queries)), [_short(q) for q in queries], fontsize=6)
     ax.tick_params(length=1, pad=1)

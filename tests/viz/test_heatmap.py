@@ -46,7 +46,7 @@ def test_korean_labels_have_glyphs(tmp_path):
         fig.canvas.draw()
     assert not [w for w in caught if "missing from font" in str(w.message)]
     labels = _tick_labels(fig)
-    texts = [t.get_text() for t in labels]
+    texts = [t.get_text().replace("\n", "") for t in labels]  # Hangul keys stand stacked
     assert texts.count("학교에") == 1 and "Ωμέγα" in texts
     hangul = [t for t in labels if any(_is_hangul(c) for c in t.get_text())]
     assert len(hangul) == 3
@@ -80,13 +80,44 @@ def test_alignment_60_tokens_all_labelled():
     w = np.random.default_rng(2).dirichlet(np.ones(t), size=t)
     fig = plot_alignment(w, toks, toks)
     ax = fig.axes[0]
-    assert [x.get_text() for x in ax.get_xticklabels()] == toks
+    assert [x.get_text().replace("\n", "") for x in ax.get_xticklabels()] == toks
     assert [y.get_text() for y in ax.get_yticklabels()] == toks
-    assert all(x.get_rotation() == 90 for x in ax.get_xticklabels())
+    rotations = [x.get_rotation() for x in ax.get_xticklabels()]
+    assert rotations == [0 if t.startswith("단어") else 90 for t in toks]
     fig.canvas.draw()
     # labels on an axis do not overlap one another
     boxes = [y.get_window_extent() for y in ax.get_yticklabels()]
     assert all(a.y0 >= b.y1 - 0.5 or b.y0 >= a.y1 - 0.5 for a, b in zip(boxes, boxes[1:]))
+
+
+@pytest.mark.parametrize("grid", [False, True], ids=["alignment", "heads-grid"])
+def test_hangul_key_labels_stand_upright_and_latin_ones_turn(grid, make_maps):
+    """Every key label was turned 90 degrees: Latin read with the head tilted, but Hangul
+    lay on its side. A key label with a Hangul or CJK glyph now stands upright, one glyph
+    (a syllable, decomposed jamo joined) under the other; a Latin one still turns."""
+    keys = ["고양이가", "cat", "##가", "2024년", "東京", "\u1100\u1161", "Ωμέγα"]
+    stacked = ["고\n양\n이\n가", "#\n#\n가", "2\n0\n2\n4\n년", "東\n京", "\u1100\u1161"]
+    maps = make_maps(1, 1, len(keys), len(keys))
+    if grid:
+        fig = plot_heads(maps, keys)
+        ax = next(a for a in fig.axes if a.get_xticklabels())
+        labels = ax.get_xticklabels()
+    else:
+        fig = plot_alignment(maps[0, 0], keys, ["the", "cat"] * 3 + ["."])
+        labels = fig.axes[0].get_xticklabels()
+    assert [t.get_rotation() for t in labels] == [0, 90, 0, 0, 0, 0, 90]
+    assert [t.get_text() for t in labels] == [
+        stacked[0],
+        "cat",
+        stacked[1],
+        stacked[2],
+        stacked[3],
+        stacked[4],
+        "Ωμέγα",
+    ]
+    fig.canvas.draw()
+    box = labels[0].get_window_extent()
+    assert box.height > 2 * box.width  # four syllables one under the other
 
 
 def test_long_sequences_are_thinned():
