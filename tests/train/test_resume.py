@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -465,3 +466,68 @@ def test_resuming_with_another_batch_order_warns(trained, tmp_path, caplog, chan
         assert warned == []
     else:
         assert len(warned) == 1 and named in warned[0] and "repeat" in warned[0]
+
+
+def _with_param_groups(src, dst, change) -> None:
+    """A copy of checkpoint ``src`` at ``dst`` whose saved optimiser ``param_groups`` (the
+    JSON list of the header) are replaced by what ``change`` returns for them."""
+    with safe_open(str(src), "pt") as f:
+        header, tensors = json.loads(f.metadata()["qkv"]), {k: f.get_tensor(k) for k in f.keys()}
+    header["optimizer"]["param_groups"] = change(header["optimizer"]["param_groups"])
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dst), metadata={"qkv": json.dumps(header)})
+
+
+def _setting(key, value):
+    return lambda groups: [{**group, key: value} for group in groups]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (_setting("amsgrad", True), r"param_groups\[0\]\.amsgrad is true, but qkv trains with"),
+        (_setting("differentiable", True), r"param_groups\[0\]\.differentiable is true, but"),
+        (_setting("maximize", True), r"param_groups\[0\]\.maximize is true, but qkv trains"),
+        (_setting("eps", "abc"), r'param_groups\[0\]\.eps is "abc", not a finite number'),
+        (_setting("lr", "x"), r'param_groups\[0\]\.lr is "x", not a finite number'),
+        (_setting("momentum", 0.9), r"param_groups\[0\]\.momentum: not a setting of the AdamW"),
+        (lambda groups: groups * 2, r"param_groups has 2 groups, AdamW here 1"),
+    ],
+    ids=[
+        "amsgrad",
+        "differentiable",
+        "maximize",
+        "eps-string",
+        "lr-string",
+        "unknown-key",
+        "two-groups",
+    ],
+)
+def test_tampered_optimiser_settings_are_one_line_naming_the_file_and_key(
+    trained, tmp_path, capsys, change, named
+):
+    """torch loads a parameter group's settings as they are: amsgrad true failed at the
+    first step on a missing moment (a KeyError traceback), differentiable true and eps
+    "abc" in the step (tracebacks), maximize true climbed the loss without a word."""
+    path = tmp_path / "last.safetensors"
+    _with_param_groups(trained, path, change)
+    before = path.read_bytes()
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path, steps=8)))
+    capsys.readouterr()
+    assert main(["train", str(config), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("qkv train: error: "), err
+    assert f"{path}: cannot resume: corrupt training state (optimizer." in err
+    assert re.search(named, err), err
+    assert path.read_bytes() == before  # nothing overwritten
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+def test_untampered_optimiser_settings_resume(trained, tmp_path, capsys):
+    """The same header written again (its settings as qkv saved them) resumes."""
+    _with_param_groups(trained, tmp_path / "last.safetensors", lambda groups: groups)
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(tiny_dict(tmp_path, steps=5)))
+    assert main(["train", str(config), "--resume"]) == 0, capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "last.safetensors").extra["train"]["step"] == 5
