@@ -2,7 +2,15 @@
 
 YAML is read only by the command line (:func:`load_yaml`); everything below it takes the
 frozen :class:`Recipe`. Unknown keys and impossible values are :class:`ConfigError` s that
-name the key, e.g. ``train.lr: must be > 0``.
+name the key, e.g. ``train.lr: must be > 0``; a value quoted in an error is cut to 80
+characters.
+
+The YAML is read with YAML 1.2's core schema (:mod:`qkv.train.yaml_config`), the same in
+the file and in ``--set KEY=VALUE``: only ``true``/``false`` are booleans (``yes``, ``no``,
+``on``, ``off`` are strings, which a boolean key refuses), ``010`` is ten, ``5e-4`` is a
+float, and ``1:30:00`` is a string, not YAML 1.1's base-60 number 5400. Aliases
+(``*name``) are refused, lists and mappings nest at most 50 deep, integers have at most
+``sys.get_int_max_str_digits()`` digits, and the file is a regular file of at most 1 MiB.
 
 .. code-block:: yaml
 
@@ -18,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,6 +36,7 @@ from typing import Any
 import yaml
 
 from qkv.errors import ConfigError, ConfigFieldError
+from qkv.files import quoted
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.train.yaml_config import yaml_error, yaml_loader
 
@@ -40,6 +50,8 @@ __all__ = [
     "load_yaml",
     "recipe_from_dict",
 ]
+
+MAX_CONFIG_BYTES = 2**20  # a recipe is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,7 @@ class DataConfig:
                     optional = " (or none)" if name == "test" else ""
                     raise ConfigError(
                         f"data.{name}: give two files [SOURCE, TARGET]{optional}, "
-                        f"got {list(files)!r}"
+                        f"got {quoted(list(files))}"
                     )
         for name in ("train", "valid", "test"):
             if self.kind != "files" and getattr(self, name):
@@ -192,13 +204,13 @@ class OptimConfig:
                 f"train.label_smoothing: must be in [0, 1), got {self.label_smoothing}"
             )
         if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
-            raise ConfigError(f"train.seed: must be in [-2**63, 2**64), got {self.seed}")
+            raise ConfigError(f"train.seed: must be in [-2**63, 2**64), got {quoted(self.seed)}")
         if self.threads > 2**31 - 1:  # torch.set_num_threads takes a C int
-            raise ConfigError(f"train.threads: must be <= {2**31 - 1}, got {self.threads}")
+            raise ConfigError(f"train.threads: must be <= {2**31 - 1}, got {quoted(self.threads)}")
         _choice(self, "schedule", ("inverse_sqrt", "cosine", "constant"), section="train")
         _choice(self, "device", ("auto", "cpu", "cuda"), section="train")
         if not isinstance(self.bf16, bool) and self.bf16 != "auto":
-            raise ConfigError(f"train.bf16: must be true, false or 'auto', got {self.bf16!r}")
+            raise ConfigError(f"train.bf16: must be true, false or 'auto', got {quoted(self.bf16)}")
 
 
 @dataclass(frozen=True)
@@ -240,15 +252,15 @@ def check_model_section(model: dict) -> None:
     for key in fields:
         if key not in known:
             raise ConfigError(
-                f"model.{key}: unknown key for type {model['type']}; "
+                f"model.{_short(key)}: unknown key for type {model['type']}; "
                 f"known: {', '.join(sorted(known | {'type'}))}"
             )
     try:
         kind.from_dict({**fields, **placeholders})
     except ConfigFieldError as err:  # named by its YAML key, not the config class's field
-        raise ConfigError(f"model.{err.field}: {err.why}, got {err.value!r}") from None
+        raise ConfigError(f"model.{err.field}: {err.why}, got {quoted(err.value)}") from None
     except ValueError as err:
-        raise ConfigError(f"model: {err}") from None
+        raise ConfigError(f"model: {_short(str(err), 300)}") from None
 
 
 def recipe_from_dict(d: dict) -> Recipe:
@@ -265,7 +277,9 @@ def _build(cls, d: Any, where: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for key in d:
         if key not in known:
-            raise ConfigError(f"{where}{key}: unknown key; known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{where}{_short(key)}: unknown key; known: {', '.join(sorted(known))}"
+            )
     kwargs = {}
     for key, value in d.items():
         kwargs[key] = _convert(hints[key], value, f"{where}{key}")
@@ -274,7 +288,7 @@ def _build(cls, d: Any, where: str):
     except ConfigError:
         raise
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{where.rstrip('.') or 'config'}: {err}") from None
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: {_short(str(err), 300)}") from None
 
 
 def _convert(hint, value, where: str):
@@ -290,20 +304,22 @@ def _convert(hint, value, where: str):
     if hint in (int, float, str, bool) and (
         not isinstance(value, hint) or (hint is int and isinstance(value, bool))
     ):
-        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {quoted(value)}")
     return value
 
 
 def _convert_tuple(args: tuple, value, where: str) -> tuple:
     """A list for ``tuple[X, ...]`` (any length) or ``tuple[X, Y]`` (exactly that many)."""
     if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{where}: expected a list, got {value!r}")
+        raise ConfigError(f"{where}: expected a list, got {quoted(value)}")
     if len(args) == 2 and args[1] is Ellipsis:
         kinds = [args[0]] * len(value)
     else:
         kinds = list(args)
         if len(value) != len(kinds):
-            raise ConfigError(f"{where}: expected a list of {len(kinds)}, got {list(value)!r}")
+            raise ConfigError(
+                f"{where}: expected a list of {len(kinds)}, got {quoted(list(value))}"
+            )
     return tuple(_convert(k, v, f"{where}[{i}]") for i, (k, v) in enumerate(zip(kinds, value)))
 
 
@@ -311,7 +327,8 @@ def _choice(obj, name: str, choices, section: str | None = None) -> None:
     if getattr(obj, name) not in choices:
         where = f"{section or _section(obj)}.{name}"
         raise ConfigError(
-            f"{where}: must be one of {', '.join(map(repr, choices))}, got {getattr(obj, name)!r}"
+            f"{where}: must be one of {', '.join(map(repr, choices))}, "
+            f"got {quoted(getattr(obj, name))}"
         )
 
 
@@ -319,7 +336,8 @@ def _positive(obj, name: str, allow_zero: bool = False) -> None:
     value = getattr(obj, name)
     if not (value > 0 or (allow_zero and value == 0)):  # NaN too
         raise ConfigError(
-            f"{_section(obj)}.{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value}"
+            f"{_section(obj)}.{name}: must be {'>= 0' if allow_zero else '> 0'}, "
+            f"got {quoted(value)}"
         )
 
 
@@ -334,23 +352,25 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
     d = copy.deepcopy(d)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+            raise ConfigError(f"--set {quoted(item)}: expected KEY=VALUE")
         key, raw = item.split("=", 1)
         node = d
         parts = key.strip().split(".")
         if not all(parts):  # "=3", "train..lr=1", "train.=1": no key to set
-            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.lr=3e-4")
+            raise ConfigError(
+                f"--set {quoted(item)}: expected SECTION.KEY=VALUE, e.g. train.lr=3e-4"
+            )
         for part in parts[:-1]:
             if node.get(part) is None:  # absent, or left empty in the YAML (``data:``)
                 node[part] = {}
             node = node[part]
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a section")
+                raise ConfigError(f"--set {_short(key)}: {_short(part)} is not a section")
         try:
             node[parts[-1]] = yaml.load(raw, Loader=yaml_loader())
         except yaml.YAMLError as err:
             raise ConfigError(
-                f"--set {key}: the value is not valid YAML ({yaml_error(err)})"
+                f"--set {_short(key)}: the value is not valid YAML ({yaml_error(err)})"
             ) from None
     return d
 
@@ -361,7 +381,13 @@ def load_yaml(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a YAML config file")
     try:
-        text = path.read_text(encoding="utf-8")
+        if not stat.S_ISREG(path.stat().st_mode):  # /dev/zero would be read forever
+            raise ConfigError(f"{path}: not a regular file, not a YAML config file")
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a recipe")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except UnicodeDecodeError as err:
@@ -398,5 +424,13 @@ def _origin(path: Path, d: dict, overrides: list[str], err: ConfigError) -> str:
     for item in reversed(overrides):  # the last --set of a key is the one that holds
         name = item.split("=", 1)[0].strip()
         if key == name or key.startswith(name + ".") or name.startswith(key + "."):
-            return f"--set {item}"
-    return f"{path} with --set {' --set '.join(overrides)}"
+            return f"--set {_short(item)}"
+    return f"{path} with --set {' --set '.join(_short(item, 40) for item in overrides)}"
+
+
+def _short(text, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters (``…`` marks a cut): a key or a ``--set`` item
+    named in an error, unquoted (a key that is not a string: :func:`quoted`)."""
+    if not isinstance(text, str):
+        return quoted(text, limit)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

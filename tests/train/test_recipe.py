@@ -4,6 +4,9 @@ refused when the config is read (YAML file, ``--set`` items, values), in one lin
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -386,3 +389,126 @@ def test_floats_in_exponent_form_are_floats(tmp_path_factory, mantissa, sign, ex
     assert recipe.train.lr == recipe.train.min_lr == value
     assert recipe.model["dropout"] == float(small.replace("_", ""))
     assert isinstance(recipe.model["dropout"], float)
+
+
+def _bounded_train(tmp_path, config, *sets, address_space=2 * 2**30):
+    """``qkv train CONFIG`` in a subprocess whose address space is bounded (a plain run
+    needs about 0.65 GiB): its exit code and stderr (from a file, which may be large)."""
+    stderr = tmp_path / "stderr.txt"
+    args = [sys.executable, "-m", "qkv", "train", str(config), "--out", str(tmp_path / "out")]
+    for item in sets:
+        args += ["--set", item]
+
+    def bound():
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    with stderr.open("wb") as err:
+        done = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=bound)
+    return done.returncode, stderr.read_bytes()[:100_000].decode("utf-8", "replace")
+
+
+def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path):
+    """A 500-byte config whose aliases expand to 9**8 lists: the error quoted the expanded
+    value (hundreds of MB on one 'line', or a MemoryError traceback under a 2 GiB bound).
+    Aliases are refused where they are written."""
+    levels = ["&a [" + ", ".join(["lol"] * 9) + "]"]
+    for name, below in zip("bcdefghi", "abcdefgh"):
+        levels.append(f"&{name} [" + ", ".join([f"*{below}"] * 9) + "]")
+    config = tmp_path / "bomb.yaml"
+    config.write_text("train:\n  lr: [" + ", ".join(levels) + "]\n", encoding="utf-8")
+    assert config.stat().st_size < 600
+    code, err = _bounded_train(tmp_path, config)
+    assert code == 2, err[:300]
+    assert len(err) < 400 and err.count("\n") == 1, err[:300]
+    assert err.startswith(f"qkv train: error: {config}: not valid YAML: line 2, column ")
+    assert "found the alias *a: configs do not read aliases" in err
+
+
+@pytest.mark.parametrize(
+    "content, sets, match",
+    [
+        ("train: {lr: '" + "x" * 300_000 + "'}\n", [], "train.lr: expected float, got 'xxx"),
+        (TOY, ["train.lr=" + "y" * 100_000], "train.lr: expected float, got 'yyy"),
+        ("train:\n  ? " + "k" * 100_000 + "\n  : 1\n", [], "train.kkk"),
+        (TOY, ["model.type=rnn", f"model.cell=[{'1, ' * 5_000}1]"], "model.cell: must be one of"),
+        (TOY, ["train.betas=[" + "0.5, " * 5_000 + "1]"], "train.betas: expected a list of 2"),
+    ],
+    ids=["file-string", "set-string", "long-key", "model-list", "long-list"],
+)
+def test_values_quoted_in_errors_are_cut_short(capsys, tmp_path, content, sets, match):
+    """Errors quoted the whole value: one 'line' as long as the value."""
+    code, err = _train_error(capsys, tmp_path, content, *sets)
+    assert code == 2 and match in err and len(err) < 600, err[:600]
+
+
+DEEP = "[" * 50_000
+# after the section under test: a recipe that YAML 1.1 reads as valid stops at its missing
+# files (exit 2, another message) instead of training 5,400 steps
+ABSENT = "data: {kind: files, train: [absent.de, absent.en], valid: [absent.de, absent.en]}\n"
+
+
+@pytest.mark.parametrize(
+    "content, sets, match",
+    [
+        (f"train: {{betas: {DEEP}}}\n", [], "line 1, column 64: lists and mappings nested more"),
+        (TOY, [f"train.betas={DEEP}"], "--set train.betas: the value is not valid YAML (line 1"),
+        ("train: {steps: 1" + "0" * 5000 + "}\n", [], "an integer of 5001 digits"),
+        (TOY, ["train.seed=" + "7" * 5000], "--set train.seed: the value is not valid YAML"),
+        ("train: {steps: !!int 9" + "0" * 5000 + "}\n", [], "an integer of 5001 digits"),
+        ("train: {steps: !!float abc}\n", [], "line 1, column 16: 'abc' is not a !!float value"),
+        ("train: {steps: 1:30:00}\n" + ABSENT, [], "train.steps: expected int, got '1:30:00'"),
+        ("tokenizer: {joint: yes}\n" + ABSENT, [], "tokenizer.joint: expected bool, got 'yes'"),
+        ("train: {bf16: on}\n" + ABSENT, [], "train.bf16: must be true, false or 'auto', got 'on'"),
+    ],
+    ids=[
+        "nested-file",
+        "nested-set",
+        "digits-file",
+        "digits-set",
+        "digits-tag",
+        "tag-value",
+        "base-60",
+        "yes",
+        "on",
+    ],
+)
+def test_yaml_that_python_cannot_hold_is_one_line(capsys, tmp_path, content, sets, match):
+    """50,000 nested '[' gave a RecursionError traceback, a 5,000-digit integer
+    'ValueError: Exceeds the limit (4300 digits)', ``!!float abc`` a ValueError; YAML 1.1's
+    ``1:30:00`` was the number 5400 and ``yes``/``on`` were true. Configs now follow YAML
+    1.2's core schema, where those are strings that the key refuses."""
+    code, err = _train_error(capsys, tmp_path, content, *sets)
+    assert code == 2 and err.startswith("qkv train: error: ") and match in err, err[:400]
+    assert len(err) < 400
+
+
+def test_the_yaml_1_2_core_schema(tmp_path):
+    """What YAML 1.1 read otherwise: ``010`` was 8, ``1:30`` 90, ``no`` false."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "name: no\ndata: {n_train: 010, n_valid: 0x1F, n_test: 0o17, seed: 20_000}\n"
+        "tokenizer: {joint: True}\ntrain: {lr: 5e-4, max_seconds: .inf, min_lr: ~}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="train.min_lr: expected float, got None"):
+        load_yaml(config)
+    recipe = load_yaml(config, ["train.min_lr=0", "train.max_seconds=1"])
+    assert recipe.name == "no" and recipe.tokenizer.joint is True
+    data = recipe.data
+    assert (data.n_train, data.n_valid, data.n_test, data.seed) == (10, 31, 15, 20_000)
+    assert recipe.train.lr == 5e-4
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused(tmp_path):
+    """``qkv train /dev/zero`` read the device until memory ran out (a MemoryError
+    traceback under a 2 GiB bound)."""
+    code, err = _bounded_train(tmp_path, "/dev/zero")
+    assert code == 2, err[:300]
+    assert err == "qkv train: error: /dev/zero: not a regular file, not a YAML config file\n"
+
+
+def test_a_config_file_larger_than_a_recipe_is_refused(tmp_path):
+    config = tmp_path / "big.yaml"
+    config.write_bytes(b"# " + b"x" * 2**20 + b"\n")
+    with pytest.raises(ConfigError, match=r"big.yaml: larger than 1 MiB, not a recipe$"):
+        load_yaml(config)
