@@ -11,6 +11,8 @@ import importlib
 import sys
 from pathlib import Path
 
+import torch
+
 from qkv.errors import UserError
 from qkv.files import write_text_atomic
 
@@ -45,7 +47,6 @@ def update_markdown(root: Path, results_dir: Path) -> Path:
 
 def run_cli(args) -> int:
     """Run one benchmark (or all that exist), then regenerate BENCHMARKS.md."""
-
     if args.threads is not None and args.threads < 1:  # torch's own error is a traceback
         raise UserError(f"--threads {args.threads}: expected a positive number of threads")
     try:
@@ -54,8 +55,6 @@ def run_cli(args) -> int:
         raise UserError(str(err)) from None
     sys.path.insert(0, str(root))
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     # quick numbers never replace the checked-in ones unless --out asks for that folder
     default = Path("runs/bench-quick") if args.quick else root / "benchmarks" / "results"
