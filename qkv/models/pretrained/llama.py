@@ -31,9 +31,10 @@ from qkv.errors import ConfigError
 from qkv.functional import combine_masks, scaled_dot_product_attention
 from qkv.models.inputs import check_position_ids, check_token_ids
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
+from qkv.models.pretrained.gguf import read_gguf
 from qkv.models.pretrained.gpt import generate_tokens, real_token_positions
-from qkv.models.pretrained.hf import check_values, load_into, load_state_dict, read_config
-from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights
+from qkv.models.pretrained.hf import check_values, load_into, load_state_dict
+from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights, read_llama_config
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.feedforward import SwiGLU
 from qkv.modules.norms import RMSNorm
@@ -415,18 +416,24 @@ class Llama(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> Llama:
-        """Load a Hugging Face folder of ``model_type`` ``llama``, ``mistral`` or ``qwen2``:
-        ``config.json``, the weights (``model.safetensors``, or shards named by
-        ``model.safetensors.index.json``) and the default end and pad tokens.
+        """Load a Hugging Face folder of ``model_type`` ``llama``, ``mistral`` or ``qwen2``, or
+        a GGUF file (``.gguf``, architecture ``llama``), with its default end and pad tokens.
 
-        ``dtype``: float32 (``None``), the checkpoint's own type (``"auto"``) or a floating
-        ``torch.dtype``. Returns the model in eval mode.
+        A folder holds ``config.json`` and the weights (``model.safetensors``, or shards
+        named by ``model.safetensors.index.json``). A GGUF file is read by
+        :func:`~qkv.models.pretrained.gguf.read_gguf` (dequantised, Q/K rows in Hugging
+        Face's order). ``dtype``: float32 (``None``), the checkpoint's own type
+        (``"auto"``; float32 for a GGUF file) or a floating ``torch.dtype``. Returns the
+        model in eval mode.
 
         Raises:
             ConfigError: ``config.json`` names another model type or a wrong value (the
                 message starts with the file).
+            ModelFileError: a GGUF file that cannot be read (see ``read_gguf``).
         """
-        raw = read_config(path)
+        if Path(path).suffix == ".gguf":
+            return cls._from_gguf(Path(path), dtype)
+        raw = read_llama_config(path)
         try:
             config = LlamaConfig.from_hf(raw)
         except ConfigError as err:
@@ -436,3 +443,21 @@ class Llama(nn.Module):
         load_into(model, state, what=str(path), dtype=dtype, config=raw)
         model.generation_defaults = read_generation_defaults(path, config.vocab_size)
         return model.eval()
+
+    @classmethod
+    def _from_gguf(cls, path: Path, dtype: torch.dtype | str | None) -> Llama:
+        """A GGUF file's model; its bos/eos/pad metadata gives the generation defaults."""
+        file = read_gguf(path, torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+        try:
+            config = LlamaConfig.from_hf(file.config)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
+        model = cls.from_weights(
+            config, file.tensors, None if dtype == "auto" else dtype, source=str(path)
+        )
+        known = [file.config.get(k) for k in ("eos_token_id", "pad_token_id")]
+        eos, pad = (i if i is not None and 0 <= i < config.vocab_size else None for i in known)
+        model.generation_defaults = GenerationDefaults(
+            () if eos is None else (eos,), pad, str(path)
+        )
+        return model

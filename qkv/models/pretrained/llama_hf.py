@@ -17,12 +17,14 @@ The rotary settings are ``rope_theta`` and ``rope_scaling`` (older files) or
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 from qkv.errors import ConfigError
-from qkv.models.pretrained.hf import HF_ACTIVATIONS, base_weights, check_values
+from qkv.files import parse_json
+from qkv.models.pretrained.hf import HF_ACTIVATIONS, base_weights, check_values, model_folder
 from qkv.modules.positional import (
     DynamicRopeScaling,
     LinearRopeScaling,
@@ -30,7 +32,7 @@ from qkv.modules.positional import (
     RopeScaling,
 )
 
-__all__ = ["LLAMA_MODEL_TYPES", "llama_config_values", "llama_weights"]
+__all__ = ["LLAMA_MODEL_TYPES", "llama_config_values", "llama_weights", "read_llama_config"]
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _DEFAULT_MAX_LEN = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
@@ -58,6 +60,25 @@ _HF_KINDS = {  # config.json key -> kind of value (see qkv.models.pretrained.hf.
         ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"), "flag"
     ),
 }
+
+
+def read_llama_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of the folder ``path``, parsed by :func:`qkv.files.parse_json`.
+
+    Raises:
+        FileNotFoundError: the folder or its ``config.json`` does not exist.
+        ConfigError: not JSON, or not a JSON object (one line naming the file).
+    """
+    file = model_folder(path) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found (a Hugging Face model folder has one)")
+    try:
+        config = parse_json(file.read_bytes())
+    except ValueError as err:
+        raise ConfigError(f"{file}: {err}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    return config
 
 
 def llama_config_values(config: dict[str, Any]) -> dict[str, Any]:
