@@ -6,6 +6,11 @@ message names the file and line; it filters what is merely noisy (empty lines, p
 the maximum length, pairs whose length ratio is implausible) and counts what it dropped
 in a :class:`CorpusReport`.
 
+Files are read with a bound: only regular files (a device such as ``/dev/zero`` never
+ends), at most :data:`MAX_CORPUS_BYTES`, and the first chunk is checked for text (NUL
+bytes, bytes that are not UTF-8, gzip data) before the rest is read; a stream (stdin) is
+read by :func:`read_stream` under the same bound.
+
 Lines are split on ``"\\n"`` only (a trailing ``"\\r"`` is dropped), never with
 ``str.splitlines``, which would also split on characters such as U+2028 that occur in
 real sentences and would break the alignment of the two sides.
@@ -14,16 +19,22 @@ real sentences and would break the alignment of the two sides.
 from __future__ import annotations
 
 import logging
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.errors import CorpusError
 
 __all__ = ["CorpusError", "CorpusReport", "ParallelCorpus", "read_lines", "read_parallel"]
-__all__ += ["read_tsv", "filter_pairs", "decode_lines"]
+__all__ += ["read_tsv", "filter_pairs", "decode_lines", "read_stream", "MAX_CORPUS_BYTES"]
 
 log = logging.getLogger(__name__)
 
+
+MAX_CORPUS_BYTES = 2**30
+"""The most bytes read from one corpus file or stream (1 GiB; Multi30k's sides are 4 MB)."""
+_FIRST_CHUNK = 2**16  # checked for text before the rest is read
+_CHUNK = 2**22
 
 CHARS_PER_WORD = 20
 """With ``max_len`` words, a side may hold at most this many times as many characters."""
@@ -75,24 +86,102 @@ class ParallelCorpus:
         return list(zip(self.src, self.tgt))
 
 
-def read_lines(path: str | Path) -> list[str]:
+def read_lines(path: str | Path, *, max_bytes: int = MAX_CORPUS_BYTES) -> list[str]:
     """Read a UTF-8 text file as a list of lines (without line ends).
 
     Args:
-        path: the file.
+        path: the file; a regular file (a device or a pipe is refused).
+        max_bytes: the most bytes read (a larger file is refused before it is read).
 
     Returns:
         The lines; a final line end does not make an extra empty line.
 
     Raises:
-        CorpusError: the file is missing or not valid UTF-8 (the message gives the line).
+        CorpusError: the file is missing, not a regular file, larger than ``max_bytes``,
+            or not text (NUL bytes, not valid UTF-8: the message gives the line).
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        mode, size = (info := path.stat()).st_mode, info.st_size
+        if stat.S_ISREG(mode) and size > max_bytes:
+            raise CorpusError(f"{path}: {_size(size)}, {_limit(max_bytes)}")
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a directory: EISDIR below
+            raise CorpusError(
+                f"{path}: not a regular file (a device, pipe or socket); "
+                "give a text file with one sentence per line"
+            )
+        with path.open("rb") as f:
+            data = read_stream(f, str(path), max_bytes=max_bytes)
     except OSError as err:
         raise CorpusError(f"{path}: cannot read: {err.strerror or err}") from None
     return decode_lines(data, str(path))
+
+
+def read_stream(stream, name: str, *, max_bytes: int = MAX_CORPUS_BYTES) -> bytes:
+    """The bytes of a binary stream (stdin's ``buffer``, an open file), read with a bound.
+
+    The first chunk is checked for text before the rest is read, so that ``/dev/zero``
+    or ``/dev/urandom`` piped in is refused at once; at most ``max_bytes`` are read.
+    :func:`decode_lines` then turns the bytes into lines.
+
+    Args:
+        stream: a binary stream with ``read(n)``.
+        name: what the stream is, for messages (``"stdin"``).
+        max_bytes: the most bytes read.
+
+    Returns:
+        The bytes read.
+
+    Raises:
+        CorpusError: more than ``max_bytes``, or a first chunk that is not text.
+    """
+    first = stream.read(min(_FIRST_CHUNK, max_bytes + 1))
+    _check_text(first, name, first_chunk=True)
+    chunks, total = [first], len(first)
+    while total <= max_bytes:
+        chunk = stream.read(min(_CHUNK, max_bytes + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > max_bytes:
+        raise CorpusError(f"{name}: more than {_limit(max_bytes)}")
+    return b"".join(chunks)
+
+
+def _limit(max_bytes: int) -> str:
+    return f"more than the {_size(max_bytes)} qkv reads from one corpus (cut it first)"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def _check_text(data: bytes, name: str, *, first_chunk: bool = False) -> None:
+    """Refuse bytes that are not text: gzip data, NUL bytes, bytes that are not UTF-8
+    (in a ``first_chunk``, a multi-byte character cut at its end is not an error)."""
+    if data.startswith(b"\x1f\x8b"):  # the gzip magic: not UTF-8 at byte 2
+        raise CorpusError(f"{name}: is gzip-compressed; decompress it (gunzip) first")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise CorpusError(f"{name}: not text: a NUL byte at {_where(data, nul)}")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if not first_chunk or err.end < len(data) or err.reason != "unexpected end of data":
+            raise CorpusError(
+                f"{name}: {_where(data, err.start)}: not valid UTF-8 (byte 0x{data[err.start]:02x})"
+            ) from None
+
+
+def _where(data: bytes, at: int) -> str:
+    """``line L, byte B`` of the byte at offset ``at`` (both from 1)."""
+    line = data.count(b"\n", 0, at) + 1
+    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    return f"line {line}, byte {column}"
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
@@ -100,18 +189,10 @@ def decode_lines(data: bytes, name: str) -> list[str]:
 
     Raises:
         CorpusError: ``"NAME: line N, byte M: not valid UTF-8 (byte 0x..)"``, gzip data,
-            or lines that end in CR alone.
+            NUL bytes (``"NAME: not text: ..."``) or lines that end in CR alone.
     """
-    if data.startswith(b"\x1f\x8b"):  # the gzip magic: not UTF-8 at byte 2
-        raise CorpusError(f"{name}: is gzip-compressed; decompress it (gunzip) first")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise CorpusError(
-            f"{name}: line {line}, byte {column}: not valid UTF-8 (byte 0x{data[err.start]:02x})"
-        ) from None
+    _check_text(data, name)
+    text = data.decode("utf-8")
     if text.startswith("\ufeff"):
         text = text[1:]
     if "\n" not in text and "\r" in text.rstrip("\r"):  # else it reads as one line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,11 +11,14 @@ from hypothesis import strategies as st
 from qkv.data.corpus import (
     CHARS_PER_WORD,
     CorpusError,
+    decode_lines,
     filter_pairs,
     read_lines,
     read_parallel,
+    read_stream,
     read_tsv,
 )
+from tests.models.memory_helpers import MAX_RSS, run_bounded
 
 
 def _write(path, lines, end="\n"):
@@ -119,7 +124,7 @@ def scratch(tmp_path_factory):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.text(st.characters(blacklist_characters="\n\r", codec="utf-8")), max_size=20))
+@given(st.lists(st.text(st.characters(blacklist_characters="\n\r\0", codec="utf-8")), max_size=20))
 def test_read_lines_round_trips(scratch, lines):
     path = scratch
     path.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
@@ -161,3 +166,69 @@ def test_tatoeba_tsv_matches_the_split_files(shared_data):
     assert any("\uac00" <= ch <= "\ud7a3" for ch in from_tsv.src[0])
     # the default ratio filter removes only a handful of real pairs
     assert read_tsv(tatoeba / "kor.txt", src_column=1, tgt_column=0).report.ratio < 20
+
+
+def test_devices_and_files_larger_than_the_bound_are_refused_unread(tmp_path):
+    """A corpus at /dev/zero or /dev/urandom, or a sparse 3 GiB file (no disk, no time to
+    write), was read whole: a MemoryError traceback under a 2 GiB address space (an
+    out-of-memory kill without one). Devices are refused by their kind, large files by
+    their size, and a file of NUL bytes after its first chunk."""
+    big = tmp_path / "big.de"
+    with big.open("wb") as f:
+        f.truncate(3 * 2**30)
+    zeros = tmp_path / "zeros.de"
+    with zeros.open("wb") as f:
+        f.truncate(2**29)
+    code = (
+        "import sys\nfrom qkv.data.corpus import CorpusError, read_lines, read_tsv\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n        read_tsv(path) if path == '/dev/zero' else read_lines(path)\n"
+        "    except CorpusError as err:\n        print(err)\n"
+    )
+    run = run_bounded(["-c", code, "/dev/zero", str(big), str(zeros)])
+    assert run.returncode == 0, run.stderr[-500:]
+    assert run.stdout.splitlines() == [
+        "/dev/zero: not a regular file (a device, pipe or socket); "
+        "give a text file with one sentence per line",
+        f"{big}: 3 GiB, more than the 1 GiB qkv reads from one corpus (cut it first)",
+        f"{zeros}: not text: a NUL byte at line 1, byte 1",
+    ]
+    assert run.max_rss < MAX_RSS
+
+
+def test_a_recipe_reading_a_device_is_one_line(tmp_path):
+    """``qkv train`` with ``data.train: [/dev/urandom, ...]``: the key and the file named."""
+    config = tmp_path / "files.yaml"
+    config.write_text(
+        "data: {kind: files, train: [/dev/urandom, /dev/zero], valid: [/dev/zero, /dev/zero]}\n"
+        "train: {steps: 1}\n",
+        encoding="utf-8",
+    )
+    run = run_bounded(["-m", "qkv", "train", str(config), "--out", str(tmp_path / "run")])
+    assert run.returncode == 2, run.stderr[-500:]
+    assert run.stderr == (
+        "qkv train: error: data.train: /dev/urandom: not a regular file (a device, pipe or "
+        "socket); give a text file with one sentence per line\n"
+    )
+    assert run.max_rss < MAX_RSS
+
+
+def test_the_bound_and_the_text_check_on_streams(tmp_path):
+    path = _write(tmp_path / "a.de", ["ein Hund", "zwei Hunde"])
+    assert read_lines(path, max_bytes=20) == ["ein Hund", "zwei Hunde"]
+    with pytest.raises(CorpusError, match=r"a\.de: 20 bytes, more than the 19 bytes qkv reads"):
+        read_lines(path, max_bytes=19)
+    with open("/dev/zero", "rb") as stream:
+        with pytest.raises(CorpusError, match=r"^stdin: not text: a NUL byte at line 1, byte 1$"):
+            read_stream(stream, "stdin")
+    with open("/dev/zero", "rb") as stream:  # the bound holds before the text check reads
+        with pytest.raises(CorpusError, match=r"^stdin: not text"):
+            read_stream(stream, "stdin", max_bytes=10)
+    text = ("가" * 30_000).encode("utf-8")  # the first chunk ends inside a character
+    assert read_stream(io.BytesIO(text), "stdin") == text
+    with pytest.raises(CorpusError, match=r"^stdin: line 2, byte 3: not valid UTF-8 \(byte 0xff\)"):
+        read_stream(io.BytesIO(b"ab\ncd\xff" + b"e" * 2**20), "stdin")
+    with pytest.raises(CorpusError, match=r"^stdin: not text: a NUL byte at line 1, byte 2$"):
+        decode_lines(b"a\0b\n", "stdin")
+    with pytest.raises(CorpusError, match=r"^stdin: line 1, byte 2: not valid UTF-8"):
+        decode_lines("a가".encode()[:-1], "stdin")  # cut at the very end: still an error
