@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -34,14 +35,14 @@ from qkv.kernels.cpu.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import build_model, rng_state, save_checkpoint
 from qkv.train.checks import check_lengths, check_loss, check_memory, finished
 from qkv.train.distributed import Dist, uses_bf16
-from qkv.train.progress import StepTimes, TrainingProgress
+from qkv.train.progress import StepTimes, TrainingProgress, usable_cores
 from qkv.train.recipe import Recipe
 from qkv.train.resume import restore
 from qkv.train.run_folder import best_from_last, check_out_dir, prepare_out_dir
 from qkv.train.schedule import make_schedule
 from qkv.translate.evaluate import bleu, translate_texts
 
-__all__ = ["Interrupted", "TrainResult", "make_schedule", "train"]
+__all__ = ["Interrupted", "TrainResult", "automatic_threads", "make_schedule", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,50 @@ def build_model_for(recipe: Recipe, data: Prepared) -> nn.Module:
     return build_model(recipe.model["type"], fields)
 
 
+def automatic_threads(load: float, cores: int, most: int) -> int:
+    """The torch threads ``train.threads: 0`` trains with: the cores that other work
+    leaves idle, rounded to the nearest whole core, at least 1 and at most ``most``.
+
+    Every torch operation waits for its slowest thread, so a thread on a core that
+    another process holds stalls the whole step: on a loaded 2-core machine the toy
+    Transformer's steps took 20 times longer on 2 threads than on 1, and swung from 4 s
+    to 22 s. On idle cores each thread is a core's worth of work, and two threads run
+    the matrix products nearly twice as fast as one (measured: BENCHMARKS.md, 'threads').
+
+    Args:
+        load: the load average of the last minute (``os.getloadavg()[0]``).
+        cores: the cores this process may run on.
+        most: the threads torch would take (its default: the physical cores, or
+            ``OMP_NUM_THREADS``, which ``torchrun`` sets to 1 per process).
+
+    Returns:
+        ``max(1, min(most, round(cores - load)))``, halves rounded up.
+    """
+    idle = math.floor(cores - load + 0.5)
+    return max(1, min(most, idle))
+
+
+def _threads_for_this_machine() -> int:
+    """:func:`automatic_threads` for the load now, logged once at INFO."""
+    cores, most = usable_cores(), torch.get_num_threads()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this system: torch's own choice
+        log.info("train.threads 0: %d torch threads (no load average here)", most)
+        return most
+    threads = automatic_threads(load, cores, most)
+    log.info(
+        "train.threads 0: %d torch thread%s (load average %.2f on %d cores, torch's "
+        "default %d); --set train.threads=N to choose",
+        threads,
+        "s" * (threads != 1),
+        load,
+        cores,
+        most,
+    )
+    return threads
+
+
 def _loss(model: nn.Module, batch, smoothing: float, pad_id: int) -> tuple[torch.Tensor, int]:
     """Summed label-smoothed cross-entropy over real target tokens, and their count."""
     logits, _ = model(batch.src, batch.tgt_in, need_weights=False)  # (B, T, V)
@@ -192,6 +237,8 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     A checkpoint of a finished run (at ``train.steps``, or stopped by ``train.patience``
     or ``train.max_seconds``) trains nothing (``already_done``; ``done_because`` says why).
     ``train.threads`` holds only while it trains: torch's thread count is restored after.
+    ``train.threads: 0`` (the default) chooses it when the run starts, from the cores
+    other work leaves idle (:func:`automatic_threads`), and logs the choice at INFO.
     """
     before = torch.get_num_threads()
     try:
@@ -209,8 +256,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     except LaunchError as err:
         raise ConfigError(f"the environment: {err}") from None
     check_out_dir(recipe.out_dir)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or _threads_for_this_machine())
     out = recipe.out_dir
     data = prepare(recipe)
     check_memory(lambda: build_model_for(recipe, data), dist.device)  # before the seed

@@ -22,6 +22,7 @@ __all__ = [
     "console",
     "stderr_bar",
     "steps_progress",
+    "usable_cores",
 ]
 
 log = logging.getLogger(__name__)
@@ -172,9 +173,16 @@ class StepTimes:
         return seconds
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _load() -> str:
     """The load average of the last minute against the cores, in words."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     try:
         return f"load average {os.getloadavg()[0]:.1f} on {cores} cores"
     except OSError:  # not available on this system

@@ -21,8 +21,9 @@ from safetensors.torch import load_file, save_file
 
 import qkv.train.distributed
 import qkv.train.loop
+import qkv.train.progress
 from qkv.models.checkpoint import CheckpointError, load_checkpoint
-from qkv.train.loop import train
+from qkv.train.loop import automatic_threads, train
 from qkv.train.progress import StepTimes
 from qkv.train.recipe import ConfigError, recipe_from_dict
 from tests.train.helpers import (
@@ -72,6 +73,49 @@ def test_train_threads_hold_only_while_training(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert result.steps == 2 and seen == [2]
+
+
+@pytest.mark.parametrize(
+    ("load", "cores", "most", "threads"),
+    [
+        (0.0, 2, 2, 2),
+        (0.4, 2, 2, 2),
+        (0.6, 2, 2, 1),
+        (1.28, 2, 2, 1),
+        (9.2, 2, 2, 1),
+        (0.0, 2, 1, 1),
+        (10.6, 16, 16, 5),
+        (0.0, 16, 8, 8),
+    ],
+)
+def test_automatic_threads_are_the_idle_cores(load, cores, most, threads):
+    assert automatic_threads(load, cores, most) == threads
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="torch takes one thread here anyway")
+@pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "idle"])
+def test_train_threads_0_trains_on_the_idle_cores(tmp_path, monkeypatch, caplog, loaded):
+    """On two loaded cores, 60 toy Transformer steps took 103 s with torch's default
+    threads (train.threads 0 kept torch's 2) and 20 s with one. The load average is
+    what the operating system reports, set here: every core busy, or none."""
+    most, cores = torch.get_num_threads(), qkv.train.progress.usable_cores()
+    load = float(cores) if loaded else 0.0
+    monkeypatch.setattr(qkv.train.loop.os, "getloadavg", lambda: (load, load, load))
+    seen, after_step = [], qkv.train.loop._Loop.after_step
+
+    def noting_threads(loop):
+        seen.append(torch.get_num_threads())
+        return after_step(loop)
+
+    monkeypatch.setattr(qkv.train.loop._Loop, "after_step", noting_threads)
+    with caplog.at_level("INFO", logger="qkv.train.loop"):
+        train(tiny_recipe(tmp_path, steps=2, threads=0), progress=False)
+    want = 1 if loaded else min(most, cores)
+    assert seen == [want, want] and torch.get_num_threads() == most
+    told = [r for r in caplog.records if "train.threads 0" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelname == "INFO"
+    assert told[0].getMessage().startswith(f"train.threads 0: {want} torch thread")
+    assert f"load average {load:.2f} on {cores} cores" in told[0].getMessage()
 
 
 def test_heap_reuse_changes_no_loss(tmp_path, monkeypatch):
