@@ -235,3 +235,48 @@ def test_untied_weights_without_an_output_projection_are_named(tmp_path):
     config = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
     with pytest.raises(ValueError, match=r"missing \(1\): lm_head.weight"):
         Llama.from_weights(config, tensors)
+
+
+_QWEN2 = dict(
+    model_type="qwen2",
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=8,
+    max_window_layers=2,
+)
+
+
+@pytest.mark.parametrize(
+    "changes, window, full_layers",
+    [
+        (dict(use_sliding_window=True), 8, (0, 1)),
+        (dict(use_sliding_window=False), None, ()),
+        (
+            dict(use_sliding_window=True, layer_types=["sliding_attention", "full_attention"] * 2),
+            8,
+            (1, 3),
+        ),
+    ],
+    ids=["max-window-layers", "window-off", "layer-types"],
+)
+def test_qwen2_windows_are_read_as_transformers_reads_them(changes, window, full_layers):
+    config = LlamaConfig.from_hf({**_QWEN2, **changes})
+    assert (config.sliding_window, config.full_layers) == (window, full_layers)
+    assert config.qkv_bias and not config.out_bias and not config.mlp_bias
+    peer = transformers.Qwen2Config(
+        **{k: v for k, v in {**_QWEN2, **changes}.items() if k != "model_type"}
+    )
+    windows = [config.window(i) for i in range(4)]
+    assert windows == [window if t == "sliding_attention" else None for t in peer.layer_types]
+
+
+def test_older_config_keys_rope_scaling_and_rope_theta_are_read():
+    raw = {**_QWEN2, "model_type": "llama", "rope_theta": 500000.0}
+    raw["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    config = LlamaConfig.from_hf(raw)
+    assert config.rope_base == 500000.0 and config.rope_scaling.factor == 4.0
+    assert config.sliding_window is None  # llama has no window, whatever the file says
