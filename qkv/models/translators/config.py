@@ -116,7 +116,11 @@ class RNNSeq2SeqConfig(_Config):
             ``"predictive"`` (local-p).
         window_size: half-width D of the local window.
         input_feeding: feed the previous attentional state into the recurrence (Luong).
-        max_src_len: longest source the ``"location"`` score can address.
+        max_src_len: longest source the model reads (default 256, also for configs saved
+            without the field): translation cuts a longer source to its first
+            ``max_src_len`` tokens with a warning, as the Transformer does at its
+            ``max_len``, and training refuses longer pairs; the ``"location"`` score
+            addresses that many positions.
         dropout: on embeddings, between layers and on the decoder output.
         pad_id, bos_id, eos_id: special token ids (shared by source and target).
     """
@@ -160,8 +164,10 @@ class RNNSeq2SeqConfig(_Config):
 
     @property
     def max_source_len(self) -> int | None:
-        """Longest source the model reads: ``max_src_len`` for the location score, else None."""
-        return self.max_src_len if self.attention == "luong" and self.score == "location" else None
+        """Longest source the model reads: ``max_src_len``. The recurrence has no table of
+        positions, but each source token costs a step of the encoder and the decoder may
+        take ``1.5 ×`` as many; without a cap, a 50,000-word line ran for minutes."""
+        return self.max_src_len
 
     @property
     def max_target_len(self) -> int | None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
+from qkv.data.tokenizers import WordTokenizer
 from qkv.models.translators.config import RNNSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
+from qkv.translate.evaluate import translate_texts
 from tests.models.translators.seq2seq_helpers import (
     PAD,
     assert_every_parameter_gets_gradient,
@@ -203,3 +207,37 @@ def test_copy_task_is_learned_by_every_decoder(decoder):
     )
     loss = train_copy(RNNSeq2Seq(cfg), steps=150, lr=1e-2, batch_size=64)
     assert loss < bound, f"held-out copy loss {loss:.3f} (initially about 2.5)"
+
+
+@pytest.mark.parametrize("attention", ["none", "bahdanau", "luong"])
+def test_a_source_longer_than_max_src_len_is_cut_with_a_warning(attention, caplog):
+    """An RNN read any length: a 50,000-word line ran the encoder 50,000 steps and let the
+    decoder run 75,000 (past 60 s in ``qkv translate``). It is cut to ``max_src_len`` tokens
+    with the Transformer's warning, and translates as its first ``max_src_len`` tokens."""
+    src = WordTokenizer(["eins", "zwei", "drei", "vier"])
+    tgt = WordTokenizer(["one", "two", "three", "four"])
+    torch.manual_seed(0)
+    cfg = RNNSeq2SeqConfig(
+        src.vocab_size, tgt.vocab_size, embed_dim=8, hidden_dim=8, attention=attention,
+        max_src_len=12, pad_id=0, bos_id=2, eos_id=3,
+    )  # fmt: skip
+    model = RNNSeq2Seq(cfg).eval()
+    words = " ".join(["eins", "zwei", "drei", "vier", "fünf"] * 100)  # 500 tokens
+    first = " ".join(words.split()[:12])
+    with caplog.at_level(logging.WARNING):
+        [long], [cut] = translate_texts(model, src, tgt, [words, first], beam=2)
+    assert "line 1: 500 source tokens, more than the 12 the model reads" in caplog.text
+    assert "line 2" not in caplog.text
+    assert (long.text, long.score) == (cut.text, cut.score)
+    if attention != "none":
+        assert long.alignment.shape[-1] == 12
+
+
+def test_configs_saved_without_max_src_len_read_256_tokens():
+    """A checkpoint's config without the field gets the default cap, for every attention."""
+    for attention in ("none", "bahdanau", "luong"):
+        cfg = RNNSeq2SeqConfig.from_dict(
+            {"src_vocab_size": 9, "tgt_vocab_size": 9, "attention": attention}
+        )
+        assert cfg.max_source_len == cfg.max_src_len == 256
+        assert cfg.max_target_len is None  # the search's length rule bounds the output
