@@ -21,6 +21,7 @@ LAYERS = [
     ["qkv.attention"],
     ["qkv.kernels"],
     ["qkv.functional"],
+    ["qkv.distributed"],
     ["qkv.modules"],
     ["qkv.data"],
     ["qkv.models"],
