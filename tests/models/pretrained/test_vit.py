@@ -33,6 +33,8 @@ CASES = [
     ("DeiTModel", 7),
 ]
 IDS = [f"{arch}-seed{seed}" for arch, seed in CASES]
+# the checks that do not depend on the architecture run on a ViT and a DeiT only
+FEW = pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=[IDS[0], IDS[4]], indirect=True)
 
 
 def _transformers():
@@ -144,6 +146,21 @@ def test_outputs_match_transformers(case):
     diffs = _compare(case, ViT.from_pretrained(folder).config.image_hw, interpolate=False)
     assert ("logits" in diffs) == ("For" in architecture)
     assert ("pooler_output" in diffs) == (getattr(peer, "pooler", None) is not None)
+    if "logits" in diffs:
+        names = tuple(peer.config.id2label[i] for i in range(peer.config.num_labels))
+        assert ViT.from_pretrained(folder).config.labels == names
+
+
+@FEW
+def test_bfloat16_weights_give_bfloat16_outputs_near_float32(case):
+    _, seed, _, folder = case
+    ours, half = ViT.from_pretrained(folder), ViT.from_pretrained(folder, dtype=torch.bfloat16)
+    assert half.positions.dtype == torch.bfloat16
+    pixels = torch.randn(2, ours.config.num_channels, *ours.config.image_hw)
+    with torch.no_grad():
+        full, low = ours(pixels).last_hidden_state, half(pixels).last_hidden_state
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - full).abs().max() <= 0.1 * full.abs().max()
 
 
 def test_interpolated_positions_match_transformers(case):
@@ -157,6 +174,7 @@ def test_interpolated_positions_match_transformers(case):
     _compare(case, other, interpolate=True)
 
 
+@FEW
 def test_weights_are_optional_and_change_nothing(case):
     _, seed, _, folder = case
     ours = ViT.from_pretrained(folder)
@@ -167,6 +185,7 @@ def test_weights_are_optional_and_change_nothing(case):
     torch.testing.assert_close(fast.last_hidden_state, slow.last_hidden_state, atol=1e-5, rtol=0)
 
 
+@FEW
 def test_another_image_size_needs_interpolation(case):
     _, _, _, folder = case
     ours = ViT.from_pretrained(folder)
