@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from qkv.data.corpus import CHARS_PER_WORD, CorpusError, read_parallel, read_tsv
+from qkv.data.download import DATASETS, default_cache_dir
 from qkv.data.tokenizers import Tokenizer, train_tokenizers
 from qkv.data.toy import make_splits
 
-__all__ = ["Prepared", "held_out_pairs", "load_pairs", "prepare"]
+__all__ = ["Prepared", "fetch_hint", "held_out_pairs", "load_pairs", "prepare"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ def load_pairs(data) -> tuple[Pairs, Pairs, Pairs]:
     """
     if data.kind == "toy":
         return _toy_pairs(data)
+    for key in ("data.train", "data.valid", "data.test", "data.path"):
+        files = getattr(data, key.removeprefix("data."))
+        _refuse_missing(key, [files] if isinstance(files, str) else files)
     if data.kind == "files":
         train = _named(
             "data.train",
@@ -94,6 +99,27 @@ def held_out_pairs(data, split: str) -> Pairs:
         _, valid, test = load_pairs(data)
         return valid if split == "valid" else test
     return _held_out_files(data, split)
+
+
+def _refuse_missing(key: str, files) -> None:
+    """A file that is not there, named by its key, with the command that fetches it when
+    it is a file of a corpus that ``qkv data download`` knows."""
+    for file in files:
+        if file and not Path(file).exists():
+            raise CorpusError(f"{key}: {file}: no such file{fetch_hint(Path(file).name)}")
+
+
+def fetch_hint(name: str) -> str:
+    """``"; `qkv data download CORPUS` fetches it ..."`` for a file ``name`` of a corpus in
+    :data:`~qkv.data.download.DATASETS`, else ``""``."""
+    for corpus, dataset in DATASETS.items():
+        if any(spec.local == name for spec in dataset.files):
+            folder = default_cache_dir() / corpus
+            return (
+                f"; `qkv data download {corpus}` fetches the corpus into {folder}, "
+                f"then give --set data.root={folder}"
+            )
+    return ""
 
 
 def _held_out_files(data, split: str) -> Pairs:

@@ -5,6 +5,13 @@ frozen :class:`Recipe`. Unknown keys and impossible values are :class:`ConfigErr
 name the key, e.g. ``train.lr: must be > 0``; a value quoted in an error is cut to 80
 characters.
 
+``data.root`` names the folder that the relative file names of the data section
+(``train``, ``valid``, ``test``, ``path``) are read from; without it they are read from
+the current folder. The shipped Multi30k and Tatoeba recipes set it to ``../shared/data/...``;
+``qkv data download multi30k`` fetches the same files into ``~/.cache/qkv/multi30k``, read
+with ``--set data.root=~/.cache/qkv/multi30k``. The built recipe holds the joined paths
+(and no ``root``), so a run folder's stored recipe names the files it read.
+
 The YAML is read with YAML 1.2's core schema (:mod:`qkv.train.yaml_config`), the same in
 the file and in ``--set KEY=VALUE``: only ``true``/``false`` are booleans (``yes``, ``no``,
 ``on``, ``off`` are strings, which a boolean key refuses), ``010`` is ten, ``5e-4`` is a
@@ -264,8 +271,38 @@ def check_model_section(model: dict) -> None:
 
 
 def recipe_from_dict(d: dict) -> Recipe:
-    """Build a :class:`Recipe` from nested dicts (as read from YAML)."""
-    return _build(Recipe, d, "")
+    """Build a :class:`Recipe` from nested dicts (as read from YAML); ``data.root``, when
+    given, is joined to the relative file names of the data section (see the module)."""
+    return _build(Recipe, _rooted(d), "")
+
+
+def _rooted(d: Any) -> Any:
+    """``d`` with ``data.root`` joined to the relative paths of ``data.train``, ``valid``,
+    ``test`` and ``path`` and removed: the recipe holds the paths that are read."""
+    data = d.get("data") if isinstance(d, dict) else None
+    if not isinstance(data, dict) or "root" not in data:
+        return d
+    data = dict(data)
+    root = data.pop("root")
+    if root is None:  # ``root:`` left empty: the current folder
+        return {**d, "data": data}
+    if not isinstance(root, str) or not root:
+        raise ConfigError(f"data.root: expected a folder, got {quoted(root)}")
+    if data.get("kind", DataConfig.kind) == "toy":
+        raise ConfigError("data.root: read only with kind 'files' or 'tsv', not 'toy'")
+    folder = Path(root).expanduser()
+
+    def join(file):
+        if not isinstance(file, str) or not file or Path(file).is_absolute():
+            return file  # a wrong type is named by the key's own check
+        return str(folder / file)
+
+    for key in ("train", "valid", "test"):
+        if isinstance(data.get(key), list | tuple):
+            data[key] = [join(file) for file in data[key]]
+    if "path" in data:
+        data["path"] = join(data["path"])
+    return {**d, "data": data}
 
 
 def _build(cls, d: Any, where: str):

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 
 import pytest
 import yaml
 
+from qkv.cli import main
 from qkv.data.corpus import CorpusError
 from qkv.data.prepare import load_pairs
-from qkv.train.recipe import DataConfig, recipe_from_dict
-from tests.train.helpers import run_cli, tiny_dict
+from qkv.train.recipe import ConfigError, DataConfig, recipe_from_dict
+from tests.train.helpers import CONFIG_FOLDER, run_cli, tiny_dict
 
 
 def _files(tmp_path, pairs) -> DataConfig:
@@ -90,4 +92,50 @@ def test_a_data_path_that_cannot_be_read_is_named_by_its_key(tmp_path):
         recipe = recipe_from_dict({**d, "data": data})
         with pytest.raises(CorpusError) as err:
             load_pairs(recipe.data)
-        assert str(err.value).startswith(f"{key}: {tmp_path}") and "cannot read" in str(err.value)
+        why = "no such file" if key == "data.valid" else "cannot read: Is a directory"
+        assert str(err.value).startswith(f"{key}: {tmp_path}") and why in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "config, corpus, missing",
+    [
+        ("multi30k-transformer", "multi30k", "train.de"),
+        ("tatoeba-ko-en-transformer", "tatoeba-ko-en", "kor.txt"),
+    ],
+)
+def test_a_missing_corpus_names_the_command_that_fetches_it(
+    tmp_path, monkeypatch, capsys, config, corpus, missing
+):
+    """The error named the file alone ('cannot read: No such file or directory'), and
+    reading the downloaded copy meant editing six paths: one ``--set data.root`` now reads
+    it, and the error says which command fetches it and where."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    path = CONFIG_FOLDER / f"{config}.yaml"
+    args = ["train", str(path), "--set", f"data.root={empty}", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    folder = tmp_path / "cache" / "qkv" / corpus
+    key = "data.train" if corpus == "multi30k" else "data.path"
+    assert capsys.readouterr().err == (
+        f"qkv train: error: {key}: {empty / missing}: no such file; `qkv data download "
+        f"{corpus}` fetches the corpus into {folder}, then give --set data.root={folder}\n"
+    )
+
+
+def test_data_root_is_joined_to_relative_file_names(tmp_path):
+    src, tgt = tmp_path / "a.de", tmp_path / "b.en"
+    src.write_text("ein Hund\nzwei Katzen\n", encoding="utf-8")
+    tgt.write_text("a dog\ntwo cats\n", encoding="utf-8")
+    data = {"kind": "files", "root": str(tmp_path), "train": ["a.de", "b.en"]}
+    data["valid"] = [str(src), "b.en"]  # an absolute name stays as it is
+    recipe = recipe_from_dict({"data": data})
+    assert recipe.data.train == (str(src), str(tgt)) and recipe.data.valid == (str(src), str(tgt))
+    train, valid, test = load_pairs(recipe.data)
+    assert train == valid == [("ein Hund", "a dog"), ("zwei Katzen", "two cats")] and test == []
+    home = recipe_from_dict({"data": {**data, "root": "~/corpus"}}).data.train[0]
+    assert home == str(Path.home() / "corpus" / "a.de")
+    with pytest.raises(ConfigError, match=r"^data.root: read only with kind 'files' or 'tsv'"):
+        recipe_from_dict({"data": {"kind": "toy", "root": str(tmp_path)}})
+    with pytest.raises(ConfigError, match=r"^data.root: expected a folder, got 3$"):
+        recipe_from_dict({"data": {**data, "root": 3}})
