@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.errors import ConfigError
+from qkv.files import quoted
 from qkv.models.pretrained.hf import HF_ACTIVATIONS, check_values, load_into, load_state_dict
 from qkv.models.pretrained.vit_hf import (
     check_sizes,
@@ -98,19 +99,22 @@ class ViTConfig:
         check_values(vars(self), _KINDS)
         for key in ("image_size", "patch_size"):
             pair = _pair(getattr(self, key))
-            if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
-                raise ValueError(f"{key} must be an integer >= 1 or (height, width), got {pair}")
+            if len(pair) != 2 or not all(_is_count(v) for v in pair):
+                raise ValueError(
+                    f"{key} must be an integer >= 1 or (height, width), "
+                    f"got {quoted(getattr(self, key))}"
+                )
         if any(i < p for i, p in zip(self.image_hw, self.patch_hw, strict=True)):
             raise ValueError(
                 f"image_size {self.image_size} is smaller than patch_size {self.patch_size}"
             )
         if self.hidden_act not in HF_ACTIVATIONS:
             raise ValueError(
-                f"hidden_act {self.hidden_act!r} not supported: {list(HF_ACTIVATIONS)}"
+                f"hidden_act {quoted(self.hidden_act)} not supported: {list(HF_ACTIVATIONS)}"
             )
         if self.pooler_act not in _POOLER_ACTIVATIONS:
             raise ValueError(
-                f"pooler_act {self.pooler_act!r} not supported: {list(_POOLER_ACTIVATIONS)}"
+                f"pooler_act {quoted(self.pooler_act)} not supported: {list(_POOLER_ACTIVATIONS)}"
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -182,6 +186,10 @@ _KINDS = {  # ViTConfig field -> kind of value (see qkv.models.pretrained.hf.che
 
 def _pair(size: int | tuple[int, int] | list[int]) -> tuple[int, ...]:
     return tuple(size) if isinstance(size, tuple | list) else (size, size)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def patch_grid(image_hw: tuple[int, int], patch_hw: tuple[int, int]) -> tuple[int, int]:

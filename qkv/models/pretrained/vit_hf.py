@@ -25,7 +25,7 @@ from typing import Any
 from torch import Tensor
 
 from qkv.errors import ConfigError
-from qkv.files import parse_json
+from qkv.files import parse_json, quoted
 from qkv.models.pretrained.hf import HF_ACTIVATIONS, base_weights, model_folder
 
 __all__ = [
@@ -100,7 +100,7 @@ def read_vit_config(path: str | Path) -> dict[str, Any]:
     kind = raw.get("model_type")
     if kind not in SUPPORTED_TYPES:
         raise ConfigError(
-            f"{file}: model_type {kind!r} is not a Vision Transformer that qkv reads "
+            f"{file}: model_type {quoted(kind)} is not a Vision Transformer that qkv reads "
             f"(supported: {', '.join(SUPPORTED_TYPES)})"
         )
     return raw
@@ -142,7 +142,7 @@ def vit_config_values(config: dict[str, Any], state: dict[str, Tensor]) -> dict[
             values[key] = _size(key, config[key])
     act = values.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} not supported: {list(HF_ACTIVATIONS)}")
+        raise ValueError(f"hidden_act {quoted(act)} not supported: {list(HF_ACTIVATIONS)}")
     values["distillation_token"] = config.get("model_type") == "deit"
     values["add_pooler"] = "pooler.dense.weight" in state
     values["distillation_head"] = "distillation_head.weight" in state
@@ -160,7 +160,7 @@ def _size(key: str, value: Any) -> int | tuple[int, int]:
         return tuple(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    raise ValueError(f"{key} must be an integer or [height, width], got {value!r}")
+    raise ValueError(f"{key} must be an integer or [height, width], got {quoted(value)}")
 
 
 def _labels(config: dict[str, Any]) -> tuple[str, ...]:
@@ -171,7 +171,7 @@ def _labels(config: dict[str, Any]) -> tuple[str, ...]:
     if not isinstance(id2label, dict) or sorted(id2label, key=_as_int) != [
         str(i) for i in range(len(id2label))
     ]:
-        raise ValueError(f"id2label must map '0' .. 'n-1' to class names, got {id2label!r:.80}")
+        raise ValueError(f"id2label must map '0' .. 'n-1' to class names, got {quoted(id2label)}")
     return tuple(str(id2label[str(i)]) for i in range(len(id2label)))
 
 
@@ -187,21 +187,46 @@ def check_sizes(config: Any, state: dict[str, Tensor]) -> None:
         state: the renamed weights (:func:`vit_weights`).
     """
     ph, pw = config.patch_hw
+
+    def says(key: str, value: Any) -> str:  # what the config says, as the message quotes it
+        return f"{key} = {quoted(value)}"
+
     labels = (
-        ("id2label", len(config.labels)) if config.labels else ("num_labels", config.num_labels)
+        f"id2label ({len(config.labels)} labels)"
+        if config.labels
+        else says("num_labels", config.num_labels)
     )
-    checks = [  # (weight, dimension, config key, the size the config gives it)
-        ("patches.projection.weight", 0, ("hidden_size", config.hidden_size)),
-        ("patches.projection.weight", 1, ("num_channels", config.num_channels)),
-        ("patches.projection.weight", 2, ("patch_size", config.patch_size), ph),
-        ("patches.projection.weight", 3, ("patch_size", config.patch_size), pw),
-        ("encoder.layers.0.ff.linear1.weight", 0, ("intermediate_size", config.intermediate_size)),
-        ("pooler.dense.weight", 0, ("pooler_output_size", config.pooler_size)),
-        ("head.weight", 0, labels),
-        ("positions", 1, ("image_size", config.image_size), config.num_positions),
+    checks = [  # (weight, dimension, size the config gives it, what the config says)
+        (
+            "patches.projection.weight",
+            0,
+            config.hidden_size,
+            says("hidden_size", config.hidden_size),
+        ),
+        (
+            "patches.projection.weight",
+            1,
+            config.num_channels,
+            says("num_channels", config.num_channels),
+        ),
+        ("patches.projection.weight", 2, ph, says("patch_size", config.patch_size)),
+        ("patches.projection.weight", 3, pw, says("patch_size", config.patch_size)),
+        (
+            "encoder.layers.0.ff.linear1.weight",
+            0,
+            config.intermediate_size,
+            says("intermediate_size", config.intermediate_size),
+        ),
+        (
+            "pooler.dense.weight",
+            0,
+            config.pooler_size,
+            says("pooler_output_size", config.pooler_size),
+        ),
+        ("head.weight", 0, config.num_labels, labels),
+        ("positions", 1, config.num_positions, says("image_size", config.image_size)),
     ]
-    for name, dim, (key, value), *size in checks:
-        expected = size[0] if size else value
+    for name, dim, expected, said in checks:
         given = state.get(name)
         if given is not None and given.ndim > dim and given.shape[dim] != expected:
             detail = ""
@@ -211,8 +236,7 @@ def check_sizes(config: Any, state: dict[str, Tensor]) -> None:
                     f"{config.num_special_tokens} special tokens = {expected} positions)"
                 )
             raise ValueError(
-                f"{key} = {value!r} does not fit the weights: {name} is "
-                f"{tuple(given.shape)}{detail}"
+                f"{said} does not fit the weights: {name} is {tuple(given.shape)}{detail}"
             )
     layers = {int(m[1]) for n in state if (m := re.match(r"^encoder\.layers\.(\d+)\.", n))}
     if layers and max(layers) + 1 != config.num_hidden_layers:
