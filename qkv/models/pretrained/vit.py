@@ -44,7 +44,7 @@ from qkv.models.pretrained.vit_hf import (
 )
 from qkv.modules.transformer import Encoder, EncoderLayer
 
-__all__ = ["PatchEmbedding", "ViT", "ViTConfig", "ViTOutput", "interpolate_positions"]
+__all__ = ["PatchEmbedding", "ViT", "ViTConfig", "ViTOutput", "interpolate_positions", "patch_grid"]
 
 _POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 
