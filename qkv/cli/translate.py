@@ -7,6 +7,7 @@ by :func:`qkv.translate.evaluate.translate_texts`, :func:`~qkv.translate.evaluat
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from qkv.data.corpus import decode_lines
+from qkv.data.corpus import decode_lines, read_stream
 from qkv.data.text import utf8_problem
 from qkv.data.tokenizers import tokenizer_from_json
 from qkv.errors import CheckpointError, CorpusError, UserError
@@ -80,13 +81,16 @@ def check_search_args(args) -> None:
 
 
 def read_stdin(what: str = "the sentences") -> list[str]:
-    """stdin as UTF-8 lines; bytes that are not UTF-8 are an error naming line and byte."""
+    """stdin as UTF-8 lines, read with the corpus bound (:func:`read_stream`): endless or
+    binary input (``< /dev/zero``) is refused from its first chunk; bytes that are not
+    UTF-8 are an error naming line and byte."""
     if sys.stdin is None:  # started with stdin closed (<&-)
         raise UserError(f"stdin: is closed; give {what} on stdin, one per line")
     stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
-    data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+    if stream is None:
+        stream = io.BytesIO(sys.stdin.read().encode("utf-8"))
     try:
-        return decode_lines(data, "stdin")
+        return decode_lines(read_stream(stream, "stdin"), "stdin")
     except CorpusError as err:
         raise UserError(str(err)) from None
 

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import resource
 import select
 import subprocess
 import sys
@@ -596,3 +597,25 @@ def test_tokens_outside_the_vocabulary_are_warned_line_by_line(ckpt, monkeypatch
     assert [r.getMessage()[:40] for r in caplog.records] == [
         "sentence 2: 1 of 1 source tokens is outs"
     ]
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_endless_binary_stdin_is_refused_from_its_first_chunk(ckpt, device):
+    """``qkv translate CKPT < /dev/zero`` read stdin whole: a MemoryError traceback under
+    a 2 GiB address space (an out-of-memory kill without one). stdin is read with the
+    corpus bound, so the first chunk's NUL byte or invalid UTF-8 is one line, exit 2."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    with open(device, "rb") as endless:
+        proc = subprocess.run(
+            [sys.executable, "-m", "qkv", "translate", str(ckpt)],
+            stdin=endless,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=limit,
+        )
+    one_line_error(proc.returncode, proc.stderr[-500:], "qkv translate: error: stdin")
+    assert proc.stdout == ""
