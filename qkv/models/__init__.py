@@ -1,13 +1,16 @@
-"""Models built on the qkv blocks, and loading of pretrained Hugging Face checkpoints."""
+"""Models built on the qkv blocks, and loading of pretrained checkpoints (Hugging Face
+folders, GGUF files)."""
 
 from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from qkv.models.pretrained.bert import BertConfig, BertModel, BertOutput
 from qkv.models.pretrained.gen_defaults import GenerationDefaults
 from qkv.models.pretrained.generation import DecodingRules, sample_next
+from qkv.models.pretrained.gguf import GGUFModel, read_gguf, smollm2_path
 from qkv.models.pretrained.gpt import GPT, GPTConfig, GPTOutput
 from qkv.models.pretrained.hf_tokenizer import load_tokenizer, minilm_path, sentence_options
 from qkv.models.pretrained.llama import Llama, LlamaConfig, LlamaOutput
 from qkv.models.pretrained.sentence import encode
+from qkv.models.pretrained.vit import ViT, ViTConfig, ViTOutput
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq, RNNState
 from qkv.models.translators.seq2seq import DecoderState, Seq2Seq, Seq2SeqAttention
@@ -35,6 +38,7 @@ __all__ = [
     "GPTConfig",
     "GPTOutput",
     "GenerationDefaults",
+    "GGUFModel",
     "Llama",
     "LlamaConfig",
     "LlamaOutput",
@@ -42,5 +46,10 @@ __all__ = [
     "load_tokenizer",
     "minilm_path",
     "sample_next",
+    "read_gguf",
     "sentence_options",
+    "smollm2_path",
+    "ViT",
+    "ViTConfig",
+    "ViTOutput",
 ]
