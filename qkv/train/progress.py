@@ -155,11 +155,17 @@ class StepTimes:
             median = statistics.median(self.times)
             if seconds > self.factor * median > 0:
                 self.warned = True
+                advice = (
+                    "--set train.threads=1 (or fewer threads than idle cores) is faster "
+                    "on a loaded machine"
+                    if self.threads > 1
+                    else "one thread is the least it can use: the steps speed up when the "
+                    "other work ends"
+                )
                 log.warning(
                     "step %d took %.2f s, %.0fx the median %.3f s of the %d steps before "
                     "it: other work is likely using the cores (%s), and training with %d "
-                    "thread%s (train.threads) waits for them; --set train.threads=1 (or "
-                    "fewer threads than idle cores) is faster on a loaded machine",
+                    "thread%s (train.threads) waits for them; %s",
                     step,
                     seconds,
                     seconds / median,
@@ -168,6 +174,7 @@ class StepTimes:
                     _load(),
                     self.threads,
                     "s" * (self.threads != 1),
+                    advice,
                 )
         self.times.append(seconds)
         return seconds

@@ -59,10 +59,10 @@ def test_a_half_written_last_row_is_skipped(tmp_path):
         assert bars._progress.tasks[0].fields["step"] == 6
 
 
-def _timed(durations, **options):
+def _timed(durations, threads=2, **options):
     """A StepTimes whose clock gives the steps ``durations``; the steps' warnings."""
     now = [0.0]
-    times = StepTimes(2, clock=lambda: now[0], **options)
+    times = StepTimes(threads, clock=lambda: now[0], **options)
     for step, seconds in enumerate(durations, 1):
         times.start()
         now[0] += seconds
@@ -82,6 +82,17 @@ def test_a_step_far_slower_than_the_last_ones_warns_once(caplog):
     assert warned[0].startswith("step 22 took ")
     assert "the median" in warned[0] and "2 threads (train.threads)" in warned[0]
     assert "--set train.threads=1" in warned[0] and "cores" in warned[0]
+
+
+def test_one_thread_is_not_told_to_use_one_thread(caplog):
+    """A run already on one thread (train.threads 0 on a loaded machine) was told to
+    --set train.threads=1: the warning says one thread is the least it can use."""
+    base = random.uniform(0.05, 0.2)
+    with caplog.at_level("WARNING", logger="qkv.train.progress"):
+        _timed([base] * 10 + [base * 20], threads=1, window=10, factor=5)
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "1 thread (train.threads)" in warned and "--set train.threads=1" not in warned
+    assert "one thread is the least" in warned
 
 
 def test_no_step_is_judged_before_the_window_is_full(caplog):
