@@ -25,7 +25,9 @@ The readable loop is :func:`_forward`; what surrounds it is bookkeeping kept apa
 - backward (:class:`_RingAttention`): FlashAttention-2's backward per block, recomputed
   from the saved queries and the global log-sum-exp, while the gradient accumulators of
   the keys and values travel around the ring with their block and arrive home after P
-  hops.
+  hops;
+- memory (:func:`_tiles`): a block's queries are attended to a tile of rows at a time, so
+  no process holds more than :data:`TILE_ELEMENTS` scores.
 
 Shapes: q ``(B, H, T/P, D)``, k ``(B, Hkv, T/P, D)``, v ``(B, Hkv, T/P, Dv)``; ``Hkv``
 divides ``H`` (grouped-query attention).
@@ -40,8 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-from qkv.attention import causal_mask
 from qkv.functional import attention_lse, merge_attention, scaled_dot_product_attention
 
 __all__ = ["RingStats", "ring_attention", "zigzag_merge", "zigzag_positions", "zigzag_split"]
@@ -78,7 +80,9 @@ def ring_attention(
     values travel around the ring with point-to-point sends (gloo on CPU, NCCL on CUDA);
     results merge with the log-sum-exp; backward sends the gradients of the keys and values
     around the ring the same way. On one process (a group of one, or ``group=None`` without
-    an initialised process group) it is plain attention.
+    an initialised process group) it is plain attention. Every process runs the backward
+    too (the ring turns again), in the same order of calls, as autograd does when every
+    process computes the same model.
 
     Args:
         q, k, v: this process's queries, keys and values. Without ``causal`` any split of
@@ -132,13 +136,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, ring: 
             arriving = ring.pass_on(k, v)  # our block travels on while we attend to it
         rows, cols, diagonal = _visible(step, ring.rank, ring.size, causal, t)
         k_block, v_block = k[:, :, cols].to(acc), v[:, :, cols].to(acc)
-        block_out, block_lse = attention_lse(
-            q[:, :, rows], k_block, v_block, causal=diagonal, scale=scale
-        )
-        _, merged_lse = merge_attention(  # writes the merged output into out's rows
-            out[:, :, rows], lse[:, :, rows], block_out, block_lse, inplace=True
-        )
-        lse[:, :, rows] = merged_lse
+        for tile in _tiles(rows, t, k_block.shape[2], h):  # a few query rows at a time
+            mask = _diagonal_mask(tile, t, q.device) if diagonal else None
+            block_out, block_lse = attention_lse(q[:, :, tile], k_block, v_block, mask, scale=scale)
+            _, merged_lse = merge_attention(  # writes the merged output into out's rows
+                out[:, :, tile], lse[:, :, tile], block_out, block_lse, inplace=True
+            )
+            lse[:, :, tile] = merged_lse
         if step + 1 < ring.size:
             k, v = arriving.wait()
     return out, lse
@@ -170,6 +174,13 @@ def _visible(step: int, rank: int, world: int, causal: bool, t: int) -> tuple[sl
     if source < rank:
         return everything, slice(0, half), False
     return slice(half, t), everything, False
+
+
+def _diagonal_mask(tile: slice, t: int, device) -> Tensor:
+    """``(rows of tile, t)``: the causal mask of rows ``tile`` of a block of ``t`` queries
+    attending to its own ``t`` keys."""
+    rows = torch.arange(tile.start, tile.stop, device=device).unsqueeze(1)
+    return torch.arange(t, device=device).unsqueeze(0) <= rows
 
 
 def zigzag_split(x: Tensor, rank: int, world: int, *, dim: int = 2) -> Tensor:
@@ -212,6 +223,22 @@ def zigzag_positions(t: int, rank: int, world: int, device=None) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------
+# Memory: a block's queries in tiles of rows
+# ---------------------------------------------------------------------------------------
+
+TILE_ELEMENTS = 2**23
+"""Scores (all heads together) computed at once: a block's query rows are attended to in
+tiles of about this many scores, so that a process's memory grows with T/P, not (T/P)^2."""
+
+
+def _tiles(rows: slice, t: int, keys: int, heads: int) -> list[slice]:
+    """``rows`` of ``t`` queries cut into tiles of at most ``TILE_ELEMENTS`` scores."""
+    start, stop, _ = rows.indices(t)
+    size = max(1, TILE_ELEMENTS // max(1, heads * keys))
+    return [slice(a, min(a + size, stop)) for a in range(start, stop, size)]
+
+
+# ---------------------------------------------------------------------------------------
 # Backward: FlashAttention-2's per-block gradients, accumulators travelling with the block
 # ---------------------------------------------------------------------------------------
 
@@ -226,6 +253,7 @@ class _RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.ring)
@@ -249,11 +277,17 @@ def _backward(dout, q, k, v, out, lse, causal: bool, scale: float, ring: _Ring):
         if step + 1 < ring.size:
             arriving = ring.pass_on(k, v)
         rows, cols, diagonal = _visible(step, ring.rank, ring.size, causal, t)
-        dq_b, dk_b, dv_b = _block_grads(
-            q[:, :, rows], k[:, :, cols], v[:, :, cols],
-            dout[:, :, rows], lse[:, :, rows], delta[:, :, rows], diagonal, scale,
-        )  # fmt: skip
-        dq[:, :, rows] += dq_b
+        k_block, v_block = k[:, :, cols], v[:, :, cols]
+        dk_b, dv_b = torch.zeros_like(k_block, dtype=acc), torch.zeros_like(v_block, dtype=acc)
+        for tile in _tiles(rows, t, k_block.shape[2], q.shape[1]):
+            mask = _diagonal_mask(tile, t, q.device) if diagonal else None
+            dq_t, dk_t, dv_t = _block_grads(
+                q[:, :, tile], k_block, v_block,
+                dout[:, :, tile], lse[:, :, tile], delta[:, :, tile], mask, scale,
+            )  # fmt: skip
+            dq[:, :, tile] += dq_t
+            dk_b += dk_t
+            dv_b += dv_t
         if accumulators is not None:
             dk, dv = accumulators.wait()  # this block's dK, dV, from the processes before
         dk[:, :, cols] += dk_b
@@ -265,7 +299,7 @@ def _backward(dout, q, k, v, out, lse, causal: bool, scale: float, ring: _Ring):
     return dq, dk, dv
 
 
-def _block_grads(q, k, v, dout, lse, delta, diagonal: bool, scale: float):
+def _block_grads(q, k, v, dout, lse, delta, mask: Tensor | None, scale: float):
     r"""Gradients of one block of attention, given the global log-sum-exp of each row.
 
     .. math::
@@ -274,11 +308,11 @@ def _block_grads(q, k, v, dout, lse, delta, diagonal: bool, scale: float):
 
     (Dao 2023, FlashAttention-2, Algorithm 2), with :math:`\Delta = \mathrm{rowsum}(dO
     \circ O)`. The query heads that share a key/value head are stacked as rows, so the
-    products sum their shares of dK and dV.
+    products sum their shares of dK and dV. ``mask``: ``None`` or boolean ``(Tq, Tk)``.
     """
     acc = lse.dtype
     b, h, tq, d = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
+    hkv = k.shape[1]
     g = h // hkv
     q_rows = q.to(acc).reshape(b, hkv, g * tq, d)  # (B, Hkv, G*Tq, D)
     dout_rows = dout.to(acc).reshape(b, hkv, g * tq, -1)  # (B, Hkv, G*Tq, Dv)
@@ -286,8 +320,8 @@ def _block_grads(q, k, v, dout, lse, delta, diagonal: bool, scale: float):
     lse = torch.where(torch.isinf(lse), float("inf"), lse)  # a row that sees no key: P = 0
 
     s = (q_rows @ k.transpose(-2, -1)).mul_(scale)  # (B, Hkv, G*Tq, Tk)
-    if diagonal:
-        s.masked_fill_(~causal_mask(tq, tk, device=q.device).repeat(g, 1), float("-inf"))
+    if mask is not None:  # (Tq, Tk), True = may attend
+        s.masked_fill_(~mask.repeat(g, 1), float("-inf"))
     p = s.sub_(lse.reshape(b, hkv, g * tq, 1)).exp_()
     dv = p.transpose(-2, -1) @ dout_rows  # (B, Hkv, Tk, Dv)
     ds = (dout_rows @ v.transpose(-2, -1)).sub_(delta.reshape(b, hkv, g * tq, 1)).mul_(p)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import qkv.distributed.ring as ring_module
 from qkv.attention import attention
 from qkv.distributed import (
     RingStats,
@@ -27,18 +28,19 @@ from qkv.distributed import (
 )
 
 B, D, DV = 2, 16, 12
-CASES = [  # (causal, dtype, H, Hkv)
-    (causal, dtype, h, hkv)
+CASES = [  # (causal, dtype, H, Hkv, scores per tile: None = the default, blocks whole)
+    (causal, dtype, h, hkv, None)
     for causal in (False, True)
     for dtype in (torch.float32, torch.bfloat16)
     for h, hkv in ((4, 4), (6, 2))  # multi-head; grouped-query, 3 query heads per K/V head
-]
+] + [(causal, torch.float32, 6, 2, 150) for causal in (False, True)]  # tiles of a few rows
 NAMES = ("out", "dq", "dk", "dv")
 
 
-def _case_id(causal, dtype, h, hkv) -> str:
+def _case_id(causal, dtype, h, hkv, tile) -> str:
     kind = "causal" if causal else "full"
-    return f"{kind}-{str(dtype).removeprefix('torch.')}-H{h}-Hkv{hkv}"
+    tiles = "" if tile is None else f"-tiles-of-{tile}-scores"
+    return f"{kind}-{str(dtype).removeprefix('torch.')}-H{h}-Hkv{hkv}{tiles}"
 
 
 def _gradients(q, k, v, grad, causal, dtype):
@@ -50,7 +52,7 @@ def _gradients(q, k, v, grad, causal, dtype):
 
 
 def _one_case(index, case, rank, world, seed, group, stats):
-    causal, dtype, h, hkv = case
+    causal, dtype, h, hkv, tile = case
     gen = torch.Generator().manual_seed(seed + index)
     # causal: 2P chunks of 5 (an odd chunk); otherwise 7 per process (an odd part)
     t = 2 * world * 5 if causal else 7 * world
@@ -65,8 +67,11 @@ def _one_case(index, case, rank, world, seed, group, stats):
         return zigzag_split(x, rank, world) if causal else x.chunk(world, dim=2)[rank]
 
     leaves = [mine(x).to(dtype).requires_grad_() for x in (q, k, v)]
-    out = ring_attention(*leaves, causal=causal, group=group, stats=stats)
-    out.backward(mine(grad).to(dtype))
+    with pytest.MonkeyPatch.context() as patch:
+        if tile is not None:
+            patch.setattr(ring_module, "TILE_ELEMENTS", tile)
+        out = ring_attention(*leaves, causal=causal, group=group, stats=stats)
+        out.backward(mine(grad).to(dtype))
     ring = [out.detach(), *(x.grad for x in leaves)]
     assert all(r.dtype == dtype for r in ring)
     return {
@@ -117,7 +122,7 @@ def _ring(world, group, seed, folder):
     stats = RingStats()
     rows = [_one_case(i, case, rank, world, seed, group, stats) for i, case in enumerate(CASES)]
     counted = RingStats()  # the bytes of one causal fp32 case, forward and backward
-    _one_case(0, (True, torch.float32, 4, 2), rank, world, seed, group, counted)
+    _one_case(0, (True, torch.float32, 4, 2, None), rank, world, seed, group, counted)
     result = {
         "rows": rows,
         "refusals": _refusals(rank, group),
