@@ -33,7 +33,7 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from torch import nn
 
 from qkv.errors import CheckpointError, ConfigFieldError
 from qkv.files import UnsafeJSONError, parse_json, quoted
+from qkv.models.cnn import CNN, CNNConfig
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq
 from qkv.models.translators.transformer import TransformerSeq2Seq
@@ -50,6 +51,7 @@ from qkv.models.translators.transformer import TransformerSeq2Seq
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "ModelKinds",
     "StoredTensor",
     "TensorFile",
     "available_memory",
@@ -67,31 +69,43 @@ FORMAT = "qkv-checkpoint-1"
 _MODELS = {
     "transformer": (TransformerSeq2SeqConfig, TransformerSeq2Seq),
     "rnn": (RNNSeq2SeqConfig, RNNSeq2Seq),
+    "cnn": (CNNConfig, CNN),
 }
+# A model type whose module reads this one (the ViT, through the Hugging Face loader) is
+# given by the caller: ``models={"vit": (ViTConfig, ViT)}`` (qkv.train.classify.IMAGE_MODELS).
+ModelKinds = Mapping[str, tuple[type, type]]
 _LAYER_FIELDS = {  # model type -> the config fields that count repeated layers
     "transformer": ("num_encoder_layers", "num_decoder_layers"),
     "rnn": ("num_layers",),
+    "vit": ("num_hidden_layers",),
+    "cnn": (),
 }
 # the dtypes a qkv model's weights are saved in (all the same); float8 is storage only
 _MODEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _RNG_BYTES = 1 << 16  # torch's CPU generator state is 5,056 bytes
 
 
-def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
-    """Build a seq2seq model from its type name and config dict."""
-    if kind not in _MODELS:
-        raise ValueError(f"unknown model type {quoted(kind)}; expected 'transformer' or 'rnn'")
-    config_class, model_class = _MODELS[kind]
+def build_model(kind: str, config: dict[str, Any], models: ModelKinds | None = None) -> nn.Module:
+    """Build a model from its type name and config dict (``models``: more types, see
+    ``ModelKinds``)."""
+    kinds = {**_MODELS, **(models or {})}
+    if kind not in kinds:
+        raise ValueError(f"unknown model type {quoted(kind)}; expected one of {_names(kinds)}")
+    config_class, model_class = kinds[kind]
     return model_class(config_class.from_dict(config))
 
 
 def model_kind(model: nn.Module) -> str:
     """The type name :func:`build_model` understands for ``model``."""
     name = type(model).__name__
-    kinds = {"TransformerSeq2Seq": "transformer", "RNNSeq2Seq": "rnn"}
+    kinds = {"TransformerSeq2Seq": "transformer", "RNNSeq2Seq": "rnn", "ViT": "vit", "CNN": "cnn"}
     if name not in kinds:
         raise ValueError(f"cannot checkpoint a {name}; supported: {', '.join(kinds)}")
     return kinds[name]
+
+
+def _names(kinds: ModelKinds) -> str:
+    return ", ".join(repr(kind) for kind in kinds)
 
 
 def rng_state() -> dict[str, Any]:
@@ -473,6 +487,7 @@ def load_checkpoint(
     map_location: str = "cpu",
     check_finite: bool = True,
     training_state: bool = True,
+    models: ModelKinds | None = None,
 ) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` (no pickle involved).
 
@@ -495,6 +510,8 @@ def load_checkpoint(
         training_state: also read the optimiser's tensors and the RNG state (to resume
             training); ``False`` reads the model's weights only (to translate), and
             ``optimizer_state`` and ``rng`` are then ``None``.
+        models: model types beyond the translators and the CNN, ``{type: (config class,
+            model class)}`` (the ViT: ``qkv.train.classify.IMAGE_MODELS``).
 
     Raises:
         CheckpointError: missing file, not safetensors, not a qkv checkpoint, a model
@@ -514,11 +531,12 @@ def load_checkpoint(
     file = TensorFile(path, what="safetensors checkpoint")
     header = _qkv_header(path, file.metadata)
     _check_header(path, header, file.tensors)
-    kind, config = _config(path, header)
+    kinds = {**_MODELS, **(models or {})}
+    kind, config = _config(path, header, kinds)
     stored = {k[len("model.") :]: t for k, t in file.tensors.items() if k.startswith("model.")}
-    _check_layers(path, kind, config, stored)
+    _check_layers(path, kinds[kind][1], kind, config, stored)
     with torch.device("meta"):
-        skeleton = _MODELS[kind][1](config)
+        skeleton = kinds[kind][1](config)
     mismatch = _mismatch(skeleton.state_dict(), {k: t.meta() for k, t in stored.items()})
     if mismatch:
         raise CheckpointError(f"{path}: weights do not fit the model config ({mismatch})")
@@ -531,7 +549,7 @@ def load_checkpoint(
     tensors = {k: file.read(k).to(map_location) for k in wanted}
     if check_finite:
         _check_finite(path, tensors)
-    model = _build(path, kind, config, tensors)
+    model = _build(path, kinds[kind][1], config, tensors)
     return Checkpoint(
         model=model,
         model_type=kind,
@@ -569,13 +587,13 @@ def _qkv_header(path: Path, metadata: dict[str, str]) -> dict[str, Any]:
     return header
 
 
-def _config(path: Path, header: dict) -> tuple[str, Any]:
+def _config(path: Path, header: dict, kinds: ModelKinds) -> tuple[str, Any]:
     """The model type and its config dataclass (checked field by field)."""
     kind = header["model_type"]
     try:
-        if kind not in _MODELS:
-            raise ValueError(f"unknown model type {quoted(kind)}; expected 'transformer' or 'rnn'")
-        return kind, _MODELS[kind][0].from_dict(header["model_config"])
+        if kind not in kinds:
+            raise ValueError(f"unknown model type {quoted(kind)}; expected one of {_names(kinds)}")
+        return kind, kinds[kind][0].from_dict(header["model_config"])
     except ConfigFieldError as err:  # its value may be a number of 4,000 digits
         config = str(err).partition(".")[0]
         why = f"{config}.{err.field} = {quoted(err.value)}: {err.why}"
@@ -585,10 +603,11 @@ def _config(path: Path, header: dict) -> tuple[str, Any]:
         raise CheckpointError(f"{path}: bad model config ({why})") from None
 
 
-def _check_layers(path: Path, kind: str, config: Any, stored: dict[str, StoredTensor]) -> None:
+def _check_layers(
+    path: Path, model_class: type, kind: str, config: Any, stored: dict[str, StoredTensor]
+) -> None:
     """Each layer count of the config is the number of layers of weights in the file."""
     fields = _LAYER_FIELDS[kind]
-    model_class = _MODELS[kind][1]
     for name in fields:
 
         def names_with(n: int, name: str = name) -> list[str]:
@@ -697,12 +716,14 @@ def _check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     )
 
 
-def _build(path: Path, kind: str, config: Any, tensors: dict[str, torch.Tensor]) -> nn.Module:
+def _build(
+    path: Path, model_class: type, config: Any, tensors: dict[str, torch.Tensor]
+) -> nn.Module:
     """The model the config describes, holding the saved weights in their saved dtypes
     (names, shapes, dtypes and memory were checked before anything was read)."""
     weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     try:
-        model = _MODELS[kind][1](config)
+        model = model_class(config)
     except (RuntimeError, MemoryError) as err:  # the memory went elsewhere meanwhile
         why = " ".join(str(err).split())[:300] or type(err).__name__
         raise CheckpointError(f"{path}: cannot build the model ({why})") from None

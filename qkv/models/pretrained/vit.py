@@ -26,8 +26,9 @@ ViT and DeiT folders (see :mod:`~qkv.models.pretrained.vit_hf`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +126,19 @@ class ViTConfig:
             raise ValueError("distillation_head needs distillation_token and num_labels >= 1")
         if self.labels and len(self.labels) != self.num_labels:
             raise ValueError(f"{len(self.labels)} labels for num_labels {self.num_labels}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        """Build from a mapping (JSON lists become tuples); unknown keys are ValueErrors."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"ViTConfig: unknown field(s) {', '.join(map(repr, unknown))}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (``from_dict(c.to_dict()) == c``)."""
+        return asdict(self)
 
     @property
     def image_hw(self) -> tuple[int, int]:
