@@ -1,4 +1,5 @@
-"""``qkv evaluate``: sacreBLEU and chrF of a checkpoint on files, stdin or its recipe's split.
+"""``qkv evaluate``: sacreBLEU and chrF of a checkpoint on files, stdin or its recipe's split;
+the accuracy and confusion matrix of an image classifier on its recipe's test (or valid) split.
 
 What the user sees is decided here (scores, one-line errors, exit codes); translating is
 :func:`qkv.cli.translate.translate_lines`, scoring :func:`qkv.translate.evaluate.bleu` and
@@ -16,9 +17,11 @@ from pathlib import Path
 from qkv.cli.translate import check_search_args, load_translator, read_stdin, translate_lines
 from qkv.data.corpus import read_lines
 from qkv.data.prepare import held_out_pairs
-from qkv.errors import ConfigError, CorpusError, UserError
+from qkv.errors import CheckpointError, ConfigError, CorpusError, UserError
 from qkv.files import cache_root
-from qkv.train.recipe import recipe_from_dict
+from qkv.models.checkpoint import load_checkpoint, saved_extra
+from qkv.train.classify import IMAGE_MODELS, confusion_matrix, image_splits, predict
+from qkv.train.recipe import IMAGE_DATA, recipe_from_dict
 from qkv.translate.evaluate import bleu, chrf, decoding_settings, unknown_tokens
 
 __all__ = ["run_evaluate"]
@@ -30,8 +33,13 @@ def run_evaluate(args) -> int:
     """``qkv evaluate CHECKPOINT (--src FILE --ref FILE | --split test)``: BLEU and chrF.
 
     ``-`` as ``--src`` or ``--ref`` (not both) reads those lines from stdin, as
-    ``qkv translate`` reads its sentences.
+    ``qkv translate`` reads its sentences. A checkpoint of an image classifier (its
+    recipe's ``data.kind`` holds images) is evaluated on its recipe's split instead
+    (:func:`evaluate_images`).
     """
+    recipe = (saved_extra(args.checkpoint) or {}).get("recipe")
+    if isinstance(recipe, dict) and (recipe.get("data") or {}).get("kind") in IMAGE_DATA:
+        return evaluate_images(args)
     check_search_args(args)
     if args.src == "-" and args.ref == "-":
         raise UserError("--src - and --ref -: only one of them can be read from stdin")
@@ -200,3 +208,44 @@ def _paths_from(folder: str | None, data: dict) -> dict:
     if "path" in moved:
         moved["path"] = found(moved["path"])
     return moved
+
+
+def evaluate_images(args) -> int:
+    """Accuracy and confusion matrix of an image classifier on its recipe's ``--split``
+    (``test`` by default; the images come from the recipe, so ``--src``/``--ref`` do not
+    apply)."""
+    if args.src or args.ref:
+        raise UserError(
+            f"{args.checkpoint}: an image classifier is evaluated on its recipe's "
+            "split (--split test|valid), not on --src/--ref"
+        )
+    split = getattr(args, "split", None) or "test"
+    try:
+        ckpt = load_checkpoint(args.checkpoint, training_state=False, models=IMAGE_MODELS)
+        recipe = recipe_from_dict(ckpt.extra["recipe"])
+    except CheckpointError as err:
+        raise UserError(str(err)) from None
+    except ConfigError as err:
+        raise UserError(f"{args.checkpoint}: its recipe cannot be read: {err}") from None
+    data = image_splits(recipe)
+    names = data.tgt_tok.names
+    images = getattr(data, split)
+    predicted = predict(ckpt.model, images.images)
+    matrix = confusion_matrix(predicted, images.labels, len(names))
+    correct = int(matrix.diagonal().sum())
+    print(f"{split} split of the training recipe: {len(images)} images")
+    print(f"accuracy {100 * correct / len(images):.2f}% ({correct} of {len(images)})")
+    print(confusion_table(matrix.tolist(), list(names)))
+    return 0
+
+
+def confusion_table(matrix: list[list[int]], names: list[str]) -> str:
+    """The confusion matrix as text: a row per true class, a column per predicted class,
+    and each row's total."""
+    width = max(len(str(max(max(row) for row in matrix))), *map(len, names), 5)
+    head = " " * (width + 1) + " ".join(n.rjust(width) for n in names) + " " + "total".rjust(width)
+    lines = ["true \\ predicted", head]
+    for name, row in zip(names, matrix):
+        cells = " ".join(str(v).rjust(width) for v in row)
+        lines.append(f"{name.rjust(width)} {cells} {str(sum(row)).rjust(width)}")
+    return "\n".join(lines)

@@ -153,9 +153,12 @@ def summary(result, recipe: Recipe) -> str:
         steps += f" (from step {result.first_step} to {result.steps})"
     bleu = recipe.train.valid_bleu_sentences  # without it, the lowest loss picks the best
     best = f"best valid BLEU {result.best_bleu:.2f}" if bleu else "lowest valid loss"
+    rate = "target tokens/s"
+    if recipe.images:  # the score of image classifiers is the validation accuracy
+        best, rate = f"best valid accuracy {result.best_bleu:.2f}%", "images/s"
     stopped = f"; {result.done_because}" if result.done_because else ""
     return (
-        f"trained {steps} in {result.seconds:.0f} s ({result.target_tokens_per_s:.0f} target "
-        f"tokens/s{', bf16 autocast' * result.bf16}); {best} at step {result.best_step}; "
+        f"trained {steps} in {result.seconds:.0f} s ({result.target_tokens_per_s:.0f} {rate}"
+        f"{', bf16 autocast' * result.bf16}); {best} at step {result.best_step}; "
         f"checkpoints in {result.out_dir}{stopped}"
     )

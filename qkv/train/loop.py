@@ -1,4 +1,4 @@
-"""One readable training loop for every seq2seq model.
+"""One readable training loop for every seq2seq model and image classifier.
 
 AdamW with warmup then an inverse-square-root or cosine schedule (Vaswani et al. 2017),
 label-smoothed cross-entropy (Szegedy et al. 2016), gradient clipping and accumulation,
@@ -9,6 +9,11 @@ order, and each micro-batch seeds its dropout from (seed, step, place in the glo
 batch), so an interrupted run continues with the same losses. Under ``torchrun`` it
 trains data-parallel with ``DistributedDataParallel`` (gloo on CPU), as one process
 with ``accumulate`` times the processes would.
+
+What a kind of model needs of its data is a task object: :class:`TranslationTask` (token
+batches, BLEU) or :class:`~qkv.train.classify.ImageTask` (image batches, accuracy). The
+loop asks it for an epoch's batches, a batch's summed loss and count, and the validation
+loss and score.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from qkv.errors import ConfigError, DeviceError, LaunchError
 from qkv.kernels.cpu.memory import bound_onednn_caches, reuse_freed_memory
 from qkv.models.checkpoint import build_model, rng_state, save_checkpoint
 from qkv.train.checks import check_lengths, check_loss, check_memory, finished
+from qkv.train.classify import ImageTask, image_splits
 from qkv.train.distributed import Dist, uses_bf16
 from qkv.train.progress import StepTimes, TrainingProgress, usable_cores
 from qkv.train.recipe import Recipe
@@ -42,7 +48,14 @@ from qkv.train.run_folder import best_from_last, check_out_dir, prepare_out_dir
 from qkv.train.schedule import make_schedule
 from qkv.translate.evaluate import bleu, translate_texts
 
-__all__ = ["Interrupted", "TrainResult", "automatic_threads", "make_schedule", "train"]
+__all__ = [
+    "Interrupted",
+    "TrainResult",
+    "TranslationTask",
+    "automatic_threads",
+    "make_schedule",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +242,43 @@ def _batcher(data: Prepared, examples, recipe: Recipe, shuffle: bool, dist: Dist
     )
 
 
+class TranslationTask:
+    """Translation for the training loop: batches of about ``train.max_tokens`` target
+    tokens, label-smoothed cross-entropy over the real target tokens, and validation loss
+    and greedy BLEU (the interface :class:`~qkv.train.classify.ImageTask` shares)."""
+
+    count_key, rate_key, score_key = "target_tokens", "tokens_per_s", "valid_bleu"
+
+    def __init__(self, recipe: Recipe, data: Prepared, dist: Dist | None = None):
+        self.recipe, self.data = recipe, data
+        self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
+
+    def build_model(self) -> nn.Module:
+        return build_model_for(self.recipe, self.data)
+
+    def check(self, model: nn.Module) -> None:
+        check_lengths(model, self.data)
+
+    @property
+    def train_count(self) -> str:
+        return f"{len(self.data.train_examples)} training pairs"
+
+    def batch_indices(self, epoch: int) -> list[list[int]]:
+        return self.batcher.batch_indices(epoch)
+
+    def batch(self, indices: list[int], device: torch.device):
+        return collate(self.batcher.examples, indices, **self.batcher.special).to(device)
+
+    def loss(self, model: nn.Module, batch, smoothing: float) -> tuple[torch.Tensor, int]:
+        return _loss(model, batch, smoothing, self.data.tgt_tok.pad_id)
+
+    def validate(self, model: nn.Module, device) -> tuple[float, float]:
+        return validate(model, self.data, self.recipe, device)
+
+    def tokenizers(self) -> dict[str, str]:
+        return {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
+
+
 def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``.
 
@@ -258,11 +308,16 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     check_out_dir(recipe.out_dir)
     torch.set_num_threads(cfg.threads or _threads_for_this_machine())
     out = recipe.out_dir
-    data = prepare(recipe)
-    check_memory(lambda: build_model_for(recipe, data), dist.device)  # before the seed
+    if recipe.images:
+        data = image_splits(recipe)
+        task = ImageTask(recipe, data, dist.rank, dist.world_size)
+    else:
+        data = prepare(recipe)
+        task = TranslationTask(recipe, data, dist)
+    check_memory(task.build_model, dist.device)  # before the seed
     torch.manual_seed(cfg.seed)
-    model = build_model_for(recipe, data).to(dist.device)
-    check_lengths(model, data)
+    model = task.build_model().to(dist.device)
+    task.check(model)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.lr,
@@ -293,10 +348,10 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     clock = (lambda: before + time.perf_counter() - started) if dist.world_size == 1 else None
     schedule = make_schedule(optimizer, cfg, state.step, clock)
     wrapped = dist.wrap(model)
-    loop = _Loop(recipe, data, model, wrapped, optimizer, schedule, state, dist)
-    if not loop.batcher.batch_indices(state.epoch):
+    loop = _Loop(recipe, task, model, wrapped, optimizer, schedule, state, dist)
+    if not task.batch_indices(state.epoch):
         raise ConfigError(
-            f"data: {len(data.train_examples)} training pairs give no batch for each of the "
+            f"data: {task.train_count} give no batch for each of the "
             f"{dist.world_size} processes; use more data or fewer processes"
         )
     if dist.is_main:
@@ -308,12 +363,11 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
 class _Loop:
     """The training loop proper, split in small steps."""
 
-    def __init__(self, recipe, data, model, wrapped, optimizer, schedule, state, dist):
-        self.recipe, self.cfg, self.data = recipe, recipe.train, data
+    def __init__(self, recipe, task, model, wrapped, optimizer, schedule, state, dist):
+        self.recipe, self.cfg, self.task = recipe, recipe.train, task
         self.model, self.wrapped = model, wrapped
         self.optimizer, self.schedule = optimizer, schedule
         self.state, self.dist, self.out = state, dist, recipe.out_dir
-        self.batcher = _batcher(data, data.train_examples, recipe, shuffle=True, dist=dist)
         self.tokens_seen, self.started = 0, time.perf_counter()
         self.before, self.first_step = state.seconds, state.step  # from the checkpoint
         self.bf16 = uses_bf16(self.cfg.bf16, dist.device)
@@ -325,15 +379,13 @@ class _Loop:
     def batches(self):
         """Batches from the saved position on, epoch after epoch (order fixed by the seed)."""
         while True:
-            order = self.batcher.batch_indices(self.state.epoch)
+            order = self.task.batch_indices(self.state.epoch)
             if not order:  # train() checked the first epoch; the others have as many batches
                 raise ConfigError("data: the training set gives no batch")
             while self.state.batch_in_epoch < len(order):
                 idx = order[self.state.batch_in_epoch]
                 self.state.batch_in_epoch += 1
-                yield collate(self.batcher.examples, idx, **self.batcher.special).to(
-                    self.dist.device
-                )
+                yield self.task.batch(idx, self.dist.device)
             self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
 
     def run(self, show: bool) -> TrainResult:
@@ -356,9 +408,9 @@ class _Loop:
                     {
                         "step": self.state.step,
                         "loss": loss,
-                        "target_tokens": tokens,
+                        self.task.count_key: tokens,
                         "lr": lr,
-                        "tokens_per_s": rate,
+                        self.task.rate_key: rate,
                         "seconds": self.trained_seconds(),
                     }
                 )
@@ -370,9 +422,10 @@ class _Loop:
         return self.result()
 
     def update(self, stream) -> tuple[float, int, float]:
-        """One optimiser step over ``accumulate`` batches: per-token loss, tokens, and the
-        learning rate this step used (the schedule's ``get_last_lr`` is the next step's)."""
-        cfg, pad = self.cfg, self.data.tgt_tok.pad_id
+        """One optimiser step over ``accumulate`` batches: per-token (per-image) loss,
+        tokens (images), and the learning rate this step used (the schedule's
+        ``get_last_lr`` is the next step's)."""
+        cfg = self.cfg
         total, tokens = torch.zeros((), dtype=torch.float64), 0
         for micro in range(cfg.accumulate):
             batch = next(stream)
@@ -382,7 +435,7 @@ class _Loop:
                 self.dist.no_sync(self.wrapped, last),
                 torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.bf16),
             ):
-                loss, n = _loss(self.wrapped, batch, cfg.label_smoothing, pad)
+                loss, n = self.task.loss(self.wrapped, batch, cfg.label_smoothing)
             (loss / n / cfg.accumulate).backward()
             total, tokens = total + loss.detach().double() / n, tokens + n
         if cfg.clip_norm > 0:
@@ -430,7 +483,7 @@ class _Loop:
         the best so far (the caller saves it)."""
         st, improved = self.state, False
         if self.dist.is_main:
-            st.valid_loss, score = validate(self.model, self.data, self.recipe, self.dist.device)
+            st.valid_loss, score = self.task.validate(self.model, self.dist.device)
             # at equal BLEU (all 0 early on, and without BLEU sentences) the lower loss; and
             # the evaluation that best.safetensors holds, made again by a run resumed from
             # an older last.safetensors (a folder of an earlier qkv), is no worse than itself
@@ -451,8 +504,8 @@ class _Loop:
                 {
                     "step": st.step,
                     "valid_loss": st.valid_loss,
-                    "valid_bleu": score,
-                    "best_bleu": st.best_bleu,
+                    self.task.score_key: score,
+                    self.task.score_key.replace("valid", "best"): st.best_bleu,
                 }
             )
         stop = self.cfg.patience > 0 and st.bad_evals >= self.cfg.patience
@@ -465,11 +518,10 @@ class _Loop:
         st.seconds = self.trained_seconds()
         extra = {"train": {k: getattr(st, k) for k in vars(st)}, "recipe": self.recipe_dict()}
         extra["folder"] = os.getcwd()  # where the recipe's relative corpus paths were read
-        tokenizers = {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
         save_checkpoint(
             self.out / name,
             self.model,
-            tokenizers=tokenizers,
+            tokenizers=self.task.tokenizers(),
             optimizer=self.optimizer,
             rng=rng_state(),
             extra=extra,

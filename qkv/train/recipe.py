@@ -26,6 +26,10 @@ float, and ``1:30:00`` is a string, not YAML 1.1's base-60 number 5400. Aliases
     tokenizer: {kind: word}
     model: {type: transformer, d_model: 128, num_heads: 4}
     train: {steps: 1500, max_tokens: 2048, lr: 0.001}
+
+``data.kind: digits`` trains an image classifier instead (``model.type: vit`` or
+``cnn``) on scikit-learn's 8 x 8 handwritten digits (:mod:`qkv.data.digits`), in batches
+of ``train.batch_size`` images; it has no tokenizer section.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ import yaml
 
 from qkv.errors import ConfigError, ConfigFieldError
 from qkv.files import quoted
+from qkv.models.cnn import CNNConfig
+from qkv.models.pretrained.vit import ViTConfig
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.train.yaml_config import yaml_error, yaml_loader
 
@@ -52,6 +58,7 @@ __all__ = [
     "DataConfig",
     "OptimConfig",
     "Recipe",
+    "IMAGE_DATA",
     "TokenizerConfig",
     "apply_overrides",
     "load_yaml",
@@ -67,7 +74,9 @@ class DataConfig:
 
     ``kind: toy`` generates the built-in Korean→English corpus; ``kind: files`` reads
     aligned files (``train: [SRC, TGT]``, same for ``valid`` and ``test``); ``kind: tsv``
-    reads one tab-separated file (Tatoeba's format) and splits off valid/test sets.
+    reads one tab-separated file (Tatoeba's format) and splits off valid/test sets;
+    ``kind: digits`` reads scikit-learn's handwritten digits (images, not sentences), split
+    by ``seed`` (:mod:`qkv.data.digits`).
     """
 
     kind: str = "toy"
@@ -87,7 +96,7 @@ class DataConfig:
     max_ratio: float = 3.0
 
     def __post_init__(self) -> None:
-        _choice(self, "kind", ("toy", "files", "tsv"))
+        _choice(self, "kind", ("toy", "files", "tsv", "digits"))
         for name in ("n_train", "n_valid", "n_test", "min_len", "max_len", "max_tokens"):
             _positive(self, name, allow_zero=name == "n_test")  # validation picks the best
         if self.kind == "toy" and not 2 <= self.min_len <= self.max_len:
@@ -121,6 +130,8 @@ class DataConfig:
             self._check_columns()
         if self.kind != "toy":
             self._refuse_toy_keys()
+        if self.kind == "digits":
+            self._refuse_text_keys()
 
     def _refuse_toy_keys(self) -> None:
         """Keys that only shape the toy corpus would do nothing for files, silently."""
@@ -130,6 +141,13 @@ class DataConfig:
                 raise ConfigError(
                     f"data.{name}: read only with kind 'toy', not {self.kind!r}{hint}"
                 )
+
+    def _refuse_text_keys(self) -> None:
+        """The digits' split is fixed (:mod:`qkv.data.digits`): keys that size or filter
+        sentence splits would do nothing, silently."""
+        for name in ("n_valid", "n_test", "max_tokens", "max_ratio", "src_column", "tgt_column"):
+            if getattr(self, name) != getattr(DataConfig, name):
+                raise ConfigError(f"data.{name}: not read with kind 'digits' (its split is fixed)")
 
     def _check_columns(self) -> None:
         for name in ("src_column", "tgt_column"):
@@ -167,7 +185,8 @@ class OptimConfig:
     """Optimisation: AdamW, warmup then ``inverse_sqrt`` / ``cosine`` / ``constant``."""
 
     steps: int = 2000
-    max_tokens: int = 2048
+    max_tokens: int = 2048  # translators: target tokens per batch
+    batch_size: int = 64  # image classifiers: images per batch
     accumulate: int = 1
     lr: float = 1e-3
     warmup: int = 200
@@ -189,7 +208,7 @@ class OptimConfig:
     # over resumes; 0 = none
 
     def __post_init__(self) -> None:
-        for name in ("steps", "max_tokens", "accumulate", "eval_every", "save_every"):
+        for name in ("steps", "max_tokens", "batch_size", "accumulate", "eval_every", "save_every"):
             _positive(self, name)
         for name in ("warmup", "patience", "valid_bleu_sentences", "threads", "max_seconds"):
             _positive(self, name, allow_zero=True)
@@ -232,7 +251,8 @@ class Recipe:
     train: OptimConfig = field(default_factory=OptimConfig)
 
     def __post_init__(self) -> None:
-        check_model_section(self.model)
+        check_model_section(self.model, self.data.kind)
+        self._refuse_other_task_keys()
         if self.model.get("share_vocab") and not self.tokenizer.joint:  # else built mid-run
             raise ConfigError(
                 "model.share_vocab: one embedding for both sides needs one "
@@ -240,22 +260,62 @@ class Recipe:
             )
 
     @property
+    def images(self) -> bool:
+        """Whether this recipe trains an image classifier (else a translator)."""
+        return self.data.kind in IMAGE_DATA
+
+    def _refuse_other_task_keys(self) -> None:
+        """Keys of translators in an image recipe and back would do nothing, silently."""
+        if self.images:
+            if self.tokenizer != TokenizerConfig():
+                raise ConfigError("tokenizer: images have no tokenizer; remove the section")
+            if self.train.max_tokens != OptimConfig.max_tokens:
+                raise ConfigError(
+                    "train.max_tokens: images are batched by train.batch_size, not by tokens"
+                )
+        elif self.train.batch_size != OptimConfig.batch_size:
+            raise ConfigError(
+                "train.batch_size: read only with image data (data.kind 'digits'); "
+                "translators are batched by train.max_tokens"
+            )
+
+    @property
     def out_dir(self) -> Path:
         return Path(self.out or f"runs/{self.name}")
 
 
-def check_model_section(model: dict) -> None:
-    """Validate the model section now (with placeholder vocabulary sizes)."""
-    kinds = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
+IMAGE_DATA = ("digits",)  # data kinds that hold images: image classifiers train on them
+IMAGE_MODELS = {"vit": ViTConfig, "cnn": CNNConfig}
+TEXT_MODELS = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
+# what the data sets in an image model's config (placeholders here, the data's at training)
+IMAGE_FIELDS = {"image_size": 8, "num_channels": 1, "num_labels": 10, "labels": ()}
+
+
+def check_model_section(model: dict, data_kind: str = "toy") -> None:
+    """Validate the model section now (with placeholder vocabulary sizes, or image sizes
+    for the image models)."""
+    images = data_kind in IMAGE_DATA
+    kinds = IMAGE_MODELS if images else TEXT_MODELS
     if not isinstance(model, dict) or model.get("type") not in kinds:
-        raise ConfigError("model.type: must be 'transformer' or 'rnn'")
+        names = " or ".join(repr(k) for k in kinds)
+        image_type = isinstance(model, dict) and model.get("type") in IMAGE_MODELS
+        also = f" for data.kind {data_kind!r}" if images or image_type else ""
+        raise ConfigError(f"model.type: must be {names}{also}")
     fields = {k: v for k, v in model.items() if k != "type"}
-    placeholders = {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+    placeholders = (
+        {k: v for k, v in IMAGE_FIELDS.items() if k != "labels" or model["type"] == "vit"}
+        if images
+        else {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+    )
     for reserved in placeholders:
         if reserved in fields:
-            raise ConfigError(f"model.{reserved}: set from the tokenizer, do not give it")
+            source = "the images" if images else "the tokenizer"
+            raise ConfigError(f"model.{reserved}: set from {source}, do not give it")
     kind = kinds[model["type"]]
     known = {f.name for f in dataclasses.fields(kind)} - set(placeholders)
+    if images and model["type"] == "vit":  # the head is trained, the rest is DeiT's loading
+        known -= {"distillation_token", "distillation_head", "add_pooler"}
+        known -= {"pooler_output_size", "pooler_act"}
     for key in fields:
         if key not in known:
             raise ConfigError(
@@ -266,7 +326,7 @@ def check_model_section(model: dict) -> None:
         kind.from_dict({**fields, **placeholders})
     except ConfigFieldError as err:  # named by its YAML key, not the config class's field
         raise ConfigError(f"model.{err.field}: {err.why}, got {quoted(err.value)}") from None
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise ConfigError(f"model: {_short(str(err), 300)}") from None
 
 
