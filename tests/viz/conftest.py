@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.viz.browser import CHROMIUM, launch
+
 HOSTILE = [
     "<img src=x onerror=alert(1)>",
     "</script><script>window.__pwned=1</script>",
@@ -50,18 +52,6 @@ def interrupted_text_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Path, "write_text", half)
 
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [  # no network, no first-run work
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
 def _missing() -> str | None:
     """Why the browser test cannot run here, or None."""
     if not Path(CHROMIUM).exists():
@@ -84,7 +74,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        chromium = launch(p)
         yield chromium
         chromium.close()
 

@@ -1,6 +1,6 @@
 """Make ``docs/images/show-minilm.png`` and ``docs/images/translation-alignment.png``.
 
-Usage: ``.venv/bin/python tests/viz/screenshot_show.py CHECKPOINT [OUT_DIR]``, where
+Usage: ``.venv/bin/python -m tests.viz.screenshot_show CHECKPOINT [OUT_DIR]``, where
 CHECKPOINT is a toy translator, e.g. from ``qkv train configs/toy-transformer.yaml --set
 train.steps=300 --out /tmp/toy-ckpt`` (then ``/tmp/toy-ckpt/best.safetensors``). Not a
 test (pytest does not collect it); it needs Debian's ``chromium``, playwright and the
@@ -15,20 +15,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests.viz.browser import launch
+
 SENTENCE = "The cat sat on the mat because it was tired."
 SOURCES = [  # toy-corpus sentences; the first is shown
     "원숭이가 정원에서 여우를 도울 것이다",
     "소리치는 조용한 남자가 한 학생을 쫓는다",
     "한 가수는 아이를 따른다",
-]
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
 ]
 
 
@@ -74,7 +67,7 @@ def main(checkpoint: str, out_dir: Path) -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+        browser = launch(p)
         shoot_minilm(browser, Path(tmp), out_dir / "show-minilm.png")
         shoot_alignment(browser, checkpoint, Path(tmp), out_dir / "translation-alignment.png")
         browser.close()

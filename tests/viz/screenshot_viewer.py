@@ -1,6 +1,6 @@
 """Make ``docs/images/viewer.png``: the HTML viewer on structured maps, in headless Chromium.
 
-Usage: ``.venv/bin/python tests/viz/screenshot_viewer.py [OUT.png]``. Not a test (pytest
+Usage: ``.venv/bin/python -m tests.viz.screenshot_viewer [OUT.png]``. Not a test (pytest
 does not collect it); it needs Debian's ``chromium`` and playwright.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from qkv.viz import save_html
+from tests.viz.browser import launch
 
 TOKENS = [
     "[CLS]",
@@ -59,15 +60,6 @@ def main(out: Path) -> None:
     """Save the page, open it, focus a token in layer 1 and take the screenshot."""
     from playwright.sync_api import sync_playwright
 
-    args = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-    ]
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         page_path = save_html(
             Path(tmp) / "viewer.html",
@@ -75,7 +67,7 @@ def main(out: Path) -> None:
             TOKENS,
             title="qkv viewer: 2 layers × 4 heads",
         )
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=args)
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 980, "height": 430}, device_scale_factor=2)
         page.goto(page_path.resolve().as_uri())
         page.wait_for_selector("#qkv-app[data-ready='true']")
