@@ -327,3 +327,14 @@ def test_a_translator_checkpoint_or_run_folder_points_to_qkv_translate(ckpt, cap
             + ", not a Hugging Face model folder; a translator's attention is shown by "
             f"`qkv translate {ckpt} --show-attention OUT.html`\n"
         )
+
+
+def test_a_config_json_nested_too_deep_exits_2_naming_it(small_bert, tmp_path, capsys):
+    """100,000 nested '[' in config.json raised a RecursionError out of ``qkv show``; now
+    it exits 2 with one line naming the file."""
+    nested = '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    folder = _copy(small_bert[30522], tmp_path / "m", config__json=nested)
+    assert main(["show", TEXT, "--model", folder, "--out", str(tmp_path / "a.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qkv show: error: ") and err.count("\n") == 1, err
+    assert f"{Path(folder) / 'config.json'}: not JSON that qkv reads: nested 100001" in err

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from qkv.files import quoted
 from qkv.functional import causal_mask, combine_masks
 from qkv.models.inputs import check_token_ids
 from qkv.models.pretrained.bert_hf import config_values, encoder_weights, layer_groups
@@ -34,8 +35,8 @@ from qkv.models.pretrained.hf import (
     HF_ACTIVATIONS,
     check_values,
     config_errors,
-    load_into,
-    load_state_dict,
+    load_checked,
+    open_weights,
     read_config,
 )
 from qkv.modules.transformer import Encoder, EncoderLayer
@@ -101,7 +102,7 @@ class BertConfig:
             raise ValueError("pad_token_id is needed: positions start after it (RoBERTa)")
         if self.hidden_act not in HF_ACTIVATIONS:
             raise ValueError(
-                f"hidden_act {self.hidden_act!r} not supported: {list(HF_ACTIVATIONS)}"
+                f"hidden_act {quoted(self.hidden_act)} not supported: {list(HF_ACTIVATIONS)}"
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -110,7 +111,7 @@ class BertConfig:
             )
         if self.position_style not in ("bert", "roberta"):
             raise ValueError(
-                f"position_style must be 'bert' or 'roberta', got {self.position_style!r}"
+                f"position_style must be 'bert' or 'roberta', got {quoted(self.position_style)}"
             )
 
     @property
@@ -320,14 +321,23 @@ class BertModel(nn.Module):
         ``overrides`` replace config values. Returns the model in eval mode.
         """
         _check_overrides(overrides)
-        state, raw = load_state_dict(path), read_config(path)
+        raw, weights = read_config(path), open_weights(path)
         with config_errors(path):
-            renamed = encoder_weights(state, raw)
-            has_pooler = any(n.startswith("pooler.") for n in renamed)
+            names = encoder_weights(weights.tensors, raw)  # meta tensors: nothing is read
+            has_pooler = any(n.startswith("pooler.") for n in names)
             overrides.setdefault("add_pooler", has_pooler)
             config = BertConfig.from_hf(raw, **overrides)
-        model = cls(config)
-        load_into(model, renamed, what=str(path), dtype=dtype, config=raw)
+        layers = "n_layers" if raw.get("model_type") == "distilbert" else "num_hidden_layers"
+        named = raw if raw.get("model_type") == "distilbert" else {**vars(config), **raw}
+        model = load_checked(
+            path,
+            named,  # keys the config omits are named with the value they take
+            lambda n: cls(config if n is None else replace(config, num_hidden_layers=n)),
+            lambda state: encoder_weights(state, raw),
+            layers_key=None if config.num_hidden_groups is not None else layers,
+            weights=weights,
+            dtype=dtype,
+        )
         return model.eval()
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from torch import Tensor
 
+from qkv.files import quoted
 from qkv.models.pretrained.hf import PADDED_POSITIONS, base_weights
 
 __all__ = ["SUPPORTED_TYPES", "config_values", "encoder_weights", "layer_groups"]
@@ -165,7 +166,7 @@ def model_type(config: dict[str, Any]) -> str:
     kind = config.get("model_type", "bert")
     if kind not in SUPPORTED_TYPES:
         raise ValueError(
-            f"model_type {kind!r} is not a BERT-family encoder that qkv reads "
+            f"model_type {quoted(kind)} is not a BERT-family encoder that qkv reads "
             f"(supported: {', '.join(SUPPORTED_TYPES)})"
         )
     return kind
@@ -177,7 +178,9 @@ def config_values(config: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     config = {**_DEFAULTS.get(kind, {}), **config}
     position = config.get("position_embedding_type", "absolute")
     if position != "absolute":
-        raise ValueError(f"position_embedding_type {position!r} is not supported (absolute is)")
+        raise ValueError(
+            f"position_embedding_type {quoted(position)} is not supported (absolute is)"
+        )
     if kind == "distilbert":
         config = {_DISTILBERT_CONFIG.get(k, k): v for k, v in config.items()}
         config.update(type_vocab_size=0, layer_norm_eps=1e-12, add_pooler=False)

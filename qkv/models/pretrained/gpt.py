@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,7 @@ from qkv.models.pretrained.gen_defaults import (
 )
 from qkv.models.pretrained.generation import DecodingRules, decode, prompt_mask
 from qkv.models.pretrained.gpt_hf import gpt2_config_values, gpt2_weights
-from qkv.models.pretrained.hf import (
-    check_values,
-    config_errors,
-    load_into,
-    load_state_dict,
-    read_config,
-)
+from qkv.models.pretrained.hf import check_values, config_errors, load_checked, read_config
 from qkv.models.pretrained.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
@@ -334,9 +328,14 @@ class GPT(nn.Module):
         raw = read_config(path)
         with config_errors(path):
             config = GPTConfig.from_hf(raw)
-        model = cls(config)
-        state = gpt2_weights(load_state_dict(path), config.tie_embeddings)
-        load_into(model, state, what=str(path), dtype=dtype, config=raw)
+        model = load_checked(
+            path,
+            raw,
+            lambda n: cls(config if n is None else replace(config, num_layers=n)),
+            lambda state: gpt2_weights(state, config.tie_embeddings),
+            layers_key="n_layer",
+            dtype=dtype,
+        )
         model.generation_defaults = read_generation_defaults(path, config.vocab_size)
         return model.eval()
 

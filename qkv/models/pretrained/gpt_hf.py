@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
+from qkv.files import quoted
 from qkv.models.pretrained.hf import HF_ACTIVATIONS, base_weights, check_values
 
 __all__ = ["gpt2_config_values", "gpt2_weights"]
@@ -46,7 +47,9 @@ def gpt2_config_values(config: dict[str, Any]) -> dict[str, Any]:
     """
     kind = config.get("model_type", "gpt2")
     if kind != "gpt2":
-        raise ValueError(f"model_type {kind!r} is not GPT-2 format (GPT reads model_type 'gpt2')")
+        raise ValueError(
+            f"model_type {quoted(kind)} is not GPT-2 format (GPT reads model_type 'gpt2')"
+        )
     sizes = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
     missing = [k for k in sizes if k not in config]
     if missing:
@@ -56,7 +59,7 @@ def gpt2_config_values(config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("GPT-2 option add_cross_attention=true is not supported")
     act = config.get("activation_function", "gelu_new")
     if act not in HF_ACTIVATIONS:
-        raise ValueError(f"activation_function {act!r} not supported: {list(HF_ACTIVATIONS)}")
+        raise ValueError(f"activation_function {quoted(act)} not supported: {list(HF_ACTIVATIONS)}")
     drops = {config.get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
     if len(drops) > 1:  # only while training; qkv has one dropout rate
         log.warning("GPT-2 dropouts %s differ: resid_pdrop is used for all", sorted(drops))

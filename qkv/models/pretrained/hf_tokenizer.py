@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from qkv.errors import ModelFileError
+from qkv.files import quoted
 from qkv.models.pretrained.hf import PADDED_POSITIONS, model_folder, optional_import, read_json
 
 __all__ = ["load_tokenizer", "minilm_path", "sentence_options"]
@@ -57,15 +59,17 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         token type ids.
     """
     folder = model_folder(path)
-    tok_config = read_json(folder / "tokenizer_config.json")
+    tok_config = _read_object(folder / "tokenizer_config.json")
     given = {k: v for k, v in tok_config.items() if v is not None}
-    options = {**read_json(folder / "special_tokens_map.json"), **given}
+    options = {**_read_object(folder / "special_tokens_map.json"), **given}
     file = folder / "tokenizer.json"
     if file.is_file():
+        read_json(file)  # bounded in nesting and digits before the Rust parser sees it
         try:
             tokenizer = optional_import("tokenizers").Tokenizer.from_file(str(file))
         except Exception as err:  # the Rust library raises a bare Exception
-            raise ValueError(f"{file}: not a tokenizers file ({err})") from None
+            why = quoted(" ".join(str(err).split()), 200)
+            raise ModelFileError(f"{file}: not a tokenizers file ({why})") from None
         if _rebuilds_bert_text(folder, tok_config):
             tk = optional_import("tokenizers")
             tokenizer.normalizer = _bert_normalizer(given)
@@ -79,9 +83,9 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
         )
     if max_length is None:
         limits = [
-            read_json(folder / "sentence_bert_config.json").get("max_seq_length"),
+            _read_object(folder / "sentence_bert_config.json").get("max_seq_length"),
             tok_config.get("model_max_length"),
-            _model_positions(read_json(folder / "config.json")),
+            _model_positions(_read_object(folder / "config.json")),
         ]
         limits = [int(x) for x in limits if isinstance(x, (int, float)) and x < 1e9]
         max_length = limits[0] if limits else None
@@ -100,12 +104,21 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
     return tokenizer
 
 
+def _read_object(file: Path) -> dict[str, Any]:
+    """A JSON file that holds an object (``{}`` when there is no file)."""
+    content = read_json(file)
+    if not isinstance(content, dict):
+        raise ModelFileError(f"{file}: expected a JSON object, got {type(content).__name__}")
+    return content
+
+
 def _side(config: dict[str, Any], key: str, folder: Path) -> str:
     """``"left"`` or ``"right"`` (the default): ``padding_side`` or ``truncation_side``."""
     side = config.get(key) or "right"
     if side not in ("left", "right"):
-        raise ValueError(
-            f"{folder / 'tokenizer_config.json'}: {key} must be 'left' or 'right', got {side!r}"
+        raise ModelFileError(
+            f"{folder / 'tokenizer_config.json'}: {key} must be 'left' or 'right', "
+            f"got {quoted(side)}"
         )
     return side
 
@@ -133,8 +146,8 @@ def sentence_options(path: str | Path) -> dict[str, Any]:
     """
     folder = model_folder(path)
     modules = read_json(folder / "modules.json") or []
-    if not isinstance(modules, list):
-        raise ValueError(f"{folder / 'modules.json'}: expected a list of modules")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelFileError(f"{folder / 'modules.json'}: expected a list of modules (objects)")
     kinds = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
     other = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
     if other:  # a Dense or LayerNorm module would change the embeddings: refuse, not skip
@@ -145,7 +158,7 @@ def sentence_options(path: str | Path) -> dict[str, Any]:
     pooling = "mean"
     if "Pooling" in kinds:
         file = folder / kinds["Pooling"] / "config.json"
-        config = read_json(file)
+        config = _read_object(file)
         modes = [k for k, v in config.items() if k.startswith("pooling_mode") and v is True]
         if len(modes) != 1 or modes[0] not in _POOLING_MODES:
             raise ValueError(
@@ -211,7 +224,7 @@ def _rebuilds_bert_text(folder: Path, tok_config: dict[str, Any]) -> bool:
     """
     name = tok_config.get("tokenizer_class")
     if not name:
-        name = _MODEL_TYPE_CLASSES.get(read_json(folder / "config.json").get("model_type"))
+        name = _MODEL_TYPE_CLASSES.get(_read_object(folder / "config.json").get("model_type"))
     return isinstance(name, str) and name.removesuffix("Fast") in _BERT_TEXT_CLASSES
 
 

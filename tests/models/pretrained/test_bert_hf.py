@@ -310,7 +310,10 @@ def test_sizes_that_do_not_fit_and_foreign_token_ids_are_named(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     del config["intermediate_size"]  # back to BERT's default of 3072
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"do not fit .* is \(48,\) in the checkpoint, \(3072,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"intermediate_size 3072 does not match .* is \(48, 32\) there, \(3072, 32\)",
+    ):
         BertModel.from_pretrained(tmp_path)
 
 

@@ -158,7 +158,7 @@ def test_broken_shard_indexes_are_named(gpt_folder, tmp_path):
     weight_map = content["weight_map"]
     first = sorted(weight_map)[0]
     index.write_text(json.dumps({"weight_map": {**weight_map, first: 5}}))  # a TypeError
-    _refused(GPT.from_pretrained, tmp_path, str(index), f"the shard of {first} is 5")
+    _refused(GPT.from_pretrained, tmp_path, str(index), f"the shard of '{first}' is 5")
     shards = sorted(set(weight_map.values()))
     moved = next(n for n, s in weight_map.items() if s == shards[0])
     index.write_text(json.dumps({"weight_map": {**weight_map, moved: shards[1]}}))  # loaded
@@ -168,11 +168,11 @@ def test_broken_shard_indexes_are_named(gpt_folder, tmp_path):
 def test_wrong_weight_names_are_one_line_with_the_first_few(bert_folder, tmp_path):
     folder = _copy(bert_folder, tmp_path / "m")
     state = load_state_dict(folder)
-    for name in [n for n in state if n.startswith("encoder.layer.1.")]:
-        state[name.replace("layer.1.", "block.1.")] = state.pop(name)
+    for name in [n for n in state if ".attention." in n]:  # 10 weights in each of 2 layers
+        state[name.replace(".attention.", ".attn.")] = state.pop(name)
     safetensors_torch.save_file(state, folder / "model.safetensors")
-    message = _refused(BertModel.from_pretrained, folder, "missing (16): ", "unexpected (16): ")
-    assert "(8 more); unexpected" in message and message.endswith("(8 more)")
+    message = _refused(BertModel.from_pretrained, folder, "missing (20): ", "unexpected (20): ")
+    assert "(12 more); unexpected" in message and message.endswith("(12 more)")
 
 
 TRIMMED = {  # family -> (its config with transformers' defaults for the keys then dropped)
