@@ -248,6 +248,7 @@ class TranslationTask:
     and greedy BLEU (the interface :class:`~qkv.train.classify.ImageTask` shares)."""
 
     count_key, rate_key, score_key = "target_tokens", "tokens_per_s", "valid_bleu"
+    unit = "tok"  # what the progress bar's rate counts
 
     def __init__(self, recipe: Recipe, data: Prepared, dist: Dist | None = None):
         self.recipe, self.data = recipe, data
@@ -393,7 +394,9 @@ class _Loop:
         stream = self.batches()
         with (
             self.signals,
-            TrainingProgress(self.cfg.steps, self.state.step, enabled=show) as bar,
+            TrainingProgress(
+                self.cfg.steps, self.state.step, enabled=show, unit=self.task.unit
+            ) as bar,
         ):
             while self.state.step < self.cfg.steps:
                 self.step_times.start()

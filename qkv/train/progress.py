@@ -91,14 +91,25 @@ def steps_progress(label: str, total: int) -> Iterator[Callable[[], None]]:
 class TrainingProgress:
     """Context manager around a rich progress bar; does nothing when ``enabled`` is False."""
 
-    def __init__(self, total: int, start: int = 0, *, enabled: bool = True, label: str = "train"):
+    def __init__(
+        self,
+        total: int,
+        start: int = 0,
+        *,
+        enabled: bool = True,
+        label: str = "train",
+        unit: str = "tok",
+    ):
+        """``unit``: what the rate counts per second (``"tok"``: target tokens,
+        ``"img"``: images)."""
         self.total, self.start, self.enabled, self.label = total, start, enabled, label
+        self.unit = unit
         self._progress = None
         self._task = None
 
     def __enter__(self) -> TrainingProgress:
         if self.enabled:
-            fields = ("loss {task.fields[loss]:.3f}", "{task.fields[rate]:.0f} tok/s")
+            fields = ("loss {task.fields[loss]:.3f}", "{task.fields[rate]:.0f} " + self.unit + "/s")
             self._progress = stderr_bar(*fields)
             self._progress.start()
             self._task = self._progress.add_task(

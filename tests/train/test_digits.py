@@ -18,7 +18,7 @@ from qkv.train.classify import IMAGE_MODELS, confusion_matrix
 from qkv.train.loop import train
 from qkv.train.recipe import load_yaml, recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
-from tests.train.helpers import CONFIG_FOLDER, logged_losses, train_until_interrupted
+from tests.train.helpers import CONFIG_FOLDER, logged_losses, run_cli, train_until_interrupted
 
 TINY_VIT = {
     "name": "tiny-digits",
@@ -120,3 +120,14 @@ def test_a_bad_digits_recipe_is_one_line_exit_2(tmp_path, monkeypatch, capsys, c
     code, _, err = run_main(monkeypatch, capsys, "train", config)
     one_line_error(code, err, match)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_bar_of_an_image_run_counts_images(tmp_path):
+    """The training bar of an image run said "tok/s" for a rate of images."""
+    steps = 2
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny_vit(tmp_path / "out", steps=steps, eval_every=2)))
+    proc = run_cli("train", str(config))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{steps}/{steps}" in proc.stderr
+    assert "img/s" in proc.stderr and "tok/s" not in proc.stderr
