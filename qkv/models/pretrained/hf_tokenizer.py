@@ -13,6 +13,7 @@ from typing import Any
 
 from qkv.errors import ModelFileError
 from qkv.files import quoted
+from qkv.models.pretrained.gguf import load_gguf_tokenizer
 from qkv.models.pretrained.hf import PADDED_POSITIONS, model_folder, optional_import, read_json
 
 __all__ = ["load_tokenizer", "minilm_path", "sentence_options"]
@@ -54,10 +55,15 @@ def load_tokenizer(path: str | Path, max_length: int | None = None):
     ``tokenizer.json``'s normaliser, and its pre-tokenizer becomes BERT's, as that class
     rebuilds both.
 
+    A ``.gguf`` file gets the tokenizer its metadata describes
+    (:func:`qkv.models.pretrained.gguf.load_gguf_tokenizer`).
+
     Returns:
         a ``tokenizers.Tokenizer``; ``encode_batch(texts)`` gives ids, attention masks and
         token type ids.
     """
+    if Path(path).suffix == ".gguf":
+        return load_gguf_tokenizer(path, max_length)
     folder = model_folder(path)
     tok_config = _read_object(folder / "tokenizer_config.json")
     given = {k: v for k, v in tok_config.items() if v is not None}

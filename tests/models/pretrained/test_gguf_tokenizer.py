@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qkv.errors import ModelFileError
+from qkv.models import load_tokenizer
 from qkv.models.pretrained.gguf import load_gguf_tokenizer, read_gguf_metadata, smollm2_path
 from qkv.models.pretrained.gguf_tokenizer import (
     bytes_to_unicode,
@@ -98,3 +99,12 @@ def test_a_template_that_raises_is_one_line():
     template = "{{ raise_exception('only user and assistant roles') }}"
     with pytest.raises(ModelFileError, match="only user and assistant roles"):
         render_chat(template, [{"role": "system", "content": "x"}])
+
+
+def test_load_tokenizer_reads_a_gguf_file(smollm2):
+    """qkv.models.load_tokenizer took only Hugging Face folders; a GGUF file gives the
+    tokenizer its metadata describes, the same ids as load_gguf_tokenizer."""
+    path, _ = smollm2
+    text = "The cat sat on the mat. 고양이가 잤다."
+    ids = load_tokenizer(path).encode(text).ids
+    assert ids == load_gguf_tokenizer(path).encode(text).ids and len(ids) > 5
