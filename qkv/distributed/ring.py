@@ -11,8 +11,8 @@ Attention with Blockwise Transformers for Near-Infinite Context").
 
 .. code-block:: text
 
-    step 0        step 1        step 2         (P = 3; process r holds block b)
-    0 1 2         2 0 1         1 2 0
+    the block that processes 0, 1, 2 hold (P = 3):
+    step 0: 0 1 2     step 1: 2 0 1     step 2: 1 2 0
 
 The readable loop is :func:`_forward`; what surrounds it is bookkeeping kept apart:
 
@@ -137,8 +137,10 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, ring: 
         rows, cols, diagonal = _visible(step, ring.rank, ring.size, causal, t)
         k_block, v_block = k[:, :, cols].to(acc), v[:, :, cols].to(acc)
         for tile in _tiles(rows, t, k_block.shape[2], h):  # a few query rows at a time
-            mask = _diagonal_mask(tile, t, q.device) if diagonal else None
-            block_out, block_lse = attention_lse(q[:, :, tile], k_block, v_block, mask, scale=scale)
+            keys, mask = _tile_keys(tile, diagonal, q.device)
+            block_out, block_lse = attention_lse(
+                q[:, :, tile], k_block[:, :, keys], v_block[:, :, keys], mask, scale=scale
+            )
             _, merged_lse = merge_attention(  # writes the merged output into out's rows
                 out[:, :, tile], lse[:, :, tile], block_out, block_lse, inplace=True
             )
@@ -176,11 +178,14 @@ def _visible(step: int, rank: int, world: int, causal: bool, t: int) -> tuple[sl
     return slice(half, t), everything, False
 
 
-def _diagonal_mask(tile: slice, t: int, device) -> Tensor:
-    """``(rows of tile, t)``: the causal mask of rows ``tile`` of a block of ``t`` queries
-    attending to its own ``t`` keys."""
+def _tile_keys(tile: slice, diagonal: bool, device) -> tuple[slice, Tensor | None]:
+    """The keys of the block that the query rows ``tile`` may see, and the mask over them
+    (``None``: all). On the diagonal (a block attending to its own keys) rows ``[a, b)``
+    see keys ``[0, b)``, causally: the keys past the tile are never touched."""
+    if not diagonal:
+        return slice(None), None
     rows = torch.arange(tile.start, tile.stop, device=device).unsqueeze(1)
-    return torch.arange(t, device=device).unsqueeze(0) <= rows
+    return slice(0, tile.stop), torch.arange(tile.stop, device=device).unsqueeze(0) <= rows
 
 
 def zigzag_split(x: Tensor, rank: int, world: int, *, dim: int = 2) -> Tensor:
@@ -280,14 +285,14 @@ def _backward(dout, q, k, v, out, lse, causal: bool, scale: float, ring: _Ring):
         k_block, v_block = k[:, :, cols], v[:, :, cols]
         dk_b, dv_b = torch.zeros_like(k_block, dtype=acc), torch.zeros_like(v_block, dtype=acc)
         for tile in _tiles(rows, t, k_block.shape[2], q.shape[1]):
-            mask = _diagonal_mask(tile, t, q.device) if diagonal else None
+            keys, mask = _tile_keys(tile, diagonal, q.device)
             dq_t, dk_t, dv_t = _block_grads(
-                q[:, :, tile], k_block, v_block,
+                q[:, :, tile], k_block[:, :, keys], v_block[:, :, keys],
                 dout[:, :, tile], lse[:, :, tile], delta[:, :, tile], mask, scale,
             )  # fmt: skip
             dq[:, :, tile] += dq_t
-            dk_b += dk_t
-            dv_b += dv_t
+            dk_b[:, :, keys] += dk_t
+            dv_b[:, :, keys] += dv_t
         if accumulators is not None:
             dk, dv = accumulators.wait()  # this block's dK, dV, from the processes before
         dk[:, :, cols] += dk_b
