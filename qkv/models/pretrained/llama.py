@@ -20,7 +20,7 @@ and :mod:`~qkv.models.pretrained.llama_hf` reads them from a Hugging Face folder
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from qkv.models.inputs import check_position_ids, check_token_ids
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
 from qkv.models.pretrained.gguf import read_gguf
 from qkv.models.pretrained.gpt import generate_tokens, real_token_positions
-from qkv.models.pretrained.hf import check_values, load_into, load_state_dict
+from qkv.models.pretrained.hf import check_values, load_checked, load_into
 from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights, read_llama_config
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.feedforward import SwiGLU
@@ -438,9 +438,14 @@ class Llama(nn.Module):
             config = LlamaConfig.from_hf(raw)
         except ConfigError as err:
             raise ConfigError(f"{Path(path) / 'config.json'}: {err}") from None
-        model = cls(config)
-        state = llama_weights(load_state_dict(path), config.tie_embeddings)
-        load_into(model, state, what=str(path), dtype=dtype, config=raw)
+        model = load_checked(  # sizes checked against the weights before anything is built
+            path,
+            raw,
+            lambda n: cls(config if n is None else replace(config, num_layers=n)),
+            lambda state: llama_weights(state, config.tie_embeddings),
+            layers_key="num_hidden_layers",
+            dtype=dtype,
+        )
         model.generation_defaults = read_generation_defaults(path, config.vocab_size)
         return model.eval()
 

@@ -15,6 +15,7 @@ import torch
 from qkv.errors import ModelFileError
 from tests.models.memory_helpers import GIB, MAX_RSS, run_bounded, write_safetensors
 from tests.models.pretrained.gpt_helpers import random_gpt2_folder
+from tests.models.pretrained.llama_helpers import random_llama_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -22,7 +23,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from qkv.models import GPT, BertModel, load_tokenizer  # noqa: E402
+from qkv.models import GPT, BertModel, Llama, load_tokenizer  # noqa: E402
 from qkv.models.pretrained.hf import load_state_dict  # noqa: E402
 
 VOCAB = 90
@@ -217,3 +218,23 @@ def test_qkv_show_refuses_a_config_its_weights_do_not_back_in_one_line(bert_fold
     assert run.stderr.startswith("qkv show: error: ") and "Traceback" not in run.stderr
     assert f"{folder / 'config.json'}: num_hidden_layers 100000 does not match" in run.stderr
     assert run.max_rss < MAX_RSS and not out.exists(), run.max_rss
+
+
+@pytest.mark.parametrize(
+    "key, value, piece",
+    [
+        ("num_hidden_layers", 100_000, "does not match the 3 layer(s) of weights"),
+        ("hidden_size", 49152, "there, "),
+        ("intermediate_size", 1_000_000, "there"),
+    ],
+)
+def test_a_llama_config_the_weights_do_not_back_is_refused_before_building(
+    tmp_path, key, value, piece
+):
+    """Llama.from_pretrained built the model the config described before comparing the
+    weights (100,000 layers were built first); it loads through the same header checks."""
+    torch.manual_seed(0)
+    folder = random_llama_folder(tmp_path / "llama", "llama")
+    folder = _copy(folder, tmp_path / "m", **{key: value})
+    message = _refused(Llama.from_pretrained, folder, f"{folder / 'config.json'}: {key} {value}")
+    assert piece in message and "model.safetensors" in message
