@@ -282,7 +282,7 @@ def _backward(dout, q, k, v, out, lse, causal: bool, scale: float, ring: _Ring):
         if step + 1 < ring.size:
             arriving = ring.pass_on(k, v)
         rows, cols, diagonal = _visible(step, ring.rank, ring.size, causal, t)
-        k_block, v_block = k[:, :, cols], v[:, :, cols]
+        k_block, v_block = k[:, :, cols].to(acc), v[:, :, cols].to(acc)  # once, not per tile
         dk_b, dv_b = torch.zeros_like(k_block, dtype=acc), torch.zeros_like(v_block, dtype=acc)
         for tile in _tiles(rows, t, k_block.shape[2], q.shape[1]):
             keys, mask = _tile_keys(tile, diagonal, q.device)
