@@ -166,7 +166,7 @@ def _copy(folder: Path, to: Path, **files: str) -> str:
     "files, message",
     [
         ({}, "outside the model's vocabulary (0..99)"),  # the 100-word model
-        ({"tokenizer__json": "garbage"}, "not a tokenizers file"),
+        ({"tokenizer__json": "garbage"}, "tokenizer.json: not valid JSON"),
         ({"config__json": "[1, 2]"}, "expected a JSON object"),
         ({"config__json": "{"}, "not valid JSON"),
         ({"model__safetensors": "garbage"}, "not a readable checkpoint"),

@@ -79,8 +79,11 @@ def test_wrong_weight_names_are_listed(folder, tmp_path):
     message = str(info.value)
     assert "missing (1): encoder.layers.3.ff.linear2.bias" in message
     assert "unexpected (1)" in message and "rotary" in message
+    empty = tmp_path / "empty"  # a config.json and no weights beside it
+    empty.mkdir()
+    (empty / "config.json").write_bytes((folder / "config.json").read_bytes())
     with pytest.raises(FileNotFoundError, match="no weights"):
-        BertModel.from_pretrained(tmp_path / "..")
+        BertModel.from_pretrained(empty)
 
 
 @pytest.mark.parametrize("need_weights", [True, False], ids=["with_maps", "fast_path"])
