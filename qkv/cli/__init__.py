@@ -37,7 +37,7 @@ HANDLERS = {
 
 # names listed in --help (kept here so that the parser imports no torch)
 _LABS = ("bottleneck", "gradients", "parallelism", "word-order", "heads", "alignment")
-_BENCHMARKS = ("attention", "weights", "masks", "models", "search", "training", "gpu")
+_BENCHMARKS = ("attention", "weights", "masks", "models", "search", "training", "ring", "gpu")
 
 
 class _Parser(argparse.ArgumentParser):

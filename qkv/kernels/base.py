@@ -121,7 +121,6 @@ class Backend:
         raise NotImplementedError
 
 
-
 def visible_rows(mask: Tensor | None) -> Tensor | None:
     """``True`` for query rows that see at least one key (``None`` when all rows do).
 
