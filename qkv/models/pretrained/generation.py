@@ -21,12 +21,14 @@ once every row has finished.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "CausalLMOutput",
     "DecodingRules",
     "adjust_logits",
     "decode",
@@ -34,6 +36,23 @@ __all__ = [
     "prompt_mask",
     "sample_next",
 ]
+
+
+@dataclass
+class CausalLMOutput:
+    """What a causal language model (:class:`~qkv.models.GPT`, :class:`~qkv.models.Llama`)
+    returns from ``forward``.
+
+    Attributes:
+        logits: ``(B, T, V)``.
+        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
+        cache: the updated cache that was passed in (the model's ``new_cache()``), or
+            ``None``.
+    """
+
+    logits: Tensor
+    attentions: list[Tensor] = field(default_factory=list)
+    cache: Any = None
 
 
 @dataclass(frozen=True)

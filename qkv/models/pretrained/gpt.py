@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from qkv.models.pretrained.gen_defaults import (
     read_generation_defaults,
     with_defaults,
 )
-from qkv.models.pretrained.generation import DecodingRules, decode, prompt_mask
+from qkv.models.pretrained.generation import CausalLMOutput, DecodingRules, decode, prompt_mask
 from qkv.models.pretrained.gpt_hf import gpt2_config_values, gpt2_weights
 from qkv.models.pretrained.hf import check_values, config_errors, load_checked, read_config
 from qkv.models.pretrained.lm_beam import beam_decode
@@ -112,19 +112,7 @@ class GPTConfig:
         return cls(**gpt2_config_values(config))
 
 
-@dataclass
-class GPTOutput:
-    """What :class:`GPT` returns.
-
-    Attributes:
-        logits: ``(B, T, V)``.
-        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
-        cache: the updated cache that was passed in, or ``None``.
-    """
-
-    logits: Tensor
-    attentions: list[Tensor] = field(default_factory=list)
-    cache: DecoderCache | None = None
+GPTOutput = CausalLMOutput  # logits, attentions, cache: as every causal LM here
 
 
 class GPT(nn.Module):

@@ -20,7 +20,7 @@ and :mod:`~qkv.models.pretrained.llama_hf` reads them from a Hugging Face folder
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from qkv.errors import ConfigError
 from qkv.functional import combine_masks, scaled_dot_product_attention
 from qkv.models.inputs import check_position_ids, check_token_ids
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
+from qkv.models.pretrained.generation import CausalLMOutput
 from qkv.models.pretrained.gguf import read_gguf
 from qkv.models.pretrained.gpt import generate_tokens, real_token_positions
 from qkv.models.pretrained.hf import check_values, load_checked, load_into
@@ -150,19 +151,7 @@ class LlamaConfig:
         return cls(**llama_config_values(config))
 
 
-@dataclass
-class LlamaOutput:
-    """What :class:`Llama` returns.
-
-    Attributes:
-        logits: ``(B, T, V)``.
-        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
-        cache: the updated cache that was passed in, or ``None``.
-    """
-
-    logits: Tensor
-    attentions: list[Tensor] = field(default_factory=list)
-    cache: KVCache | None = None
+LlamaOutput = CausalLMOutput  # logits, attentions, cache: as every causal LM here
 
 
 class LlamaAttention(nn.Module):
