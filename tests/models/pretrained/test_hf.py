@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from tests.models.pretrained.folder_helpers import copy_folder, refused
 from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -51,25 +52,6 @@ def gpt_folder(tmp_path_factory):
     )
 
 
-def _copy(folder, to, **config):
-    """A copy of ``folder`` whose config.json has the keys of ``config`` replaced."""
-    shutil.copytree(folder, to)
-    values = json.loads((to / "config.json").read_text())
-    (to / "config.json").write_text(json.dumps({**values, **config}))
-    return to
-
-
-def _refused(load, folder, *pieces: str) -> str:
-    """The one-line message of ``load(folder)``, which must contain every piece."""
-    with pytest.raises(ValueError) as info:
-        load(folder)
-    message = str(info.value)
-    assert "\n" not in message, message
-    for piece in pieces:
-        assert piece in message, message
-    return message
-
-
 @pytest.mark.parametrize(
     "key, value, expected",
     [
@@ -85,8 +67,8 @@ def _refused(load, folder, *pieces: str) -> str:
     ids=lambda x: str(x)[:12],
 )
 def test_mistyped_bert_config_values_are_named(bert_folder, tmp_path, key, value, expected):
-    folder = _copy(bert_folder, tmp_path / "m", **{key: value})
-    _refused(BertModel.from_pretrained, folder, str(folder / "config.json"), key, expected)
+    folder = copy_folder(bert_folder, tmp_path / "m", **{key: value})
+    refused(BertModel.from_pretrained, folder, str(folder / "config.json"), key, expected)
 
 
 @pytest.mark.parametrize(
@@ -102,8 +84,8 @@ def test_mistyped_bert_config_values_are_named(bert_folder, tmp_path, key, value
     ids=lambda x: str(x)[:12],
 )
 def test_mistyped_gpt2_config_values_are_named(gpt_folder, tmp_path, key, value, expected):
-    folder = _copy(gpt_folder, tmp_path / "m", **{key: value})
-    _refused(GPT.from_pretrained, folder, str(folder / "config.json"), key, expected)
+    folder = copy_folder(gpt_folder, tmp_path / "m", **{key: value})
+    refused(GPT.from_pretrained, folder, str(folder / "config.json"), key, expected)
 
 
 def test_bad_gpt_config_fields_are_named():
@@ -122,17 +104,17 @@ def test_pickled_code_in_pytorch_model_bin_is_never_run(bert_folder, tmp_path):
     folder.mkdir()
     shutil.copy(bert_folder / "config.json", folder)
     torch.save({"embeddings.word_embeddings.weight": Payload()}, folder / "pytorch_model.bin")
-    _refused(BertModel.from_pretrained, folder, "pytorch_model.bin", "not a weights-only")
+    refused(BertModel.from_pretrained, folder, "pytorch_model.bin", "not a weights-only")
     assert not (tmp_path / "ran").exists()
 
 
-def test_integer_weights_are_refused(bert_folder, tmp_path):
-    folder = _copy(bert_folder, tmp_path / "m")
+def test_integer_weights_arerefused(bert_folder, tmp_path):
+    folder = copy_folder(bert_folder, tmp_path / "m")
     state = load_state_dict(folder)
     name = "encoder.layer.1.attention.self.query.weight"
     state[name] = torch.randint(-3, 4, state[name].shape, dtype=torch.int8)  # quantized
     safetensors_torch.save_file(state, folder / "model.safetensors")
-    _refused(BertModel.from_pretrained, folder, "layers.1.self_attn.q_proj.weight", "torch.int8")
+    refused(BertModel.from_pretrained, folder, "layers.1.self_attn.q_proj.weight", "torch.int8")
 
 
 def _sharded(gpt_folder, to):
@@ -154,24 +136,24 @@ def test_sharded_folder_loads_the_same(gpt_folder, tmp_path):
 def test_broken_shard_indexes_are_named(gpt_folder, tmp_path):
     index, content = _sharded(gpt_folder, tmp_path)
     index.write_text("[]")  # was an AttributeError
-    _refused(GPT.from_pretrained, tmp_path, str(index), "no weight_map")
+    refused(GPT.from_pretrained, tmp_path, str(index), "no weight_map")
     weight_map = content["weight_map"]
     first = sorted(weight_map)[0]
     index.write_text(json.dumps({"weight_map": {**weight_map, first: 5}}))  # a TypeError
-    _refused(GPT.from_pretrained, tmp_path, str(index), f"the shard of '{first}' is 5")
+    refused(GPT.from_pretrained, tmp_path, str(index), f"the shard of '{first}' is 5")
     shards = sorted(set(weight_map.values()))
     moved = next(n for n, s in weight_map.items() if s == shards[0])
     index.write_text(json.dumps({"weight_map": {**weight_map, moved: shards[1]}}))  # loaded
-    _refused(GPT.from_pretrained, tmp_path, str(index), moved, "not where the index says")
+    refused(GPT.from_pretrained, tmp_path, str(index), moved, "not where the index says")
 
 
 def test_wrong_weight_names_are_one_line_with_the_first_few(bert_folder, tmp_path):
-    folder = _copy(bert_folder, tmp_path / "m")
+    folder = copy_folder(bert_folder, tmp_path / "m")
     state = load_state_dict(folder)
     for name in [n for n in state if ".attention." in n]:  # 10 weights in each of 2 layers
         state[name.replace(".attention.", ".attn.")] = state.pop(name)
     safetensors_torch.save_file(state, folder / "model.safetensors")
-    message = _refused(BertModel.from_pretrained, folder, "missing (20): ", "unexpected (20): ")
+    message = refused(BertModel.from_pretrained, folder, "missing (20): ", "unexpected (20): ")
     assert "(12 more); unexpected" in message and message.endswith("(12 more)")
 
 
@@ -230,7 +212,7 @@ def test_keys_a_config_omits_take_the_familys_defaults(family, tmp_path):
 @pytest.mark.parametrize("kind", ["bert", "gpt"])
 def test_auto_dtype_is_the_one_config_json_names(bert_folder, gpt_folder, tmp_path, key, kind):
     saved = bert_folder if kind == "bert" else gpt_folder
-    folder = _copy(saved, tmp_path / "f", **{key: "bfloat16"})
+    folder = copy_folder(saved, tmp_path / "f", **{key: "bfloat16"})
     config = json.loads((folder / "config.json").read_text())
     config.pop("dtype" if key == "torch_dtype" else "torch_dtype", None)  # transformers 4's name
     (folder / "config.json").write_text(json.dumps(config))
@@ -250,7 +232,7 @@ def test_dtype_may_be_named_as_in_transformers(gpt_folder):
 
 
 def test_weights_under_other_names_are_named(gpt_folder, tmp_path):
-    folder = _copy(gpt_folder, tmp_path / "f")
+    folder = copy_folder(gpt_folder, tmp_path / "f")
     (folder / "model.safetensors").rename(folder / "gpt2-small.safetensors")
     (folder / "tf_model.h5").write_bytes(b"HDF")
     with pytest.raises(FileNotFoundError) as info:
@@ -261,7 +243,7 @@ def test_weights_under_other_names_are_named(gpt_folder, tmp_path):
 
 
 def test_a_training_checkpoint_is_not_taken_for_weights(gpt_folder, tmp_path):
-    folder = _copy(gpt_folder, tmp_path / "f")
+    folder = copy_folder(gpt_folder, tmp_path / "f")
     (folder / "model.safetensors").unlink()
     torch.save({"model": load_state_dict(gpt_folder), "step": 3}, folder / "pytorch_model.bin")
-    _refused(GPT.from_pretrained, folder, "pytorch_model.bin: 'model' holds a dict, not a tensor")
+    refused(GPT.from_pretrained, folder, "pytorch_model.bin: 'model' holds a dict, not a tensor")

@@ -14,6 +14,7 @@ import torch
 
 from qkv.errors import ModelFileError
 from tests.models.memory_helpers import GIB, MAX_RSS, run_bounded, write_safetensors
+from tests.models.pretrained.folder_helpers import copy_folder, refused
 from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 from tests.models.pretrained.llama_helpers import random_llama_folder
 
@@ -64,22 +65,10 @@ def gpt_folder(tmp_path_factory):
     return _with_tokenizer(path)
 
 
-def _copy(folder, to, **config):
-    """A copy of ``folder`` whose config.json has the keys of ``config`` replaced."""
-    shutil.copytree(folder, to)
-    values = json.loads((to / "config.json").read_text())
-    (to / "config.json").write_text(json.dumps({**values, **config}))
-    return to
-
-
 def _refused(load, folder, *pieces: str) -> str:
-    """The one-line ModelFileError of ``load(folder)``, which must hold every piece."""
-    with pytest.raises(ModelFileError) as info:
-        load(folder)
-    message = str(info.value)
-    assert "\n" not in message and len(message) < 500, message
-    for piece in pieces:
-        assert piece in message, message
+    """The one-line ModelFileError of ``load(folder)``, short, holding every piece."""
+    message = refused(load, folder, *pieces, error=ModelFileError)
+    assert len(message) < 500, message
     return message
 
 
@@ -103,7 +92,9 @@ def test_config_sizes_the_weights_do_not_back_are_refused_before_building(
 ):
     """100,000 layers grew past 6 GB, hidden_size 49152 asked for 9.7 GB, before the
     weights were compared with the model; now the headers are compared first."""
-    folder = _copy(bert_folder if kind == "bert" else gpt_folder, tmp_path / "m", **{key: value})
+    folder = copy_folder(
+        bert_folder if kind == "bert" else gpt_folder, tmp_path / "m", **{key: value}
+    )
     load = BertModel.from_pretrained if kind == "bert" else GPT.from_pretrained
     message = _refused(load, folder, f"{folder / 'config.json'}: {key} {value} ", weights)
     assert "model.safetensors" in message
@@ -120,7 +111,7 @@ def test_sharded_and_pytorch_bin_folders_are_checked_from_their_headers(gpt_fold
     for name, file in (("sharded", "model.safetensors.index.json"), ("bin", "pytorch_model.bin")):
         assert torch.equal(GPT.from_pretrained(tmp_path / name)(ids).logits, want)
         for key, value, piece in (("n_layer", 100_000, "2 layer(s)"), ("n_embd", 49152, "(90,")):
-            folder = _copy(tmp_path / name, tmp_path / f"{name}-{key}", **{key: value})
+            folder = copy_folder(tmp_path / name, tmp_path / f"{name}-{key}", **{key: value})
             _refused(GPT.from_pretrained, folder, f"{key} {value} ", f"in {file}", piece)
 
 
@@ -211,7 +202,7 @@ def test_hostile_json_in_any_file_of_a_folder_is_one_line_naming_it(
 def test_qkv_show_refuses_a_config_its_weights_do_not_back_in_one_line(bert_folder, tmp_path):
     """``qkv show --model DIR`` on num_hidden_layers 100000: 61 s, 1.6 GiB under a 2 GiB
     address space and a traceback; now exit 2 and one line, well under 1 GiB."""
-    folder = _copy(bert_folder, tmp_path / "m", num_hidden_layers=100_000)
+    folder = copy_folder(bert_folder, tmp_path / "m", num_hidden_layers=100_000)
     out = tmp_path / "page.html"
     run = run_bounded(["-m", "qkv", "show", "--model", str(folder), "hi", "--out", str(out)])
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr[-3000:]
@@ -235,6 +226,6 @@ def test_a_llama_config_the_weights_do_not_back_is_refused_before_building(
     weights (100,000 layers were built first); it loads through the same header checks."""
     torch.manual_seed(0)
     folder = random_llama_folder(tmp_path / "llama", "llama")
-    folder = _copy(folder, tmp_path / "m", **{key: value})
+    folder = copy_folder(folder, tmp_path / "m", **{key: value})
     message = _refused(Llama.from_pretrained, folder, f"{folder / 'config.json'}: {key} {value}")
     assert piece in message and "model.safetensors" in message
