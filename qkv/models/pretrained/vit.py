@@ -26,7 +26,7 @@ ViT and DeiT folders (see :mod:`~qkv.models.pretrained.vit_hf`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from qkv.errors import ConfigError
 from qkv.files import quoted
-from qkv.models.pretrained.hf import HF_ACTIVATIONS, check_values, load_into, load_state_dict
+from qkv.models.pretrained.hf import HF_ACTIVATIONS, check_values, load_checked, open_weights
 from qkv.models.pretrained.vit_hf import (
     check_sizes,
     read_vit_config,
@@ -436,12 +436,21 @@ class ViT(nn.Module):
             ValueError: weights missing or unexpected (named).
         """
         raw = read_vit_config(path)
-        state = vit_weights(load_state_dict(path), raw["model_type"])
+        weights = open_weights(path)  # names and shapes only: nothing is read yet
+        kind = raw["model_type"]
+        headers = vit_weights(weights.tensors, kind)
         try:
-            config = ViTConfig(**vit_config_values(raw, state))
-            check_sizes(config, state)
+            config = ViTConfig(**vit_config_values(raw, headers))
+            check_sizes(config, headers)
         except ValueError as err:
             raise ConfigError(f"{Path(path) / 'config.json'}: {err}") from None
-        model = cls(config)
-        load_into(model, state, what=str(path), dtype=dtype, config=raw)
+        model = load_checked(  # only the tensors the model uses are read
+            path,
+            raw,
+            lambda n: cls(config if n is None else replace(config, num_hidden_layers=n)),
+            lambda state: vit_weights(state, kind),
+            layers_key="num_hidden_layers",
+            weights=weights,
+            dtype=dtype,
+        )
         return model.eval()

@@ -24,7 +24,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from qkv.models import GPT, BertModel, Llama, load_tokenizer  # noqa: E402
+from qkv.models import GPT, BertModel, Llama, ViT, load_tokenizer  # noqa: E402
 from qkv.models.pretrained.hf import load_state_dict  # noqa: E402
 
 VOCAB = 90
@@ -229,3 +229,34 @@ def test_a_llama_config_the_weights_do_not_back_is_refused_before_building(
     folder = copy_folder(folder, tmp_path / "m", **{key: value})
     message = _refused(Llama.from_pretrained, folder, f"{folder / 'config.json'}: {key} {value}")
     assert piece in message and "model.safetensors" in message
+
+
+def test_a_vit_config_the_weights_do_not_back_is_refused_before_building(tmp_path):
+    """ViT.from_pretrained read every stored tensor before comparing the config with
+    them (a 1 TiB tensor the model drops failed the allocation); it loads through the
+    same header checks: sizes are refused by their key before anything is built, and
+    only the tensors the model uses are read."""
+    config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    transformers.ViTModel(config).save_pretrained(tmp_path / "vit")
+    pixels = torch.randn(2, 1, 8, 8)
+    want = transformers.ViTModel.from_pretrained(tmp_path / "vit").eval()(pixels)
+    got = ViT.from_pretrained(tmp_path / "vit")(pixels)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
+    folder = copy_folder(tmp_path / "vit", tmp_path / "m", num_hidden_layers=100_000)
+    refused(ViT.from_pretrained, folder, "num_hidden_layers = 100000", "hold 2 layers")
+    # a 1 TiB masked-image-modelling token (a sparse hole) that the model drops: not read
+    state = load_state_dict(tmp_path / "vit")
+    (tmp_path / "hole").mkdir()
+    shutil.copy(tmp_path / "vit" / "config.json", tmp_path / "hole")
+    holes = {"embeddings.mask_token": ((2**38,), torch.float32)}
+    write_safetensors(tmp_path / "hole" / "model.safetensors", state, holes=holes)
+    got = ViT.from_pretrained(tmp_path / "hole")(pixels)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
