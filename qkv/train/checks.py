@@ -117,16 +117,17 @@ def _shorter(split: str) -> str:
     return f"data.max_len for the toy corpus, {files}"
 
 
-def finished(state, cfg) -> str | None:
+def finished(state, cfg, score: str = "BLEU") -> str | None:
     """Why a resumed run has nothing left to train (as the uninterrupted run would have
-    stopped there), or None."""
+    stopped there), or None. ``score``: what the validation measures besides its loss
+    (``"BLEU"`` for translators, ``"accuracy"`` for image classifiers)."""
     if state.step >= cfg.steps:
         return (
             f"is already at step {state.step} and train.steps is {cfg.steps}; raise "
             f"train.steps (--set train.steps=N) to train further"
         )
     if cfg.patience > 0 and state.bad_evals >= cfg.patience:
-        better = "validation loss" if cfg.valid_bleu_sentences == 0 else "BLEU"
+        better = "validation loss" if cfg.valid_bleu_sentences == 0 else score
         return (
             f"stopped early at step {state.step}: {state.bad_evals} evaluations without a "
             f"better {better} and train.patience is {cfg.patience}; raise train.patience "

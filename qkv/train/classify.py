@@ -132,6 +132,7 @@ class ImageTask:
 
     count_key, rate_key, score_key = "images", "images_per_s", "valid_accuracy"
     unit = "img"  # what the progress bar's rate counts
+    score_name = "accuracy"  # what the validation scores, in messages
 
     def __init__(self, recipe: Recipe, data: ImageData, rank: int = 0, world_size: int = 1):
         self.recipe, self.data = recipe, data

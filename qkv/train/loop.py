@@ -249,6 +249,7 @@ class TranslationTask:
 
     count_key, rate_key, score_key = "target_tokens", "tokens_per_s", "valid_bleu"
     unit = "tok"  # what the progress bar's rate counts
+    score_name = "BLEU"  # what the validation scores, in messages
 
     def __init__(self, recipe: Recipe, data: Prepared, dist: Dist | None = None):
         self.recipe, self.data = recipe, data
@@ -332,7 +333,7 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     if resume and (out / "last.safetensors").exists():
         saved = restore(out / "last.safetensors", model, optimizer, recipe, data)
         state = _State(**{k: v for k, v in saved.items() if k in _State.__dataclass_fields__})
-        done = finished(state, cfg)
+        done = finished(state, cfg, task.score_name)
         if done:
             return TrainResult(
                 out,
@@ -550,6 +551,8 @@ class _Loop:
             seconds,
             self.tokens_seen / max(seconds, 1e-9),
             self.bf16,
-            done_because=(finished(st, self.cfg) or "") if st.step < self.cfg.steps else "",
+            done_because=(finished(st, self.cfg, self.task.score_name) or "")
+            if st.step < self.cfg.steps
+            else "",
             first_step=self.first_step,
         )

@@ -5,6 +5,7 @@ stopped mid-way resumes to the losses of the uninterrupted run."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ import yaml
 from qkv.data.digits import load_digit_splits
 from qkv.errors import ConfigError
 from qkv.models.checkpoint import load_checkpoint
-from qkv.train.classify import IMAGE_MODELS, confusion_matrix
+from qkv.train.checks import finished
+from qkv.train.classify import IMAGE_MODELS, ImageTask, confusion_matrix
 from qkv.train.loop import train
 from qkv.train.recipe import load_yaml, recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
@@ -131,3 +133,13 @@ def test_the_bar_of_an_image_run_counts_images(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"{steps}/{steps}" in proc.stderr
     assert "img/s" in proc.stderr and "tok/s" not in proc.stderr
+
+
+def test_a_run_stopped_by_patience_names_the_accuracy(tmp_path):
+    """A resumed image run that patience had stopped said it saw no better BLEU."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny_vit(tmp_path / "out", steps=4, eval_every=1, patience=1)))
+    recipe = load_yaml(config)
+    stopped = SimpleNamespace(step=3, bad_evals=1, seconds=1.0)
+    message = finished(stopped, recipe.train, ImageTask.score_name)
+    assert "without a better accuracy" in message and "BLEU" not in message
