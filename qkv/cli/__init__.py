@@ -167,6 +167,15 @@ def _add_show(sub) -> None:
     s.add_argument("--layer", type=int, default=None, help="layer to show or open at (from 0)")
     s.add_argument("--head", type=int, default=None, help="head to show or open at (from 0)")
     s.add_argument(
+        "--generate",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a LLaMA-family --model (GGUF file or folder) generates N tokens greedily; the "
+        "page covers prompt + generated tokens (marked *) and gives each head's share of "
+        "attention on the first token (sink) and the previous token",
+    )
+    s.add_argument(
         "--out",
         default="attention.html",
         help="FILE.html: the viewer of every layer and head (default attention.html); "

@@ -24,17 +24,26 @@ from qkv.data.text import utf8_problem
 from qkv.errors import UserError
 from qkv.models import GPT, BertConfig, BertModel, GPTConfig, load_tokenizer, minilm_path
 from qkv.models.checkpoint import saved_extra
+from qkv.models.pretrained.generated_attention import (
+    generate_with_attention,
+    sink_and_previous_shares,
+)
+from qkv.models.pretrained.gguf import smollm2_path
 from qkv.models.pretrained.hf import read_config
 from qkv.viz.heatmap import IMAGE_SUFFIXES, fonts_for, plot_alignment, plot_heads, save_figure
 from qkv.viz.html import HTML_SUFFIXES, AttentionView, render_html
-from qkv.viz.maps import summary
+from qkv.viz.maps import prepare, summary
+from qkv.viz.page import Summary, fill_page
+from qkv.viz.payload import encode_payload
 
-__all__ = ["decoder_attention", "encoder_attention", "run_cli"]
+__all__ = ["decoder_attention", "encoder_attention", "run_cli", "share_lines"]
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_NAME = "all-MiniLM-L6-v2"
 _UINT16_TOKENS = 100
+_GENERATED = "*"  # suffix of a generated token on the page
+_SHARES = "Share of attention on the first token (sink) and the previous token"
 
 
 def encoder_attention(
@@ -296,6 +305,8 @@ def run_cli(args: argparse.Namespace) -> int:
     """
 
     out = Path(args.out)
+    if getattr(args, "generate", None) is not None:
+        return _run_generate(args, out)
     if out.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:
         raise UserError(
             f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
@@ -332,5 +343,79 @@ def run_cli(args: argparse.Namespace) -> int:
         sys.stdout.reconfigure(encoding="utf-8")
     print(f"wrote {out}")
     for line in summary(maps, tokens):
+        print(line)
+    return 0
+
+
+def share_lines(maps: Tensor) -> list[str]:
+    """One line per layer: each head's share of attention on the first token (sink) and
+    on the previous token, means over the rows after the first (see
+    :func:`qkv.models.pretrained.generated_attention.sink_and_previous_shares`)."""
+    sink, previous = sink_and_previous_shares(maps)
+    return [
+        f"layer {layer}: "
+        + ", ".join(
+            f"h{h} sink {sink[layer, h]:.2f} prev {previous[layer, h]:.2f}"
+            for h in range(sink.shape[1])
+        )
+        for layer in range(sink.shape[0])
+    ]
+
+
+def _run_generate(args: argparse.Namespace, out: Path) -> int:
+    """``qkv show --model MODEL "PROMPT" --generate N``: greedy decoding with the KV cache,
+    then the viewer over prompt + generated tokens (marked ``*``) from the same passes."""
+    from qkv.cli.generate import load_model  # the decoder, its tokenizer and context
+
+    if args.generate < 1:
+        raise UserError(f"--generate must be >= 1, got {args.generate}")
+    if args.text_b is not None:
+        raise UserError("--generate reads one prompt, not a pair")
+    if out.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:
+        raise UserError(
+            f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
+            f"use one of {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}"
+        )
+    _check_utf8("TEXT", args.text)
+    if not args.text.strip():
+        raise UserError("the text to encode is empty")
+    path = Path(args.model) if args.model is not None else smollm2_path()
+    loaded = load_model(path)
+    config = loaded.model.config
+    _check_index("layer", args.layer, config.num_layers)
+    _check_index("head", args.head, config.num_heads)
+    ids = loaded.tokenizer.encode(args.text).ids
+    if not ids:
+        raise UserError(f"the text to encode is empty: {args.text!r} gives no token")
+    if len(ids) + args.generate > loaded.context:
+        raise UserError(
+            f"the prompt has {len(ids)} tokens and --generate {args.generate} more; "
+            f"the model's context is {loaded.context}"
+        )
+    defaults = loaded.model.generation_defaults
+    eos = tuple(defaults.eos_token_id) if defaults is not None else ()
+    new_ids, maps = generate_with_attention(loaded.model, torch.tensor([ids]), args.generate, eos)
+    tokens = [_piece_text(loaded.tokenizer, i) for i in ids]
+    tokens += [_piece_text(loaded.tokenizer, i) + _GENERATED for i in new_ids]
+    title = _title(path.name, args.text, None) + f" (+{len(new_ids)} generated, marked *)"
+    lines = share_lines(maps)
+    if out.suffix.lower() in HTML_SUFFIXES:
+        quantization = "uint16" if len(tokens) <= _UINT16_TOKENS else "uint8"
+        am = prepare(maps, tokens)
+        payload = encode_payload(am, title=title, quantization=quantization)
+        if args.layer is not None or args.head is not None:
+            view = "matrix" if args.layer is not None and args.head is not None else "head"
+            picked = {"layer": args.layer, "head": args.head}
+            payload["initial"] = {"view": view} | {k: v for k, v in picked.items() if v is not None}
+        page = fill_page(payload, [payload["encoding"]], am.kind, Summary(_SHARES, lines))
+        AttentionView(page).save(out)
+    else:
+        _write(out, maps, tokens, args.layer, args.head, title)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8")
+    print(f"wrote {out}")
+    print(f"generated: {loaded.tokenizer.decode(new_ids)!r}")
+    print(_SHARES + ", per layer and head:")
+    for line in lines:
         print(line)
     return 0

@@ -1,0 +1,109 @@
+"""The attention of generated tokens: greedy decoding that keeps every step's weights.
+
+A decoder with a KV cache computes the prompt's attention rows in one prefill pass and
+then one row per new token. Kept and stacked, these rows are the whole causal map over
+prompt + generated tokens, with no second model run:
+
+.. math::
+    A^{(l,h)}_{i,:} = \\mathrm{softmax}\\big(q_i K_{\\le i}^\\top / \\sqrt{D}\\big),\\quad
+    A^{(l,h)}_{i,j} = 0 \\text{ for } j > i
+
+Two numbers per head read such a map: the share of attention on the first token (the
+"attention sink", Xiao et al. 2023, "Efficient Streaming Language Models with Attention
+Sinks") and on the previous token, each a mean over the rows after the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from qkv.models.pretrained.generation import sample_next
+
+__all__ = ["generate_with_attention", "sink_and_previous_shares"]
+
+
+@torch.no_grad()
+def generate_with_attention(
+    model: nn.Module,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    eos_token_id: Sequence[int] = (),
+) -> tuple[list[int], Tensor]:
+    """Greedy decoding with the KV cache, keeping the attention weights of every pass.
+
+    The prefill pass gives the prompt's rows and each step one row; the last new token
+    is fed once more (its logits unused) so that it has its row too.
+
+    Args:
+        model: a decoder whose ``forward(ids, cache=..., need_weights=True)`` returns
+            ``.logits`` and ``.attentions`` (one ``(B, H, T, Tk)`` per layer) and that has
+            ``new_cache()``: :class:`qkv.models.Llama` or :class:`qkv.models.GPT`.
+        input_ids: the prompt ``(1, T)``.
+        max_new_tokens: N >= 1.
+        eos_token_id: tokens that end the generation (kept as the last new token).
+
+    Shape:
+        input_ids ``(1, T)``; maps ``(L, H, T + n, T + n)`` with ``n <= N`` new tokens.
+
+    Returns:
+        ``(new_ids, maps)``: the new token ids and float32 maps, lower triangular (rows
+        are queries, each a distribution over the keys up to itself).
+
+    Raises:
+        ValueError: a batch of more than one prompt, an empty prompt, or N < 1.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be one prompt (1, T >= 1), got {tuple(input_ids.shape)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    cache = model.new_cache()
+    out = model(input_ids, cache=cache, need_weights=True)  # prefill: the prompt's rows
+    rows = [[a[0].float()] for a in out.attentions]  # L lists of (H, t, Tk)
+    new_ids: list[int] = []
+    while True:
+        token = sample_next(out.logits[:, -1].float())  # (1,): argmax
+        new_ids.append(int(token))
+        out = model(token.view(1, 1), cache=cache, need_weights=True)  # one row per layer
+        for layer, a in zip(rows, out.attentions):
+            layer.append(a[0].float())  # (H, 1, Tk)
+        if len(new_ids) == max_new_tokens or new_ids[-1] in eos_token_id:
+            break
+    total = input_ids.shape[1] + len(new_ids)
+    maps = torch.zeros(len(rows), rows[0][0].shape[0], total, total)  # (L, H, T, T)
+    for layer, pieces in enumerate(rows):
+        start = 0
+        for a in pieces:  # (H, t, Tk): rows start..start+t, keys 0..Tk
+            t, tk = a.shape[1], a.shape[2]
+            maps[layer, :, start : start + t, :tk] = a
+            start += t
+    return new_ids, maps
+
+
+def sink_and_previous_shares(maps: Tensor) -> tuple[Tensor, Tensor]:
+    """Per layer and head, the mean share of attention on the first and previous token.
+
+    .. math::
+        \\mathrm{sink}_{l,h} = \\frac{1}{T-1}\\sum_{i=1}^{T-1} A^{(l,h)}_{i,0},\\quad
+        \\mathrm{prev}_{l,h} = \\frac{1}{T-1}\\sum_{i=1}^{T-1} A^{(l,h)}_{i,i-1}
+
+    The first row is left out: it can only attend to itself.
+
+    Args:
+        maps: causal attention ``(L, H, T, T)`` with ``T >= 2``.
+
+    Returns:
+        ``(sink, previous)``, each ``(L, H)`` in ``[0, 1]``.
+
+    Raises:
+        ValueError: maps that are not ``(L, H, T, T)`` with ``T >= 2``.
+    """
+    if maps.dim() != 4 or maps.shape[-1] != maps.shape[-2] or maps.shape[-1] < 2:
+        raise ValueError(f"maps must be (L, H, T, T) with T >= 2, got {tuple(maps.shape)}")
+    t = maps.shape[-1]
+    sink = maps[..., 1:, 0].mean(-1)  # (L, H)
+    rows = torch.arange(1, t, device=maps.device)
+    previous = maps[..., rows, rows - 1].mean(-1)  # (L, H)
+    return sink, previous

@@ -1,0 +1,122 @@
+"""``qkv show --model MODEL "PROMPT" --generate N``: greedy tokens with the KV cache, the
+attention rows of those same cached passes assembled into causal maps, each head's share of
+attention on the first and previous token, and one-line refusals of bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.models import Llama
+from qkv.models.pretrained.generated_attention import (
+    generate_with_attention,
+    sink_and_previous_shares,
+)
+from qkv.models.pretrained.gguf import read_gguf
+from qkv.viz.payload import decode_payload, extract_payload
+from tests.cli.helpers import one_line_error, run_main
+from tests.models.pretrained.test_gguf import hf_weights, write_llama_gguf
+
+pytest.importorskip("gguf", reason="needs the gguf package: pip install 'qkv[llm]'")
+
+PROMPT, N = "to tok", 7
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random 2-layer llama GGUF (F32, context 64) with its model and tokenizer."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_llama_gguf(path, hf_weights(seed=5), "F32")
+    return path, Llama.from_pretrained(path), read_gguf(path).tokenizer
+
+
+def test_tokens_are_greedy_and_rows_equal_one_full_pass(tiny):
+    _, model, tok = tiny
+    ids = torch.tensor([tok.encode(PROMPT).ids])  # (1, T)
+    new_ids, maps = generate_with_attention(model, ids, N)
+    greedy = model.generate(ids, N, eos_token_id=[])[0, ids.shape[1] :].tolist()
+    assert new_ids == greedy
+    # float64: the random weights make softmax peaky, so float32 rounding of the cached and
+    # the full pass would differ by up to 3e-4; in float64 only the maps' float32 is left
+    model = copy.deepcopy(model).double()
+    new_ids, maps = generate_with_attention(model, ids, N)
+    full = torch.cat([ids, torch.tensor([new_ids])], dim=1)  # (1, T + N)
+    with torch.no_grad():
+        reference = torch.stack([a[0] for a in model(full, need_weights=True).attentions])
+    total = full.shape[1]
+    assert maps.shape == (model.config.num_layers, model.config.num_heads, total, total)
+    torch.testing.assert_close(maps, reference.float(), atol=1e-5, rtol=0)
+    assert maps.triu(1).abs().max() == 0
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:3]))
+
+
+def test_shares_are_means_over_the_rows_after_the_first():
+    maps = torch.rand(3, 2, 6, 6).tril()
+    maps = maps / maps.sum(-1, keepdim=True)  # (L, H, T, T): causal rows
+    sink, previous = sink_and_previous_shares(maps)
+    for layer in range(3):
+        for head in range(2):
+            rows = [maps[layer, head, i] for i in range(1, 6)]
+            assert sink[layer, head] == pytest.approx(np.mean([r[0].item() for r in rows]))
+            expected = np.mean([maps[layer, head, i, i - 1].item() for i in range(1, 6)])
+            assert previous[layer, head] == pytest.approx(expected)
+    assert ((sink >= 0) & (sink <= 1) & (previous >= 0) & (previous <= 1)).all()
+
+
+def test_page_holds_prompt_and_marked_generated_tokens(tiny, tmp_path, monkeypatch, capsys):
+    path, model, tok = tiny
+    out = tmp_path / "gen.html"
+    code, stdout, err = run_main(
+        monkeypatch, capsys, "show", "--model", path, PROMPT, "--generate", N, "--out", out
+    )
+    assert code == 0, err
+    prompt_ids = tok.encode(PROMPT).ids
+    new_ids, maps = generate_with_attention(model, torch.tensor([prompt_ids]), N, (1,))
+    page = out.read_text(encoding="utf-8")
+    payload = extract_payload(page)
+    tokens = payload["queryTokens"]
+    assert tokens[: len(prompt_ids)] == [tok.decode([i]) for i in prompt_ids]
+    generated = tokens[len(prompt_ids) :]
+    assert len(generated) == len(new_ids) and all(t.endswith("*") for t in generated)
+    for i, shown in zip(new_ids, generated):  # a byte piece of a character shows its bytes
+        assert tok.decode([i]) in (shown[:-1], "\ufffd")
+    weights = decode_payload(payload)
+    assert weights.shape == tuple(maps.shape)
+    np.testing.assert_allclose(weights, maps.double().numpy(), atol=1e-4)
+    sink, previous = sink_and_previous_shares(maps)
+    line = f"h1 sink {sink[1, 1]:.2f} prev {previous[1, 1]:.2f}"
+    assert line in stdout and line in page
+    layer_lines = [s for s in stdout.splitlines() if s.startswith("layer ")]
+    assert len(layer_lines) == model.config.num_layers
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(["--generate", "0"], "--generate must be >= 1", id="zero-tokens"),
+        pytest.param(["--generate", "3", "--layer", "9"], "--layer 9 out of range", id="layer"),
+    ],
+)
+def test_bad_numbers_exit_2_with_one_line(tiny, tmp_path, monkeypatch, capsys, args, message):
+    code, _, err = run_main(
+        monkeypatch, capsys, "show", "--model", tiny[0], PROMPT, *args, "--out", tmp_path / "x.html"
+    )
+    one_line_error(code, err, message)
+
+
+def test_a_model_that_is_not_a_llama_decoder_exits_2(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
+    code, _, err = run_main(
+        monkeypatch, capsys, "show", "--model", tmp_path, "hi", "--generate", "2"
+    )
+    one_line_error(code, err, "'bert'")
+
+
+def test_a_prompt_longer_than_the_context_exits_2(tiny, tmp_path, monkeypatch, capsys):
+    code, _, err = run_main(
+        monkeypatch, capsys, "show", "--model", tiny[0], "tok " * 80, "--generate", "2"
+    )
+    one_line_error(code, err, "context is 64")
