@@ -8,15 +8,15 @@ final layer norm and the transposed token embedding (tied weights) give the logi
     h_0 = E_{tok}[x] + E_{pos}[p],\\quad h_l = \\mathrm{DecoderLayer}(h_{l-1}),\\quad
     \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
 
-:meth:`GPT.generate` decodes greedily or by sampling, with a key/value cache (each step
-feeds only the new token) or by recomputing the whole prefix, up to end tokens if any.
+``GPT.generate`` (from :class:`~qkv.models.pretrained.causal_lm.CausalLM`) decodes
+greedily or by sampling, with a key/value cache (each step feeds only the new token) or by
+recomputing the whole prefix, up to end tokens if any.
 :meth:`GPT.from_pretrained` reads a Hugging Face GPT-2 folder (and its default end tokens).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,19 +26,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.inputs import check_position_ids, check_token_ids
+from qkv.models.pretrained.causal_lm import CausalLM, real_token_positions
 from qkv.models.pretrained.gen_defaults import (
-    GenerationDefaults,
     read_generation_defaults,
-    with_defaults,
 )
-from qkv.models.pretrained.generation import CausalLMOutput, DecodingRules, decode, prompt_mask
+from qkv.models.pretrained.generation import CausalLMOutput
 from qkv.models.pretrained.gpt_hf import gpt2_config_values, gpt2_weights
 from qkv.models.pretrained.hf import check_values, config_errors, load_checked, read_config
-from qkv.models.pretrained.lm_beam import beam_decode
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
-__all__ = ["GPT", "GPTConfig", "GPTOutput", "generate_tokens", "real_token_positions"]
+__all__ = ["GPT", "GPTConfig", "GPTOutput"]
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +113,13 @@ class GPTConfig:
 GPTOutput = CausalLMOutput  # logits, attentions, cache: as every causal LM here
 
 
-class GPT(nn.Module):
+class GPT(CausalLM):
     """Decoder-only language model (GPT-2): learned positions, pre-LN, tied embeddings.
 
     Args:
         config: a :class:`GPTConfig`.
 
-    Attributes:
-        generation_defaults: the end and pad tokens that :meth:`generate` takes when given
-            none (a :class:`~qkv.models.GenerationDefaults`): the folder's after
-            :meth:`from_pretrained`, ``None`` (no end token) for a model built from a
-            config; may be set.
+    ``generate`` and ``generation_defaults`` come from :class:`CausalLM`.
 
     Shape:
         input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
@@ -135,7 +129,6 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.generation_defaults: GenerationDefaults | None = None  # set by from_pretrained
         c = config
 
         def layer() -> DecoderLayer:
@@ -171,6 +164,11 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    @property
+    def max_positions(self) -> int:
+        """The learned positions: prompts and new tokens together fit in these."""
+        return self.config.max_len
 
     def new_cache(self) -> DecoderCache:
         """An empty key/value cache for incremental decoding."""
@@ -225,78 +223,6 @@ class GPT(nn.Module):
         logits = self.lm_head(out.hidden)  # (B, T, V)
         return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
 
-    def generate(
-        self,
-        input_ids: Tensor,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        use_cache: bool = True,
-        attention_mask: Tensor | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        repetition_penalty: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        min_new_tokens: int = 0,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        early_stopping: bool | str = False,
-        num_return_sequences: int = 1,
-    ) -> Tensor:
-        """Continue each prompt by ``max_new_tokens`` tokens (as transformers' ``generate``).
-
-        Args:
-            input_ids: prompts ``(B, T)``; pad batches on the left.
-            max_new_tokens: tokens to add.
-            temperature: 0: the most likely token (greedy); else sample from logits / it.
-            top_k, top_p: sample only among the k most likely tokens / the smallest set
-                whose probability reaches p (Holtzman et al. 2020).
-            seed: seed of a private random generator (reproducible sampling).
-            use_cache: reuse cached keys/values (``False`` recomputes: same tokens, slower).
-            attention_mask: ``(B, T)``, 0 on the prompts' padding; ``None``: 0 on the
-                prompts' pad tokens when the pad token (below) is not an end token, as in
-                transformers (:func:`~qkv.models.pretrained.generation.prompt_mask`).
-            eos_token_id: token id(s) that end a row; ``None``: the loaded folder's, as in
-                transformers (none for a model built from a :class:`GPTConfig`); ``[]``: no
-                end token. A finished row continues with ``pad_token_id`` (``None``: the
-                folder's, else the first end id); generation stops once every row finished.
-            repetition_penalty, no_repeat_ngram_size, min_new_tokens: the rules of
-                :class:`~qkv.models.pretrained.generation.DecodingRules`, applied as
-                transformers does.
-            num_beams, length_penalty, early_stopping, num_return_sequences: beam search
-                (:mod:`qkv.models.pretrained.lm_beam`) when ``num_beams > 1``: the best
-                ``num_return_sequences`` continuations of each prompt, best first (always
-                with the cache). Sampling can also return several (independent) draws.
-
-        Returns:
-            ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens,
-            ``N = max_new_tokens`` unless every row ended earlier.
-        """
-        return generate_tokens(
-            self,
-            input_ids,
-            max_new_tokens,
-            max_len=self.config.max_len,
-            defaults=self.generation_defaults,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            use_cache=use_cache,
-            attention_mask=attention_mask,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            min_new_tokens=min_new_tokens,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            num_return_sequences=num_return_sequences,
-        )
-
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> GPT:
         """Load a Hugging Face GPT-2 folder: ``config.json``, the weights, and the end and
@@ -326,97 +252,3 @@ class GPT(nn.Module):
         )
         model.generation_defaults = read_generation_defaults(path, config.vocab_size)
         return model.eval()
-
-
-def generate_tokens(
-    model: nn.Module,
-    input_ids: Tensor,
-    max_new_tokens: int,
-    *,
-    max_len: int | None,
-    defaults: GenerationDefaults | None,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    use_cache: bool = True,
-    attention_mask: Tensor | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    pad_token_id: int | None = None,
-    repetition_penalty: float = 1.0,
-    no_repeat_ngram_size: int = 0,
-    min_new_tokens: int = 0,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
-    early_stopping: bool | str = False,
-    num_return_sequences: int = 1,
-) -> Tensor:
-    """:meth:`GPT.generate` for any causal language model with its surface (``model(ids,
-    mask, cache=...)`` returning ``.logits``, and ``model.new_cache()``).
-
-    Args:
-        model: the language model.
-        max_len: the most positions it has (``None``: no limit, as with rotary positions).
-        defaults: its folder's end and pad tokens, for ``eos_token_id``/``pad_token_id``
-            given as ``None``.
-        the others: as :meth:`GPT.generate`.
-    """
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
-    if attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask must have the prompts' shape {tuple(input_ids.shape)}, "
-            f"got {tuple(attention_mask.shape)}"
-        )
-    longest = input_ids.shape[1] + max_new_tokens
-    if max_len is not None and longest > max_len:
-        raise ValueError(
-            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = "
-            f"{longest} exceeds the model's {max_len} positions (max_len)"
-        )
-    rules = DecodingRules(
-        temperature,
-        top_k,
-        top_p,
-        repetition_penalty,
-        no_repeat_ngram_size,
-        min_new_tokens,
-        *with_defaults(defaults, eos_token_id, pad_token_id),
-    )
-    if attention_mask is None:
-        attention_mask = prompt_mask(input_ids, rules)
-    if num_beams != 1:
-        return beam_decode(
-            model,
-            input_ids,
-            max_new_tokens,
-            num_beams,
-            rules,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            num_return_sequences=num_return_sequences,
-            attention_mask=attention_mask,
-        )
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-    return decode(
-        model,
-        input_ids,
-        max_new_tokens,
-        rules,
-        attention_mask=attention_mask,
-        use_cache=use_cache,
-        generator=generator,
-        num_return_sequences=num_return_sequences,
-    )
-
-
-def real_token_positions(
-    key_mask: Tensor | None, past: int, b: int, t: int, device: torch.device
-) -> Tensor:
-    """``(B, T)``: the positions of the new tokens, counting the real tokens of ``key_mask``
-    ``(B, past + T)`` (padding at 0), or ``past + arange(T)`` without a mask."""
-    if key_mask is None:
-        return torch.arange(past, past + t, device=device).expand(b, t)
-    return (key_mask.long().cumsum(-1) - 1).masked_fill(~key_mask, 0)[:, past:]

@@ -19,7 +19,6 @@ and :mod:`~qkv.models.pretrained.llama_hf` reads them from a Hugging Face folder
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,10 @@ from torch import Tensor, nn
 from qkv.errors import ConfigError
 from qkv.functional import combine_masks, scaled_dot_product_attention
 from qkv.models.inputs import check_position_ids, check_token_ids
+from qkv.models.pretrained.causal_lm import CausalLM, real_token_positions
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
 from qkv.models.pretrained.generation import CausalLMOutput
 from qkv.models.pretrained.gguf import read_gguf
-from qkv.models.pretrained.gpt import generate_tokens, real_token_positions
 from qkv.models.pretrained.hf import check_values, load_checked, load_into
 from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights, read_llama_config
 from qkv.modules.cache import KVCache, LayerKV
@@ -242,15 +241,14 @@ class LlamaLayer(nn.Module):
         return x + self.ff(self.ff_norm(x)), weights
 
 
-class Llama(nn.Module):
+class Llama(CausalLM):
     """Decoder-only language model of the LLaMA family (LLaMA, Mistral, Qwen2).
 
     Args:
         config: a :class:`LlamaConfig`.
 
-    Attributes:
-        generation_defaults: the end and pad tokens that :meth:`generate` takes when given
-            none (:meth:`from_pretrained` reads the folder's; ``None`` otherwise).
+    ``generate`` (the options of GPT's, with no limit on the positions) and
+    ``generation_defaults`` come from :class:`CausalLM`.
 
     Shape:
         input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
@@ -260,7 +258,6 @@ class Llama(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
-        self.generation_defaults: GenerationDefaults | None = None  # set by from_pretrained
         c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.rope = RotaryPositionalEncoding(c.head_size, c.rope_base, c.rope_scaling)
@@ -332,56 +329,6 @@ class Llama(nn.Module):
                 attentions.append(weights)
         logits = self.lm_head(self.final_norm(x))  # (B, T, V)
         return LlamaOutput(logits=logits, attentions=attentions, cache=cache)
-
-    def generate(
-        self,
-        input_ids: Tensor,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        use_cache: bool = True,
-        attention_mask: Tensor | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        repetition_penalty: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        min_new_tokens: int = 0,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        early_stopping: bool | str = False,
-        num_return_sequences: int = 1,
-    ) -> Tensor:
-        """Continue each prompt by ``max_new_tokens`` tokens: the options and the result
-        of :meth:`GPT.generate` (greedy, sampling with a seed, repetition rules, end and
-        pad tokens, beam search, left-padded batches), with no limit on the positions.
-
-        Returns:
-            ``(B * num_return_sequences, T + N)``: the prompts followed by the new tokens.
-        """
-        return generate_tokens(
-            self,
-            input_ids,
-            max_new_tokens,
-            max_len=None,
-            defaults=self.generation_defaults,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            use_cache=use_cache,
-            attention_mask=attention_mask,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            min_new_tokens=min_new_tokens,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            num_return_sequences=num_return_sequences,
-        )
 
     @classmethod
     def from_weights(
