@@ -26,3 +26,19 @@ def refused(load, folder: Path, *pieces: str, error: type[Exception] = ValueErro
     for piece in pieces:
         assert piece in message, message
     return message
+
+
+def random_bert_folder(path: Path, vocab: int) -> Path:
+    """A random two-layer BERT of width 16 and 32 positions, saved by transformers."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=32,
+    )
+    transformers.BertModel(config).save_pretrained(path)
+    return path

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from tests.models.pretrained.folder_helpers import copy_folder, refused
+from tests.models.pretrained.folder_helpers import copy_folder, random_bert_folder, refused
 from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -26,17 +26,7 @@ VOCAB = 90
 
 @pytest.fixture(scope="module")
 def bert_folder(tmp_path_factory):
-    config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=24,
-        max_position_embeddings=32,
-    )
-    path = tmp_path_factory.mktemp("bert")
-    transformers.BertModel(config).save_pretrained(path)
-    return path
+    return random_bert_folder(tmp_path_factory.mktemp("bert"), VOCAB)
 
 
 @pytest.fixture(scope="module")

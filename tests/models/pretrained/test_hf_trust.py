@@ -14,7 +14,7 @@ import torch
 
 from qkv.errors import ModelFileError
 from tests.models.memory_helpers import GIB, MAX_RSS, run_bounded, write_safetensors
-from tests.models.pretrained.folder_helpers import copy_folder, refused
+from tests.models.pretrained.folder_helpers import copy_folder, random_bert_folder, refused
 from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 from tests.models.pretrained.llama_helpers import random_llama_folder
 
@@ -45,17 +45,7 @@ def _with_tokenizer(folder):
 
 @pytest.fixture(scope="module")
 def bert_folder(tmp_path_factory):
-    config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=24,
-        max_position_embeddings=32,
-    )
-    path = tmp_path_factory.mktemp("bert")
-    transformers.BertModel(config).save_pretrained(path)
-    return _with_tokenizer(path)
+    return _with_tokenizer(random_bert_folder(tmp_path_factory.mktemp("bert"), VOCAB))
 
 
 @pytest.fixture(scope="module")
