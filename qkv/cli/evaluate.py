@@ -20,7 +20,7 @@ from qkv.data.prepare import held_out_pairs
 from qkv.errors import CheckpointError, ConfigError, CorpusError, UserError
 from qkv.files import cache_root
 from qkv.models.checkpoint import load_checkpoint, saved_extra
-from qkv.train.classify import IMAGE_MODELS, confusion_matrix, image_splits, predict
+from qkv.train.classify import confusion_matrix, image_splits, predict
 from qkv.train.recipe import IMAGE_DATA, recipe_from_dict
 from qkv.translate.evaluate import bleu, chrf, decoding_settings, unknown_tokens
 
@@ -221,7 +221,7 @@ def evaluate_images(args) -> int:
         )
     split = getattr(args, "split", None) or "test"
     try:
-        ckpt = load_checkpoint(args.checkpoint, training_state=False, models=IMAGE_MODELS)
+        ckpt = load_checkpoint(args.checkpoint, training_state=False)
         recipe = recipe_from_dict(ckpt.extra["recipe"])
     except CheckpointError as err:
         raise UserError(str(err)) from None

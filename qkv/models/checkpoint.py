@@ -23,17 +23,11 @@ import dataclasses
 import glob
 import json
 import logging
-import math
 import os
 import random
-import re
-import resource
 import shutil
-import struct
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +38,8 @@ from torch import nn
 from qkv.errors import CheckpointError, ConfigFieldError
 from qkv.files import UnsafeJSONError, parse_json, quoted
 from qkv.models.cnn import CNN, CNNConfig
+from qkv.models.pretrained.vit import ViT, ViTConfig
+from qkv.models.tensor_file import StoredTensor, TensorFile, available_memory, count_layers
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.models.translators.rnn import RNNSeq2Seq
 from qkv.models.translators.transformer import TransformerSeq2Seq
@@ -51,12 +47,7 @@ from qkv.models.translators.transformer import TransformerSeq2Seq
 __all__ = [
     "Checkpoint",
     "CheckpointError",
-    "ModelKinds",
-    "StoredTensor",
-    "TensorFile",
-    "available_memory",
     "build_model",
-    "count_layers",
     "load_checkpoint",
     "restore_rng",
     "rng_state",
@@ -70,10 +61,8 @@ _MODELS = {
     "transformer": (TransformerSeq2SeqConfig, TransformerSeq2Seq),
     "rnn": (RNNSeq2SeqConfig, RNNSeq2Seq),
     "cnn": (CNNConfig, CNN),
+    "vit": (ViTConfig, ViT),
 }
-# A model type whose module reads this one (the ViT, through the Hugging Face loader) is
-# given by the caller: ``models={"vit": (ViTConfig, ViT)}`` (qkv.train.classify.IMAGE_MODELS).
-ModelKinds = Mapping[str, tuple[type, type]]
 _LAYER_FIELDS = {  # model type -> the config fields that count repeated layers
     "transformer": ("num_encoder_layers", "num_decoder_layers"),
     "rnn": ("num_layers",),
@@ -85,13 +74,11 @@ _MODEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _RNG_BYTES = 1 << 16  # torch's CPU generator state is 5,056 bytes
 
 
-def build_model(kind: str, config: dict[str, Any], models: ModelKinds | None = None) -> nn.Module:
-    """Build a model from its type name and config dict (``models``: more types, see
-    ``ModelKinds``)."""
-    kinds = {**_MODELS, **(models or {})}
-    if kind not in kinds:
-        raise ValueError(f"unknown model type {quoted(kind)}; expected one of {_names(kinds)}")
-    config_class, model_class = kinds[kind]
+def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
+    """Build a model from its type name and config dict."""
+    if kind not in _MODELS:
+        raise ValueError(f"unknown model type {quoted(kind)}; expected one of {_names()}")
+    config_class, model_class = _MODELS[kind]
     return model_class(config_class.from_dict(config))
 
 
@@ -104,8 +91,8 @@ def model_kind(model: nn.Module) -> str:
     return kinds[name]
 
 
-def _names(kinds: ModelKinds) -> str:
-    return ", ".join(repr(kind) for kind in kinds)
+def _names() -> str:
+    return ", ".join(repr(kind) for kind in _MODELS)
 
 
 def rng_state() -> dict[str, Any]:
@@ -220,253 +207,6 @@ def _dedupe_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own bound: safetensors refuses more
-_SAFETENSORS_DTYPES = {  # the header's name -> torch's (those this torch has)
-    name: getattr(torch, attr)
-    for name, attr in (
-        ("F64", "float64"),
-        ("F32", "float32"),
-        ("F16", "float16"),
-        ("BF16", "bfloat16"),
-        ("I64", "int64"),
-        ("I32", "int32"),
-        ("I16", "int16"),
-        ("I8", "int8"),
-        ("U64", "uint64"),
-        ("U32", "uint32"),
-        ("U16", "uint16"),
-        ("U8", "uint8"),
-        ("BOOL", "bool"),
-        ("F8_E4M3", "float8_e4m3fn"),
-        ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
-        ("F8_E5M2", "float8_e5m2"),
-        ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
-        ("C64", "complex64"),
-    )
-    if hasattr(torch, attr)
-}
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """One tensor of a safetensors file, as its (checked) header describes it.
-
-    Attributes:
-        dtype, shape: the tensor's.
-        offset: where its bytes start, from the start of the file.
-        nbytes: how many bytes it takes (its elements times the dtype's size).
-    """
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def meta(self) -> torch.Tensor:
-        """An empty tensor of this dtype and shape on the meta device (no memory)."""
-        return torch.empty(self.shape, dtype=self.dtype, device="meta")
-
-
-class TensorFile:
-    """A safetensors file: its header read and checked alone, its tensors read one by one.
-
-    Opening reads the 8-byte length and the JSON header only (at most
-    ``SAFETENSORS_MAX_HEADER`` bytes, parsed with a bound on nesting), and checks every
-    entry against the file: a known dtype, a shape of whole numbers, and offsets whose
-    span is the shape times the dtype's size, the tensors tiling the data without gap or
-    overlap, as the format requires. No tensor data is read until :meth:`read` asks for one
-    tensor, so a tensor that is never asked for costs nothing, however large.
-
-    Args:
-        path: the file.
-        what: how an unreadable file is refused: ``"{path}: not a {what} (why)"``.
-
-    Attributes:
-        path: the file.
-        tensors: ``{name: StoredTensor}``.
-        metadata: the header's ``__metadata__`` (``{str: str}``).
-
-    Raises:
-        CheckpointError: the file cannot be read, or its header is not safetensors'.
-    """
-
-    def __init__(self, path: str | Path, *, what: str = "safetensors file"):
-        self.path, self._what = Path(path), what
-        try:
-            with self.path.open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                prefix = f.read(8)
-                if len(prefix) < 8:
-                    raise self._refused(f"{size} bytes, shorter than the header's length")
-                (length,) = struct.unpack("<Q", prefix)
-                if length > min(SAFETENSORS_MAX_HEADER, size - 8):
-                    raise self._refused(
-                        f"a header of {length:,} bytes in a file of {size:,} bytes "
-                        f"(at most {SAFETENSORS_MAX_HEADER:,})"
-                    )
-                text = f.read(length)
-        except OSError as err:
-            raise CheckpointError(f"{self.path}: cannot be read ({err.strerror or err})") from None
-        try:
-            header = parse_json(text)
-        except ValueError as err:
-            raise self._refused(f"header: {err}") from None
-        self.metadata, self.tensors = self._entries(header, start=8 + length, end=size)
-
-    def _refused(self, why: str) -> CheckpointError:
-        return CheckpointError(f"{self.path}: not a {self._what} ({why})")
-
-    def _entries(
-        self, header: Any, start: int, end: int
-    ) -> tuple[dict[str, str], dict[str, StoredTensor]]:
-        if not isinstance(header, dict):
-            raise self._refused(f"the header is a {type(header).__name__}, not an object")
-        metadata = header.get("__metadata__") or {}
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-            raise self._refused("__metadata__ is not an object of strings")
-        tensors = {}
-        for name, entry in header.items():
-            if name != "__metadata__":
-                tensors[name] = self._entry(name, entry, start)
-        at = start  # the tensors tile the data, in the order of their offsets
-        for name, t in sorted(tensors.items(), key=lambda item: item[1].offset):
-            if t.offset != at:
-                raise self._refused(
-                    f"tensor {quoted(name)} starts at byte {t.offset:,}, not {at:,}"
-                )
-            at += t.nbytes
-        if at != end:
-            raise self._refused(f"the tensors end at byte {at:,}, the file at byte {end:,}")
-        return metadata, tensors
-
-    def _entry(self, name: str, entry: Any, start: int) -> StoredTensor:
-        fields = ("dtype", "shape", "data_offsets")
-        if not isinstance(entry, dict) or not all(k in entry for k in fields):
-            raise self._refused(f"tensor {quoted(name)} has no dtype, shape and data_offsets")
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
-        if dtype is None:
-            raise self._refused(f"tensor {quoted(name)} has dtype {quoted(entry['dtype'])}")
-        shape, offsets = entry["shape"], entry["data_offsets"]
-        if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
-            raise self._refused(f"tensor {quoted(name)} has shape {quoted(shape)}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(_is_count(n) for n in offsets)
-            or offsets[0] > offsets[1]
-        ):
-            raise self._refused(f"tensor {quoted(name)} has data_offsets {quoted(offsets)}")
-        nbytes = math.prod(shape) * dtype.itemsize
-        if offsets[1] - offsets[0] != nbytes:
-            raise self._refused(
-                f"tensor {quoted(name)} of shape {tuple(shape)} and dtype {entry['dtype']} "
-                f"takes {nbytes:,} bytes, its offsets span {offsets[1] - offsets[0]:,}"
-            )
-        return StoredTensor(dtype, tuple(shape), start + offsets[0], nbytes)
-
-    def read(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` read from the file into CPU memory (only its own bytes)."""
-        stored = self.tensors[name]
-        tensor = torch.empty(stored.shape, dtype=stored.dtype)
-        if not stored.nbytes:
-            return tensor
-        view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
-        try:
-            with self.path.open("rb") as f:
-                f.seek(stored.offset)
-                done = 0
-                while done < stored.nbytes:
-                    got = f.readinto(view[done:])
-                    if not got:
-                        raise self._refused(f"the file ends inside tensor {quoted(name)}")
-                    done += got
-        except OSError as err:
-            raise CheckpointError(f"{self.path}: cannot be read ({err.strerror or err})") from None
-        if sys.byteorder != "little":  # safetensors stores little-endian
-            tensor = tensor.view(-1).view(torch.uint8).view(-1, stored.dtype.itemsize)
-            tensor = tensor.flip(-1).contiguous().view(stored.dtype).view(stored.shape)
-        return tensor
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still allocate, or ``None`` when nothing says.
-
-    The least of the kernel's ``MemAvailable``, the room left under the process's address
-    space limit (``ulimit -v``) and the room left in its control group (``memory.max``).
-    """
-    bounds = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                bounds.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        used = _status_kib("VmSize")
-        if used is not None:
-            bounds.append(max(0, soft - used * 1024))
-    try:
-        group = Path("/proc/self/cgroup").read_text().strip().rpartition(":")[2]
-        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
-        limit = (folder / "memory.max").read_text().strip()
-        if limit != "max":
-            bounds.append(max(0, int(limit) - int((folder / "memory.current").read_text())))
-    except (OSError, ValueError):
-        pass
-    return min(bounds) if bounds else None
-
-
-def _status_kib(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def count_layers(names_with: Callable[[int], Iterable[str]], names: Iterable[str]) -> int | None:
-    """How many layers the weights ``names`` hold, as a model of ``n`` layers names them.
-
-    ``names_with(n)`` gives the weight names of the model with ``n`` layers (built on the
-    meta device: no memory). The names its second layer adds (``encoder.layers.1.norm1.
-    weight``, ``rnn.weight_ih_l1``) become patterns with the layer index free; the layers
-    of ``names`` are the distinct indices that match. Building the model that a config
-    describes before this check would create every layer it claims (ten million layers:
-    hours), whatever the file holds.
-
-    Returns:
-        The number of layers in ``names``, or ``None`` when the layers share their weights
-        (a second layer adds no name).
-    """
-    one, two = set(names_with(1)), set(names_with(2))
-    patterns = []
-    for name in two - one:
-        for index in re.finditer(r"\d+", name):
-            before, after = name[: index.start()], name[index.end() :]
-            if index[0] == "1" and f"{before}0{after}" in one:
-                patterns.append(re.escape(before) + r"(\d+)" + re.escape(after))
-    if not patterns:
-        return None
-    layer = re.compile("|".join(f"(?:{p})" for p in sorted(set(patterns))))
-    found = set()
-    for name in names:
-        match = layer.fullmatch(name)
-        if match:
-            found.add(next(g for g in match.groups() if g is not None))
-    return len(found)
-
-
 @dataclass
 class Checkpoint:
     """What :func:`load_checkpoint` returns."""
@@ -487,7 +227,6 @@ def load_checkpoint(
     map_location: str = "cpu",
     check_finite: bool = True,
     training_state: bool = True,
-    models: ModelKinds | None = None,
 ) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` (no pickle involved).
 
@@ -510,8 +249,6 @@ def load_checkpoint(
         training_state: also read the optimiser's tensors and the RNG state (to resume
             training); ``False`` reads the model's weights only (to translate), and
             ``optimizer_state`` and ``rng`` are then ``None``.
-        models: model types beyond the translators and the CNN, ``{type: (config class,
-            model class)}`` (the ViT: ``qkv.train.classify.IMAGE_MODELS``).
 
     Raises:
         CheckpointError: missing file, not safetensors, not a qkv checkpoint, a model
@@ -531,12 +268,11 @@ def load_checkpoint(
     file = TensorFile(path, what="safetensors checkpoint")
     header = _qkv_header(path, file.metadata)
     _check_header(path, header, file.tensors)
-    kinds = {**_MODELS, **(models or {})}
-    kind, config = _config(path, header, kinds)
+    kind, config = _config(path, header)
     stored = {k[len("model.") :]: t for k, t in file.tensors.items() if k.startswith("model.")}
-    _check_layers(path, kinds[kind][1], kind, config, stored)
+    _check_layers(path, _MODELS[kind][1], kind, config, stored)
     with torch.device("meta"):
-        skeleton = kinds[kind][1](config)
+        skeleton = _MODELS[kind][1](config)
     mismatch = _mismatch(skeleton.state_dict(), {k: t.meta() for k, t in stored.items()})
     if mismatch:
         raise CheckpointError(f"{path}: weights do not fit the model config ({mismatch})")
@@ -549,7 +285,7 @@ def load_checkpoint(
     tensors = {k: file.read(k).to(map_location) for k in wanted}
     if check_finite:
         _check_finite(path, tensors)
-    model = _build(path, kinds[kind][1], config, tensors)
+    model = _build(path, _MODELS[kind][1], config, tensors)
     return Checkpoint(
         model=model,
         model_type=kind,
@@ -587,13 +323,13 @@ def _qkv_header(path: Path, metadata: dict[str, str]) -> dict[str, Any]:
     return header
 
 
-def _config(path: Path, header: dict, kinds: ModelKinds) -> tuple[str, Any]:
+def _config(path: Path, header: dict) -> tuple[str, Any]:
     """The model type and its config dataclass (checked field by field)."""
     kind = header["model_type"]
     try:
-        if kind not in kinds:
-            raise ValueError(f"unknown model type {quoted(kind)}; expected one of {_names(kinds)}")
-        return kind, kinds[kind][0].from_dict(header["model_config"])
+        if kind not in _MODELS:
+            raise ValueError(f"unknown model type {quoted(kind)}; expected one of {_names()}")
+        return kind, _MODELS[kind][0].from_dict(header["model_config"])
     except ConfigFieldError as err:  # its value may be a number of 4,000 digits
         config = str(err).partition(".")[0]
         why = f"{config}.{err.field} = {quoted(err.value)}: {err.why}"

@@ -21,12 +21,9 @@ from torch import Tensor, nn
 
 from qkv.data.digits import DIGIT_LABELS, PIXEL_MAX, Digits, load_digit_splits
 from qkv.models.checkpoint import build_model
-from qkv.models.cnn import CNN, CNNConfig
-from qkv.models.pretrained.vit import ViT, ViTConfig
 from qkv.train.recipe import Recipe
 
 __all__ = [
-    "IMAGE_MODELS",
     "ClassLabels",
     "ImageBatch",
     "ImageData",
@@ -37,7 +34,6 @@ __all__ = [
     "predict",
 ]
 
-IMAGE_MODELS = {"vit": (ViTConfig, ViT), "cnn": (CNNConfig, CNN)}  # for checkpoints
 EVAL_BATCH = 512  # images per forward pass when evaluating (8 x 8 images: a few MiB)
 
 
@@ -148,7 +144,7 @@ class ImageTask:
         )
         if self.recipe.model["type"] == "vit":
             fields["labels"] = self.data.tgt_tok.names
-        return build_model(self.recipe.model["type"], fields, IMAGE_MODELS)
+        return build_model(self.recipe.model["type"], fields)
 
     def check(self, model: nn.Module) -> None:
         """Nothing to check: every image has the model's size."""

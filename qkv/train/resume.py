@@ -60,7 +60,7 @@ def restore(
     Raises:
         CheckpointError: other data or another model, or a corrupt training state.
     """
-    ckpt = load_checkpoint(path, models={model_kind(model): (type(model.config), type(model))})
+    ckpt = load_checkpoint(path)
     change = _data_change(ckpt, recipe, data)
     if change:
         raise CheckpointError(

@@ -16,7 +16,7 @@ from qkv.data.digits import load_digit_splits
 from qkv.errors import ConfigError
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.checks import finished
-from qkv.train.classify import IMAGE_MODELS, ImageTask, confusion_matrix
+from qkv.train.classify import ImageTask, confusion_matrix
 from qkv.train.loop import train
 from qkv.train.recipe import load_yaml, recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
@@ -81,15 +81,14 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_losses(tmp_path):
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     train(recipe_from_dict(tiny_vit(full)), progress=False)
     train_until_interrupted(recipe_from_dict(tiny_vit(stopped)), 5)  # last saved: step 4
-    saved = load_checkpoint(stopped / "last.safetensors", models=IMAGE_MODELS)
+    saved = load_checkpoint(stopped / "last.safetensors")
     assert saved.extra["train"]["step"] == 4
     train(recipe_from_dict(tiny_vit(stopped)), resume=True, progress=False)
     assert logged_losses(stopped) == logged_losses(full)
     rows = [json.loads(x) for x in (full / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "valid_accuracy" in r] == [3, 6]
     weights = [
-        load_checkpoint(out / "last.safetensors", models=IMAGE_MODELS).model.state_dict()
-        for out in (full, stopped)
+        load_checkpoint(out / "last.safetensors").model.state_dict() for out in (full, stopped)
     ]
     assert all(torch.equal(weights[1][k], v) for k, v in weights[0].items())
 

@@ -4,7 +4,7 @@ A Hugging Face folder holds ``config.json``, the weights (``model.safetensors`` 
 ``pytorch_model.bin``) and, usually, a tokenizer (read by
 :mod:`~qkv.models.pretrained.hf_tokenizer`).
 Nothing here imports ``transformers``: the weights are read from their safetensors headers
-(:class:`~qkv.models.checkpoint.TensorFile`), or with ``torch.load(weights_only=True)``,
+(:class:`~qkv.models.tensor_file.TensorFile`), or with ``torch.load(weights_only=True)``,
 which refuses pickled code.
 
 Nothing a folder says is trusted before it is checked against what it holds
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from qkv.errors import CheckpointError, ModelFileError
 from qkv.files import parse_json, quoted
-from qkv.models.checkpoint import TensorFile, available_memory, count_layers
+from qkv.models.tensor_file import TensorFile, available_memory, count_layers
 
 __all__ = [
     "HF_ACTIVATIONS",
@@ -464,12 +464,12 @@ def load_checked(
     1. the weights' names and shapes are read from their headers (:func:`open_weights`)
        and renamed by ``rename`` on the meta device;
     2. the config's layer count (``config[layers_key]``) is compared with the layers of
-       weights stored (:func:`~qkv.models.checkpoint.count_layers`, on models of one and
+       weights stored (:func:`~qkv.models.tensor_file.count_layers`, on models of one and
        two layers built on the meta device);
     3. the model is built on the meta device, and its weights' names and shapes are
        compared with the stored ones (a size that differs is named by its config key);
     4. what the model, its buffers and the tensors to read take is compared with the
-       memory available (:func:`~qkv.models.checkpoint.available_memory`);
+       memory available (:func:`~qkv.models.tensor_file.available_memory`);
     5. only the stored tensors that feed the model's weights are read (a task head that
        ``rename`` drops is never read), renamed, and loaded (:func:`load_into`).
 
