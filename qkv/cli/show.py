@@ -32,9 +32,8 @@ from qkv.models.pretrained.gguf import smollm2_path
 from qkv.models.pretrained.hf import read_config
 from qkv.viz.heatmap import IMAGE_SUFFIXES, fonts_for, plot_alignment, plot_heads, save_figure
 from qkv.viz.html import HTML_SUFFIXES, AttentionView, render_html
-from qkv.viz.maps import prepare, summary
-from qkv.viz.page import Summary, fill_page
-from qkv.viz.payload import encode_payload
+from qkv.viz.maps import summary
+from qkv.viz.page import Summary
 
 __all__ = ["decoder_attention", "encoder_attention", "run_cli", "share_lines"]
 
@@ -401,13 +400,19 @@ def _run_generate(args: argparse.Namespace, out: Path) -> int:
     lines = share_lines(maps)
     if out.suffix.lower() in HTML_SUFFIXES:
         quantization = "uint16" if len(tokens) <= _UINT16_TOKENS else "uint8"
-        am = prepare(maps, tokens)
-        payload = encode_payload(am, title=title, quantization=quantization)
+        initial = None
         if args.layer is not None or args.head is not None:
             view = "matrix" if args.layer is not None and args.head is not None else "head"
             picked = {"layer": args.layer, "head": args.head}
-            payload["initial"] = {"view": view} | {k: v for k, v in picked.items() if v is not None}
-        page = fill_page(payload, [payload["encoding"]], am.kind, Summary(_SHARES, lines))
+            initial = {"view": view} | {k: v for k, v in picked.items() if v is not None}
+        page = render_html(
+            maps,
+            tokens,
+            title=title,
+            quantization=quantization,
+            initial=initial,
+            summary=Summary(_SHARES, lines),
+        )
         AttentionView(page).save(out)
     else:
         _write(out, maps, tokens, args.layer, args.head, title)

@@ -77,6 +77,7 @@ def render_html(
     quantization: str = "uint16",
     initial: Mapping[str, Any] | None = None,
     map_label: str | None = None,
+    summary: Summary | None = None,
 ) -> str:
     """Build the viewer page as one HTML string.
 
@@ -92,6 +93,8 @@ def render_html(
         map_label: for a single map ``(1, 1, Tq, Tk)`` that is no particular layer and
             head, what it is (e.g. ``"last of 3 decoder layers, mean of 4 heads"``); the
             page names it so everywhere instead of "layer 0, head 0".
+        summary: the page's summary of the maps; default: where each layer's heads look
+            (:func:`~qkv.viz.maps.summarize`).
 
     Returns:
         the complete HTML document.
@@ -104,9 +107,9 @@ def render_html(
     payload = encode_payload(am, title=title, quantization=quantization, map_label=map_label)
     if initial:
         payload["initial"] = _check_initial(initial, layers, heads)
-    if map_label is None:
+    if summary is None and map_label is None:
         summary = Summary(PER_LAYER, summarize(am))
-    else:
+    elif summary is None:
         summary = Summary(f"Where the attention looks ({map_label})", [summarize_map(am)])
     return fill_page(payload, [payload["encoding"]], am.kind, summary)
 
