@@ -74,6 +74,9 @@ class ViTConfig:
         distillation_head: a second head, on the distillation token; the logits are then
             the mean of the two heads' (DeiT with teacher).
         labels: the class names, ``()`` or ``num_labels`` of them.
+        position_embeddings: add the learned positions (the paper's ``E_pos``). Without
+            them the encoder cannot tell where a patch lies: the class token's output is
+            the same for any order of the patches (``qkv lab vision`` measures it).
     """
 
     image_size: int | tuple[int, int] = 224
@@ -95,6 +98,7 @@ class ViTConfig:
     num_labels: int = 0
     distillation_head: bool = False
     labels: tuple[str, ...] = ()
+    position_embeddings: bool = True
 
     def __post_init__(self) -> None:
         check_values(vars(self), _KINDS)
@@ -191,7 +195,16 @@ _KINDS = {  # ViTConfig field -> kind of value (see qkv.models.pretrained.hf.che
     "hidden_dropout_prob": "probability",
     "attention_probs_dropout_prob": "probability",
     "layer_norm_eps": "positive",
-    **dict.fromkeys(["qkv_bias", "distillation_token", "add_pooler", "distillation_head"], "flag"),
+    **dict.fromkeys(
+        [
+            "qkv_bias",
+            "distillation_token",
+            "add_pooler",
+            "distillation_head",
+            "position_embeddings",
+        ],
+        "flag",
+    ),
     "pooler_output_size": "count?",
     "pooler_act": "name",
     "num_labels": "index",
@@ -322,7 +335,9 @@ class ViT(nn.Module):
         self.distillation_token = (
             nn.Parameter(torch.zeros(1, 1, e)) if c.distillation_token else None
         )
-        self.positions = nn.Parameter(torch.zeros(1, c.num_positions, e))  # (1, S + N, E)
+        self.positions = None  # (1, S + N, E) when the model has positions
+        if c.position_embeddings:
+            self.positions = nn.Parameter(torch.zeros(1, c.num_positions, e))
         for p in (self.cls_token, self.distillation_token, self.positions):
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02)
@@ -360,7 +375,9 @@ class ViT(nn.Module):
         special = [t for t in (self.cls_token, self.distillation_token) if t is not None]
         x = torch.cat([t.expand(b, -1, -1) for t in special] + [x], dim=1)
         # 3) + a learned position per token, resized to this image's grid when asked
-        x = self.dropout(x + self.positions_for(h, w, interpolate_pos_encoding))
+        if self.positions is not None:
+            x = x + self.positions_for(h, w, interpolate_pos_encoding)
+        x = self.dropout(x)
         # 4) the pre-LN encoder: every patch attends to every patch, keeping each layer's output
         hidden_states, attentions = [x], []
         for layer in self.encoder.layers:
@@ -391,9 +408,12 @@ class ViT(nn.Module):
         """The learned positions for an image of ``height`` x ``width`` pixels, ``(1, T, E)``.
 
         Raises:
-            ValueError: the image is not of the configured size and ``interpolate`` is False.
+            ValueError: the image is not of the configured size and ``interpolate`` is
+                False, or the model has no positions (``position_embeddings=False``).
         """
         c = self.config
+        if self.positions is None:
+            raise ValueError("this ViT has no positions (position_embeddings=False)")
         if not interpolate:
             if (height, width) != c.image_hw:
                 raise ValueError(
