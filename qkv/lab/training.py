@@ -3,11 +3,19 @@
 The toy corpus is generated once and written as line-aligned files, so every model of an
 experiment trains on exactly the same pairs (the gold word alignments stay in memory).
 Model widths are chosen so that every model has about the same number of parameters.
+
+A lab training runs until it has converged (:func:`until_converged`): it validates every
+``eval_every`` steps and stops when ``patience`` evaluations in a row bring no better
+validation BLEU (or, at equal BLEU, loss), with a generous step cap and no wall-clock
+budget; the best evaluation's checkpoint is the model scored. :class:`Trained` reports the
+steps, the time, why it stopped and the validation curve (from the run's ``log.jsonl``),
+which :func:`curve_figure` draws.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -30,9 +38,12 @@ __all__ = [
     "MODEL_FAMILIES",
     "Trained",
     "count_parameters",
+    "curve_figure",
     "match_width",
     "progress_bars",
+    "read_curve",
     "train_model",
+    "until_converged",
     "vocab_sizes",
     "write_toy_corpus",
 ]
@@ -158,9 +169,37 @@ def match_width(family: str, embed: int, target: int, vocab: tuple[int, int]) ->
     return best
 
 
+def until_converged(
+    *, eval_every: int, patience: int, step_cap: int, valid_bleu_sentences: int
+) -> dict[str, Any]:
+    """The train-section keys of a training that stops on the validation set.
+
+    It validates every ``eval_every`` steps (loss, and greedy BLEU on the first
+    ``valid_bleu_sentences`` validation pairs; 0: loss only) and stops after ``patience``
+    evaluations in a row without a better one, or at ``step_cap`` steps; no time budget.
+    """
+    return {
+        "steps": step_cap,
+        "eval_every": eval_every,
+        "save_every": eval_every,
+        "patience": patience,
+        "valid_bleu_sentences": valid_bleu_sentences,
+        "max_seconds": 0,
+    }
+
+
 @dataclass
 class Trained:
-    """A trained model, its tokenizers and how the training went."""
+    """A trained model, its tokenizers and how the training went.
+
+    Attributes:
+        steps: optimiser steps trained.
+        seconds: training time (validations included).
+        parameters: the model's parameter count.
+        best_step: the step of the checkpoint loaded (the best validation).
+        stopped: why training ended ("patience ...", "step cap", "time budget").
+        curve: one row per validation: step, seconds, valid_loss, valid_bleu.
+    """
 
     model: nn.Module
     src_tok: Any
@@ -168,6 +207,70 @@ class Trained:
     steps: int
     seconds: float
     parameters: int
+    best_step: int = 0
+    stopped: str = ""
+    curve: list[dict[str, float]] | None = None
+
+    def record(self) -> dict[str, Any]:
+        """How the training went, for ``result.json``."""
+        return {
+            "parameters": self.parameters,
+            "steps": self.steps,
+            "best_step": self.best_step,
+            "train_seconds": self.seconds,
+            "stopped": self.stopped,
+            "curve": self.curve or [],
+        }
+
+
+def read_curve(log_file: Path) -> list[dict[str, float]]:
+    """The validation rows of a run's ``log.jsonl``: step, training seconds at that step,
+    validation loss and BLEU."""
+    seconds: dict[int, float] = {}
+    curve = []
+    if not Path(log_file).is_file():
+        return curve
+    for line in Path(log_file).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "seconds" in row:
+            seconds[row["step"]] = row["seconds"]
+        if "valid_loss" in row:
+            curve.append(
+                {
+                    "step": row["step"],
+                    "seconds": seconds.get(row["step"], float("nan")),
+                    "valid_loss": row["valid_loss"],
+                    "valid_bleu": row.get("valid_bleu", float("nan")),
+                }
+            )
+    return curve
+
+
+def _why_stopped(result, patience: int) -> str:
+    if result.done_because:
+        if "patience" in result.done_because:
+            return f"patience: {patience} evaluations without improvement"
+        if "max_seconds" in result.done_because:
+            return "time budget"
+        return result.done_because
+    return "step cap"
+
+
+def curve_figure(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> str:
+    """Validation loss and BLEU against steps, one line per training (``name -> curve``)."""
+    fig = common.new_figure(11, 4.0)
+    ax_loss, ax_bleu = fig.subplots(1, 2)
+    for name, curve in curves.items():
+        steps = [r["step"] for r in curve]
+        (line,) = ax_loss.plot(steps, [r["valid_loss"] for r in curve], label=name)
+        ax_bleu.plot(steps, [r["valid_bleu"] for r in curve], color=line.get_color())
+    for ax, what in ((ax_loss, "validation loss (per token)"), (ax_bleu, "validation BLEU")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    ax_loss.legend(fontsize=7)
+    fig.suptitle(f"{title}: validation curves (training stops on them)")
+    return common.save_figure(fig, path)
 
 
 def train_model(
@@ -209,7 +312,8 @@ def train_model(
     log.info("training %s", name)
     with _training_bar(name, recipe.out_dir, recipe.train.max_seconds):
         result = train(recipe, progress=False)
-    ckpt = load_checkpoint(recipe.out_dir / "last.safetensors")
+    best = recipe.out_dir / "best.safetensors"
+    ckpt = load_checkpoint(best if best.is_file() else recipe.out_dir / "last.safetensors")
     ckpt.model.eval()
     n = sum(p.numel() for p in ckpt.model.parameters())
     return Trained(
@@ -219,4 +323,7 @@ def train_model(
         result.steps,
         result.seconds,
         n,
+        best_step=result.best_step,
+        stopped=_why_stopped(result, recipe.train.patience),
+        curve=read_curve(recipe.out_dir / "log.jsonl"),
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from qkv.lab.training import (
     MODEL_FAMILIES,
     progress_bars,
@@ -70,3 +72,27 @@ def test_the_long_measurements_show_a_bar_under_qkv_lab(capsys):
     assert "Jacobians" in err and f"{2 * len(gradients._models())}/" in err
     parallelism.measure(timing, "cpu")
     assert capsys.readouterr().err == ""
+
+
+def test_a_lab_training_stops_on_the_validation_set_and_keeps_its_curve(tmp_path):
+    """Lab trainings stopped at a wall-clock budget, unconverged; now they validate every
+    eval_every steps, stop after `patience` evaluations without a better one, load the
+    best checkpoint and report the curve that decided it."""
+    from qkv.lab.training import curve_figure, read_curve, until_converged
+
+    data = tmp_path / "data"
+    write_toy_corpus(data, (60, 10, 10), 2, 5, seed=0)
+    model = MODEL_FAMILIES["rnn-none"](16, 8)
+    # lr 0: the model never improves after its first evaluation, so patience 2 stops at 3
+    optim = {"max_tokens": 200, "lr": 1e-12, "warmup": 0, "seed": 0}
+    optim |= until_converged(eval_every=2, patience=2, step_cap=1000, valid_bleu_sentences=5)
+    trained = train_model("rnn-none", model, data, tmp_path / "models", optim)
+    assert trained.steps == 6 and trained.best_step == 2
+    assert trained.stopped == "patience: 2 evaluations without improvement"
+    assert [r["step"] for r in trained.curve] == [2, 4, 6]
+    assert trained.curve == read_curve(tmp_path / "models" / "rnn-none" / "log.jsonl")
+    assert all(r["seconds"] > 0 and r["valid_loss"] > 0 for r in trained.curve)
+    assert trained.record()["curve"] == trained.curve
+    pytest.importorskip("matplotlib", reason="the curve figure needs matplotlib")
+    path = curve_figure({"rnn-none": trained.curve}, tmp_path / "curve.png", "toy")
+    assert (tmp_path / "curve.png").stat().st_size > 1000 and path.endswith("curve.png")
