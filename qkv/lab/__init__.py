@@ -15,6 +15,7 @@ parallelism    recurrence is sequential in the length; self-attention is not
 word-order     without positions self-attention ignores word order
 heads          different heads look at different things
 alignment      a decoder query finds the related source words
+vision         attention relates distant parts of an image (ViT against a CNN)
 =============  ==============================================================
 """
 
@@ -46,6 +47,7 @@ EXPERIMENTS: dict[str, str] = {
     "word-order": "qkv.lab.word_order",
     "heads": "qkv.lab.heads",
     "alignment": "qkv.lab.alignment",
+    "vision": "qkv.lab.vision",
 }
 
 

@@ -43,6 +43,7 @@ def test_every_registered_experiment_has_run_and_table():
         "word-order",
         "heads",
         "alignment",
+        "vision",
     }
     for module in EXPERIMENTS.values():
         loaded = importlib.import_module(module)

@@ -1,0 +1,103 @@
+"""Quick ``vision``: a ViT with and without positions and a CNN trained a few steps on the
+digits; shuffled patches, ink shares and attention distances checked against direct
+computations, and the verdict built from the numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.lab.conftest import quick_result
+
+
+@pytest.fixture(scope="module")
+def result(lab_out):
+    pytest.importorskip("sklearn", reason="the digits are scikit-learn's")
+    return quick_result("vision", lab_out)
+
+
+def test_every_model_is_measured_on_the_whole_test_split(result):
+    models = result["results"]["models"]
+    assert set(models) == {"vit", "vit-no-positions", "cnn"}
+    assert result["results"]["test_images"] == 359
+    for rows in models.values():
+        for row in rows:
+            assert 0 <= row["accuracy"] <= 100 and row["seconds"] > 0
+    assert result["figures"] == ["vision-ink-share.png", "vision-accuracy.png"]
+
+
+def test_without_positions_shuffling_the_patches_changes_no_prediction(result):
+    for row in result["results"]["models"]["vit-no-positions"]:
+        assert row["shuffled_accuracy"] == row["accuracy"]
+
+
+def test_the_ink_shares_are_shares_and_chance_is_the_ink_in_the_images(result):
+    from qkv.data.digits import load_digit_splits
+    from qkv.lab.vision import INK
+
+    test = load_digit_splits(0)["test"]
+    looks = result["results"]["models"]["vit"][0]["looks"]
+    assert looks["chance"] == pytest.approx(float((test.images >= INK).double().mean()))
+    for share in [*looks["layer"], *looks["rollout"], *np.ravel(looks["head"])]:
+        assert 0 <= share <= 1
+
+
+def test_shuffle_patches_moves_whole_blocks():
+    from qkv.lab.vision import shuffle_patches
+
+    images = torch.arange(2 * 64, dtype=torch.float64).reshape(2, 1, 8, 8)
+    orders = torch.stack([torch.randperm(16), torch.arange(16)])
+    moved = shuffle_patches(images, orders)
+    assert torch.equal(moved[1], images[1])
+    for place in range(16):
+        src = int(orders[0, place])
+        r, c, sr, sc = 2 * (place // 4), 2 * (place % 4), 2 * (src // 4), 2 * (src % 4)
+        assert torch.equal(
+            moved[0, 0, r : r + 2, c : c + 2], images[0, 0, sr : sr + 2, sc : sc + 2]
+        )
+
+
+def test_ink_share_and_distance_against_direct_sums():
+    from qkv.lab.vision import attention_distance, ink_share
+
+    gen = torch.Generator().manual_seed(3)
+    images = torch.rand(5, 1, 8, 8, generator=gen, dtype=torch.float64)
+    rows = torch.rand(5, 16, generator=gen, dtype=torch.float64).numpy()
+    share, chance = ink_share(rows, images, 2)
+    want = []
+    for b in range(5):
+        a = rows[b] / rows[b].sum()
+        pixels = sum(
+            a[(y // 2) * 4 + x // 2] / 4 * float(images[b, 0, y, x] >= 0.5)
+            for y in range(8)
+            for x in range(8)
+        )
+        want.append(pixels)
+    assert share == pytest.approx(np.mean(want), abs=1e-12)
+    assert chance == pytest.approx(float((images >= 0.5).double().mean()), abs=1e-12)
+    square = torch.rand(16, 16, generator=gen, dtype=torch.float64).numpy()
+    got = attention_distance(square, (4, 4), 2)
+    direct = np.mean(
+        [
+            sum(square[i, j] / square[i].sum() * 2 * np.hypot(i // 4 - j // 4, i % 4 - j % 4)
+                for j in range(16))
+            for i in range(16)
+        ]
+    )  # fmt: skip
+    assert got == pytest.approx(direct, abs=1e-12)
+
+
+def test_the_verdict_and_the_interval_follow_the_numbers(result):
+    from qkv.lab.vision import _verdict, interval
+
+    summary = result["results"]["summary"]
+    verdict = result["verdict"]
+    assert f"{summary['vit']['accuracy']['mean']:.1f}%" in verdict
+    assert f"ink is {100 * summary['vit']['chance']:.0f}% of the image" in verdict
+    flipped = {**summary, "cnn": {**summary["cnn"], "accuracy": {"mean": 0.0, "half_width": 0}}}
+    assert "the ViT is more accurate" in _verdict(flipped, None)
+    best = {**summary, "cnn": {**summary["cnn"], "accuracy": {"mean": 100.0, "half_width": 0}}}
+    assert "the CNN is more accurate" in _verdict(best, None)
+    spread = interval([1.0, 2.0, 3.0])
+    assert spread["mean"] == 2.0 and spread["half_width"] == pytest.approx(4.303 / np.sqrt(3))
