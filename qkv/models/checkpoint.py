@@ -38,6 +38,8 @@ from torch import nn
 from qkv.errors import CheckpointError, ConfigFieldError
 from qkv.files import UnsafeJSONError, parse_json, quoted
 from qkv.models.cnn import CNN, CNNConfig
+from qkv.models.pretrained.gpt import GPT, GPTConfig
+from qkv.models.pretrained.llama import Llama, LlamaConfig
 from qkv.models.pretrained.vit import ViT, ViTConfig
 from qkv.models.tensor_file import StoredTensor, TensorFile, available_memory, count_layers
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
@@ -62,12 +64,16 @@ _MODELS = {
     "rnn": (RNNSeq2SeqConfig, RNNSeq2Seq),
     "cnn": (CNNConfig, CNN),
     "vit": (ViTConfig, ViT),
+    "gpt": (GPTConfig, GPT),
+    "llama": (LlamaConfig, Llama),
 }
 _LAYER_FIELDS = {  # model type -> the config fields that count repeated layers
     "transformer": ("num_encoder_layers", "num_decoder_layers"),
     "rnn": ("num_layers",),
     "vit": ("num_hidden_layers",),
     "cnn": (),
+    "gpt": ("num_layers",),
+    "llama": ("num_layers",),
 }
 # the dtypes a qkv model's weights are saved in (all the same); float8 is storage only
 _MODEL_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -86,6 +92,7 @@ def model_kind(model: nn.Module) -> str:
     """The type name :func:`build_model` understands for ``model``."""
     name = type(model).__name__
     kinds = {"TransformerSeq2Seq": "transformer", "RNNSeq2Seq": "rnn", "ViT": "vit", "CNN": "cnn"}
+    kinds.update(GPT="gpt", Llama="llama")
     if name not in kinds:
         raise ValueError(f"cannot checkpoint a {name}; supported: {', '.join(kinds)}")
     return kinds[name]

@@ -160,7 +160,7 @@ def _config(**changes):
         (_config(colour="red"), None, r"bad model config \(RNNSeq2SeqConfig: unknown .*'colour'"),
         (_config(hidden_dim="10"), None, r"bad model config .*hidden_dim = '10'"),
         (_config(hidden_dim=10**30), None, r"bad model config .*hidden_dim = 10+: must be <="),
-        (lambda h: h.update(model_type="gpt"), None, r"bad model config .*unknown model type"),
+        (lambda h: h.update(model_type="mamba"), None, r"bad model config .*unknown model type"),
         (_config(src_vocab_size=2**31 - 1), None, r"encoder\.embed\.weight is \(17, 6\) in the fi"),
         (None, lambda t: t.update({"model.bridge.h.bias": torch.arange(10)}), r"int64 in the"),
         (lambda h: h.pop("model_config"), None, r"corrupt qkv header: no 'model_config'"),

@@ -17,7 +17,7 @@ recomputing the whole prefix, up to end tokens if any.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,19 @@ class GPTConfig:
         """The factor on ``QK^T`` in layer ``layer`` (0-based)."""
         scale = (self.dim // self.num_heads) ** -0.5 if self.scale_by_head_dim else 1.0
         return scale / (layer + 1) if self.scale_by_layer else scale
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        """A config from a plain dict (a recipe's model section, a checkpoint's header);
+        an unknown key is a ``ValueError`` naming it (``from_dict(c.to_dict()) == c``)."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"GPTConfig: unknown field(s) {', '.join(map(repr, unknown))}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (what a qkv checkpoint stores)."""
+        return asdict(self)
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> GPTConfig:

@@ -19,7 +19,7 @@ and :mod:`~qkv.models.pretrained.llama_hf` reads them from a Hugging Face folder
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,27 @@ class LlamaConfig:
     def window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer`` (0-based), ``None`` for none."""
         return None if layer in self.full_layers else self.sliding_window
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """A config from a plain dict (a recipe's model section, a checkpoint's header);
+        an unknown key is a ``ValueError`` naming it. ``full_layers`` may be a list;
+        ``rope_scaling`` must be ``None`` (a scaled model is read from its own files)."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"LlamaConfig: unknown field(s) {', '.join(map(repr, unknown))}")
+        if d.get("rope_scaling") is not None:
+            raise ValueError("LlamaConfig: rope_scaling is read from a model's own files only")
+        values = dict(d)
+        if isinstance(values.get("full_layers"), list):
+            values["full_layers"] = tuple(values["full_layers"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (what a qkv checkpoint stores; no rope scaling)."""
+        if self.rope_scaling is not None:
+            raise ValueError("a LlamaConfig with rope_scaling has no plain-dict form")
+        return asdict(self)
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
