@@ -8,64 +8,92 @@ Claim:
 
 Method:
     Generate the Korean→English toy corpus with source lengths from 2 up to ``max_len``
-    words (40 in the full run), train four translators with matched parameter counts (a GRU
-    encoder–decoder without attention, with Bahdanau attention, with Luong attention, and
-    a Transformer) with the same data, steps budget and seed, then translate the held-out
-    test set greedily and score BLEU (sacreBLEU) and exact match in buckets of source
-    length. The fall is the relative BLEU lost from the shortest to the longest bucket,
-    ``(BLEU_short - BLEU_long) / BLEU_short``.
+    words (60 in the full run: the toy grammar grows sentences up to 60 words, with two
+    levels of relative clauses and three coordinated clauses), train four translators with
+    matched parameter counts (a GRU encoder–decoder without attention, with Bahdanau
+    attention, with Luong attention, and a Transformer) on the same data, each with every
+    seed of ``seeds``, until they converge: validation every ``eval_every`` steps, stop
+    after ``patience`` evaluations without a better validation BLEU (or loss), a generous
+    step cap, no time budget (:func:`qkv.lab.training.until_converged`). Then translate the
+    held-out test set greedily and score BLEU (sacreBLEU) and exact match in buckets of
+    source length. Every number is the mean over seeds with a 95% interval (a bootstrap
+    over test sentences and seeds, :mod:`qkv.lab.stats`). The fall is the relative BLEU
+    lost from the shortest to the longest bucket, ``(BLEU_short - BLEU_long) /
+    BLEU_short``, with its interval from the same bootstrap; the claim holds for an
+    attention model when the no-attention model's fall is larger and the two intervals
+    are apart (:func:`verdict`).
 
     The quick setting (for the tests) must learn in seconds, so it uses a *word-list*
     corpus instead of the grammar: a list of 2–16 Korean nouns from the toy lexicon and
     their English words in the same order ("고양이 쥐 개" → "cat mouse dog"), 12 nouns only,
-    and trains just the no-attention RNN and the Luong RNN. Remembering the whole list is
-    exactly what one context vector cannot do for long lists.
+    and trains just the no-attention RNN and the Luong RNN, two seeds, a step cap of 150.
+    Remembering the whole list is exactly what one context vector cannot do for long lists.
 
     The full run then repeats the comparison on real sentences, Multi30k German→English
-    (a BPE vocabulary per language, four models of matched size, a wall-clock budget per
-    model), scored with sacreBLEU per bucket of German source length on
-    ``test_2016_flickr``. When the shared
-    corpus is absent that part is skipped and the reason is recorded in ``result.json``.
+    (a BPE vocabulary per language, four models of matched size, three seeds, trained to
+    convergence), scored with sacreBLEU per bucket of German source length on
+    ``test_2016_flickr``; a bucket of fewer than ``MIN_SENTENCES`` sentences is marked too
+    small to decide. When the shared corpus is absent that part is skipped and the reason
+    is recorded in ``result.json``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qkv.data.corpus import read_parallel
 from qkv.data.toy import ToyPair
 from qkv.data.toy_lexicon import NOUNS
 from qkv.lab.common import LabRun, Table, corpus_folder, new_figure, save_figure, seed_all
+from qkv.lab.stats import (
+    Interval,
+    apart,
+    bleu_counts,
+    bleu_from_counts,
+    bootstrap,
+    bootstrap_bleu,
+    bootstrap_ratio,
+    t_interval,
+)
 from qkv.lab.training import (
     MODEL_FAMILIES,
     count_parameters,
+    curve_figure,
     match_width,
     train_model,
+    until_converged,
     vocab_sizes,
     write_toy_corpus,
 )
-from qkv.translate.evaluate import bleu, translate_texts
+from qkv.translate.evaluate import translate_texts
 
 __all__ = [
     "Setting",
     "Multi30kSetting",
     "QUICK",
     "FULL",
+    "MIN_SENTENCES",
     "MODELS",
     "bucket_scores",
     "multi30k_part",
+    "relative_drop",
     "run",
     "table",
+    "verdict",
 ]
 
 log = logging.getLogger(__name__)
 
 MODELS = ("rnn-none", "rnn-bahdanau", "rnn-luong", "transformer")
+MIN_SENTENCES = 50  # a bucket with fewer test sentences is marked too small to decide
 
 
 @dataclass(frozen=True)
@@ -76,13 +104,15 @@ class Multi30kSetting:
     vocab_size: int  # per language (two BPE vocabularies)
     embed: int
     reference_width: int  # hidden_dim of rnn-none; the others match its parameter count
-    steps: int
-    max_seconds: float  # per model
+    step_cap: int
+    eval_every: int
+    patience: int  # evaluations without a better validation BLEU before stopping
+    valid_bleu_sentences: int
     max_tokens: int
     lr: float
     test: str = "test_2016_flickr"
     folder: str = ""  # "" = the shared corpora folder's multi30k/
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)
     models: tuple[str, ...] = MODELS
 
 
@@ -91,57 +121,72 @@ class Setting:
     """Corpus, model and training sizes of one run."""
 
     n_train: int
+    n_valid: int
     n_test: int
     min_len: int
     max_len: int
     buckets: tuple[tuple[int, int], ...]  # inclusive source-length ranges (Korean words)
     embed: int
     reference_width: int  # hidden_dim of rnn-none; the others match its parameter count
-    steps: int
-    max_seconds: float  # per model, 0 = no limit
+    step_cap: int
+    eval_every: int
+    patience: int  # evaluations without a better validation BLEU before stopping
+    valid_bleu_sentences: int
     max_tokens: int
     lr: float
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)  # one training per model and seed
+    seed: int = 0  # the corpus
     corpus: str = "toy"  # "toy" (the grammar) or "word-list" (quick)
     models: tuple[str, ...] = MODELS
+    resamples: int = 1000  # bootstrap replicates of each interval
     multi30k: Multi30kSetting | None = None  # None: not part of this setting
 
 
 QUICK = Setting(
     n_train=3000,
+    n_valid=60,
     n_test=200,
     min_len=2,
     max_len=16,
     buckets=((2, 5), (13, 16)),
     embed=32,
     reference_width=64,
-    steps=150,
-    max_seconds=0,
+    step_cap=150,
+    eval_every=50,
+    patience=2,
+    valid_bleu_sentences=30,
     max_tokens=1500,
     lr=5e-3,
+    seeds=(0, 1),
     corpus="word-list",
     models=("rnn-none", "rnn-luong"),
+    resamples=300,
 )
 MULTI30K = Multi30kSetting(
     buckets=((4, 7), (8, 9), (10, 11), (12, 13), (14, 16), (17, 30)),
     vocab_size=4000,
     embed=128,
     reference_width=256,
-    steps=20000,
-    max_seconds=390,
+    step_cap=100_000,
+    eval_every=1000,
+    patience=8,
+    valid_bleu_sentences=1014,
     max_tokens=2000,
     lr=2e-3,
 )
 FULL = Setting(
-    n_train=20000,
-    n_test=800,
+    n_train=30000,
+    n_valid=300,
+    n_test=1500,
     min_len=2,
-    max_len=40,
-    buckets=((2, 5), (6, 10), (11, 15), (16, 20), (21, 25), (26, 30), (31, 35), (36, 40)),
+    max_len=60,
+    buckets=((2, 5), *((lo, lo + 4) for lo in range(6, 57, 5))),  # 2-5, 6-10, ..., 56-60
     embed=96,
     reference_width=256,
-    steps=20000,
-    max_seconds=280,
+    step_cap=100_000,
+    eval_every=500,
+    patience=10,
+    valid_bleu_sentences=300,
     max_tokens=3000,
     lr=2e-3,
     multi30k=MULTI30K,
@@ -161,15 +206,19 @@ def _models(
     return models
 
 
-def _optim(steps: int, max_tokens: int, lr: float, max_seconds: float, seed: int) -> dict:
+def _optim(s: Setting | Multi30kSetting) -> dict:
+    """The train section of every training of ``s`` (the seed is set per training)."""
     return {
-        "steps": steps,
-        "max_tokens": max_tokens,
-        "lr": lr,
-        "warmup": min(200, steps // 5),
+        "max_tokens": s.max_tokens,
+        "lr": s.lr,
+        "warmup": min(200, s.step_cap // 5),
         "label_smoothing": 0.1,
-        "max_seconds": max_seconds,
-        "seed": seed,
+        **until_converged(
+            eval_every=s.eval_every,
+            patience=s.patience,
+            step_cap=s.step_cap,
+            valid_bleu_sentences=s.valid_bleu_sentences,
+        ),
     }
 
 
@@ -177,7 +226,7 @@ def word_list_corpus(folder: Path, setting: Setting, nouns: int = 12) -> dict[st
     """Lists of Korean nouns and their English words, same order; written like the toy."""
     rng = random.Random(setting.seed)
     lexicon = [(n.ko, n.en[-1]) for n in NOUNS[:nouns]]
-    sizes = {"train": setting.n_train, "valid": 60, "test": setting.n_test}
+    sizes = {"train": setting.n_train, "valid": setting.n_valid, "test": setting.n_test}
     splits: dict[str, list] = {}
     for name, size in sizes.items():
         pairs = []
@@ -196,101 +245,219 @@ def word_list_corpus(folder: Path, setting: Setting, nouns: int = 12) -> dict[st
     return splits
 
 
+def _in_bucket(sources: list[str], lo: int, hi: int) -> list[int]:
+    return [i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi]
+
+
 def bucket_scores(
-    sources: list[str], hyps: list[str], refs: list[str], buckets
-) -> list[dict[str, float]]:
+    sources: list[str],
+    hyps: list[list[str]],
+    refs: list[str],
+    buckets,
+    *,
+    resamples: int = 1000,
+) -> list[dict[str, Any]]:
     """BLEU and exact match of the sentences whose source length falls in each bucket.
 
-    A bucket that no sentence falls into scores NaN (not 0: nothing was measured there).
+    Args:
+        sources, refs: the test set.
+        hyps: one list of translations per seed.
+        buckets: inclusive ``(lo, hi)`` source-length ranges.
+
+    Returns:
+        One row per bucket: its sentence count, BLEU and exact match (each the mean over
+        seeds with its bootstrap interval, ``{"mean", "low", "high"}``), the per-seed BLEU,
+        and ``too_few`` when it has fewer than ``MIN_SENTENCES`` sentences. A bucket that no
+        sentence falls into scores NaN (not 0: nothing was measured there).
     """
     rows = []
-    for lo, hi in buckets:
-        idx = [i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi]
-        h, r = [hyps[i] for i in idx], [refs[i] for i in idx]
+    for k, (lo, hi) in enumerate(buckets):
+        idx = _in_bucket(sources, lo, hi)
+        r = [refs[i] for i in idx]
+        h = [[seed_hyps[i] for i in idx] for seed_hyps in hyps]
+        hits = np.array([[float(a == b) for a, b in zip(hh, r)] for hh in h])
+        bleu = bootstrap_bleu(h, r, resamples=resamples, seed=k) if idx else _nan()
+        em = (
+            bootstrap_ratio(hits, np.ones_like(hits), resamples=resamples, seed=k)
+            if idx
+            else _nan()
+        )
         rows.append(
             {
                 "bucket": f"{lo}-{hi}",
                 "sentences": len(idx),
-                "bleu": bleu(h, r).score if idx else float("nan"),
-                "exact_match": sum(a == b for a, b in zip(h, r)) / len(idx)
-                if idx
-                else float("nan"),
+                "too_few": len(idx) < MIN_SENTENCES,
+                "bleu": bleu.as_dict(),
+                "exact_match": em.as_dict(),
+                "bleu_per_seed": [
+                    bleu_from_counts(bleu_counts(hh, r).sum(0)) if idx else math.nan for hh in h
+                ],
             }
         )
     return rows
 
 
-def _relative_drop(rows: list[dict[str, float]]) -> float:
-    first, last = rows[0]["bleu"], rows[-1]["bleu"]
-    return (first - last) / first if first > 0 else float("nan")
+def _nan() -> Interval:
+    return Interval(math.nan, math.nan, math.nan)
 
 
-def _evaluate(trained, sources: list[str], refs: list[str], buckets) -> dict:
-    outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
-    hyps = [o[0].text for o in outs]
-    rows = bucket_scores(sources, hyps, refs, buckets)
+def relative_drop(
+    sources: list[str], hyps: list[list[str]], refs: list[str], buckets, *, resamples: int = 1000
+) -> Interval:
+    """``(BLEU_first - BLEU_last) / BLEU_first`` between the first and the last bucket,
+    averaged over seeds, with the bootstrap interval (both buckets resampled together)."""
+    first, last = _in_bucket(sources, *buckets[0]), _in_bucket(sources, *buckets[-1])
+    if not first or not last:
+        return _nan()
+    idx = first + last
+    counts = []
+    for seed_hyps in hyps:
+        c = bleu_counts([seed_hyps[i] for i in idx], [refs[i] for i in idx])
+        short = np.zeros_like(c)
+        short[: len(first)] = c[: len(first)]
+        counts.append(np.concatenate([short, c - short], 1))  # (N, 20): short | long
+
+    def drop(summed: np.ndarray) -> float:
+        a, b = bleu_from_counts(summed[:10]), bleu_from_counts(summed[10:])
+        return (a - b) / a if a > 0 else math.nan
+
+    return bootstrap(np.stack(counts), drop, resamples=resamples, seed=len(buckets))
+
+
+def _evaluate(trained: list, sources: list[str], refs: list[str], buckets, resamples: int) -> dict:
+    """Scores of one model's trainings (one per seed) on the test set, by length."""
+    hyps = []
+    started = time.perf_counter()
+    for t in trained:
+        outs = translate_texts(t.model, t.src_tok, t.tgt_tok, sources)
+        hyps.append([o[0].text for o in outs])
+    decode = time.perf_counter() - started
+    hits = np.array([[float(a == b) for a, b in zip(h, refs)] for h in hyps])
     return {
-        "parameters": trained.parameters,
-        "steps": trained.steps,
-        "train_seconds": trained.seconds,
-        "bleu_all": bleu(hyps, refs).score,
-        "exact_match_all": sum(a == b for a, b in zip(hyps, refs)) / len(refs),
-        "buckets": rows,
-        "relative_drop": _relative_drop(rows),
+        "parameters": trained[0].parameters,
+        "steps": t_interval([t.steps for t in trained]).as_dict(),
+        "train_seconds": t_interval([t.seconds for t in trained]).as_dict(),
+        "decode_seconds": decode,
+        "trainings": [t.record() for t in trained],
+        "bleu_all": bootstrap_bleu(hyps, refs, resamples=resamples).as_dict(),
+        "exact_match_all": bootstrap_ratio(hits, np.ones_like(hits), resamples=resamples).as_dict(),
+        "buckets": bucket_scores(sources, hyps, refs, buckets, resamples=resamples),
+        "relative_drop": relative_drop(sources, hyps, refs, buckets, resamples=resamples).as_dict(),
         "examples": [
-            {"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(sources, refs, hyps))[-3:]
+            {"src": s, "ref": r, "hyp": h} for s, r, h in list(zip(sources, refs, hyps[0]))[-3:]
         ],
     }
 
 
-def _train_all(models: dict, data, out: Path, optim: dict, test, buckets, **kw) -> dict:
-    """Train each model in turn and score its greedy translations of ``test`` by length."""
+def _train_all(
+    models: dict, data, out: Path, optim: dict, seeds, test, buckets, resamples: int, **kw
+) -> dict:
+    """Train each model with each seed and score its greedy translations of ``test``."""
     results = {}
     for name, model in models.items():
-        trained = train_model(name, model, data, out, optim, **kw)
-        started = time.perf_counter()
-        results[name] = _evaluate(trained, *test, buckets)
-        results[name]["decode_seconds"] = time.perf_counter() - started
+        trained = [
+            train_model(f"{name}-seed{seed}", model, data, out, {**optim, "seed": seed}, **kw)
+            for seed in seeds
+        ]
+        results[name] = _evaluate(trained, *test, buckets, resamples)
         log.info(
-            "%s: %d steps, BLEU %.1f, drop %.2f",
+            "%s: %s steps, BLEU %s, drop %s",
             name,
-            trained.steps,
-            results[name]["bleu_all"],
-            results[name]["relative_drop"],
+            Interval(**results[name]["steps"]).format(0),
+            Interval(**results[name]["bleu_all"]).format(1),
+            Interval(**results[name]["relative_drop"]).format(0, 100),
         )
     return results
 
 
+STYLES = {"rnn-none": "k--o", "rnn-bahdanau": "-s", "rnn-luong": "-^", "transformer": "-D"}
+
+
 def _figure(results: dict[str, dict], buckets, title: str, path: Path, *, em: bool = True) -> str:
+    """Per-bucket means over seeds with their 95% interval as a band, per model."""
     fig = new_figure(11 if em else 7.5, 4.2)
     axes = fig.subplots(1, 2 if em else 1)
     ax_bleu, ax_em = (axes[0], axes[1]) if em else (axes, None)
     mids = [(lo + hi) / 2 for lo, hi in buckets]
-    styles = {"rnn-none": "k--o", "rnn-bahdanau": "-s", "rnn-luong": "-^", "transformer": "-D"}
     for name, r in results.items():
         label = f"{name} ({r['parameters'] / 1e6:.2f}M)"
-        ax_bleu.plot(mids, [b["bleu"] for b in r["buckets"]], styles[name], label=label)
-        if ax_em is not None:
-            ems = [100 * b["exact_match"] for b in r["buckets"]]
-            ax_em.plot(mids, ems, styles[name], label=label)
+        panels = [(ax_bleu, "bleu", 1.0), (ax_em, "exact_match", 100.0)]
+        for ax, key, scale in panels:
+            if ax is None:
+                continue
+            rows = [b[key] for b in r["buckets"]]
+            (line,) = ax.plot(mids, [scale * v["mean"] for v in rows], STYLES[name], label=label)
+            ax.fill_between(
+                mids,
+                [scale * v["low"] for v in rows],
+                [scale * v["high"] for v in rows],
+                color=line.get_color(),
+                alpha=0.18,
+                linewidth=0,
+            )
     language = "Korean" if em else "German"
     for ax, what in ((ax_bleu, "BLEU"), (ax_em, "exact match (%)")):
         if ax is None:
             continue
         ax.set_xlabel(f"source sentence length ({language} words)")
-        ax.set_ylabel(what)
-        ax.set_xticks(mids, [f"{lo}–{hi}" for lo, hi in buckets], fontsize=8)
+        ax.set_ylabel(f"{what}, mean and 95% interval")
+        ax.set_xticks(mids, [f"{lo}–{hi}" for lo, hi in buckets], fontsize=7)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     ax_bleu.legend(fontsize=8)
+    seeds = len(next(iter(results.values()))["trainings"]) if results else 0
     fig.suptitle(
-        f"{title}: quality against sentence length (cf. Bahdanau et al. 2015, Fig. 2)",
-        fontsize=None if em else 10,
+        f"{title}: quality against sentence length, {seeds} seed(s) per model "
+        "(cf. Bahdanau et al. 2015, Fig. 2)",
+        fontsize=10,
     )
     return save_figure(fig, path)
 
 
-def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
+def _curves(results: dict[str, dict]) -> dict[str, list]:
+    return {
+        f"{name} seed {k}": t["curve"]
+        for name, r in results.items()
+        for k, t in enumerate(r["trainings"])
+    }
+
+
+def verdict(results: dict[str, dict]) -> str:
+    """The claim, decided by the intervals of the relative drop.
+
+    It holds for an attention model when the no-attention model's drop is larger and
+    their intervals are apart; "holds" when it holds for every attention model, "does not
+    hold" for none, "holds for X, not for Y" otherwise.
+    """
+    if "rnn-none" not in results or len(results) < 2:
+        return "no comparison (the no-attention model and another are needed)"
+    none = Interval(**results["rnn-none"]["relative_drop"])
+    holds, fails = [], []
+    for name, r in results.items():
+        if name == "rnn-none":
+            continue
+        other = Interval(**r["relative_drop"])
+        (holds if none.mean > other.mean and apart(none, other) else fails).append(name)
+    drops = ", ".join(
+        f"{n} {Interval(**r['relative_drop']).format(0, 100)}%" for n, r in results.items()
+    )
+    if not fails:
+        head = "holds"
+    elif not holds:
+        head = "does not hold"
+    else:
+        head = f"holds for {', '.join(holds)}, not for {', '.join(fails)}"
+    return f"{head} (relative BLEU drop, shortest to longest bucket, 95% interval: {drops})"
+
+
+def _small_buckets(results: dict[str, dict]) -> list[str]:
+    first = next(iter(results.values()), None)
+    if first is None:
+        return []
+    return [f"{b['bucket']} ({b['sentences']})" for b in first["buckets"] if b["too_few"]]
+
+
+def multi30k_part(out: Path, m: Multi30kSetting, resamples: int = 1000) -> dict[str, Any]:
     """Train and score the four models on Multi30k de→en; ``{"skipped": why}`` without data."""
     folder = Path(m.folder) if m.folder else corpus_folder("multi30k", "train.de")
     files = {
@@ -304,7 +471,7 @@ def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
         )
         log.warning("%s", reason)
         return {"skipped": reason}
-    seed_all(m.seed)
+    seed_all(m.seeds[0])
     tokenizer = {"kind": "bpe", "vocab_size": m.vocab_size, "joint": False}
     vocab = vocab_sizes(*files["train"], tokenizer)
     models = _models(m.models, m.reference_width, m.embed, vocab)
@@ -316,17 +483,29 @@ def multi30k_part(out: Path, m: Multi30kSetting) -> dict[str, Any]:
         "max_tokens": 100,
         "max_ratio": 3.0,
     }
-    optim = _optim(m.steps, m.max_tokens, m.lr, m.max_seconds, m.seed)
+    optim = _optim(m)
     test = _test_split(*files[m.test])
     results = _train_all(
-        models, data, out / "models-multi30k", optim, test, m.buckets, tokenizer=tokenizer
+        models,
+        data,
+        out / "models-multi30k",
+        optim,
+        m.seeds,
+        test,
+        m.buckets,
+        resamples,
+        tokenizer=tokenizer,
     )
     figure = _figure(
         results, m.buckets, "Multi30k German→English", out / "bleu-vs-length-multi30k.png", em=False
     )
+    curves = curve_figure(_curves(results), out / "curves-multi30k.png", "Multi30k de→en")
     return {
         "models": results,
+        "verdict": verdict(results),
+        "small_buckets": _small_buckets(results),
         "figure": figure,
+        "curves": curves,
         "model_sections": models,
         "vocab": vocab,
         "optim": optim,
@@ -353,21 +532,19 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict]:
     else:
         splits = write_toy_corpus(
             data,
-            (setting.n_train, 200, setting.n_test),
+            (setting.n_train, setting.n_valid, setting.n_test),
             setting.min_len,
             setting.max_len,
             setting.seed,
         )
     vocab = vocab_sizes(data / "train.ko", data / "train.en")
     models = _models(setting.models, setting.reference_width, setting.embed, vocab)
-    optim = _optim(setting.steps, setting.max_tokens, setting.lr, setting.max_seconds, setting.seed)
+    optim = _optim(setting)
     test = ([p.ko for p in splits["test"]], [p.en for p in splits["test"]])
-    results = _train_all(models, data, out / "models", optim, test, setting.buckets)
+    results = _train_all(
+        models, data, out / "models", optim, setting.seeds, test, setting.buckets, setting.resamples
+    )
     return results, {"models": models, "vocab": vocab, "optim": optim}
-
-
-def _drops(results: dict[str, dict]) -> str:
-    return ", ".join(f"{n} {100 * r['relative_drop']:.0f}%" for n, r in results.items())
 
 
 def run(out: Path, *, quick: bool = False) -> LabRun:
@@ -377,40 +554,46 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     toy, config = _toy_part(out, setting)
     title = f"{setting.corpus} Korean→English"
     figures = [_figure(toy, setting.buckets, title, out / "bleu-vs-length.png")]
+    figures.append(curve_figure(_curves(toy), out / "curves.png", title))
     if setting.multi30k is None:
         multi30k = {"skipped": "the quick setting runs the toy part only"}
     else:
-        multi30k = multi30k_part(out, setting.multi30k)
-    figures += [multi30k["figure"]] if "figure" in multi30k else []
-    verdict = f"relative BLEU lost from shortest to longest bucket: {setting.corpus}: {_drops(toy)}"
+        multi30k = multi30k_part(out, setting.multi30k, setting.resamples)
+    figures += [multi30k[k] for k in ("figure", "curves") if k in multi30k]
+    text = f"{setting.corpus}: {verdict(toy)}"
     if "models" in multi30k:
-        verdict += f"; Multi30k de→en: {_drops(multi30k['models'])}"
+        text += f"; Multi30k de→en: {multi30k['verdict']}"
+        if multi30k["small_buckets"]:
+            text += (
+                f"; Multi30k buckets under {MIN_SENTENCES} test sentences, too small to "
+                f"decide alone: {', '.join(multi30k['small_buckets'])}"
+            )
     else:
-        verdict += f"; Multi30k de→en skipped: {multi30k['skipped']}"
+        text += f"; Multi30k de→en skipped: {multi30k['skipped']}"
     return LabRun(
         name="bottleneck",
         quick=quick,
         config={**asdict(setting), **config},
-        seeds=[setting.seed],
+        seeds=list(setting.seeds),
         results={"toy": toy, "multi30k": multi30k},
         figures=figures,
-        verdict=verdict,
+        verdict=text,
     )
 
 
 def _rows(results: dict[str, dict], width: int) -> list[list[str]]:
     rows = []
     for name, r in results.items():
-        cells = [f"{b['bleu']:.1f}" for b in r["buckets"]]
+        cells = [Interval(**b["bleu"]).format(1) for b in r["buckets"]]
         cells += [""] * (width - len(cells))
         rows.append(
             [
                 name,
                 f"{r['parameters'] / 1e6:.2f}M",
-                str(r["steps"]),
+                Interval(**r["steps"]).format(0),
                 *cells,
-                f"{r['bleu_all']:.1f}",
-                f"{100 * r['relative_drop']:.0f}%",
+                Interval(**r["bleu_all"]).format(1),
+                Interval(**r["relative_drop"]).format(0, 100),
             ]
         )
     return rows
@@ -423,7 +606,8 @@ def _bucket_names(results: dict[str, dict]) -> list[str]:
 
 
 def table(run: LabRun) -> Table:
-    """BLEU per length bucket, parameters, steps and the relative drop, per model and corpus."""
+    """BLEU per length bucket, parameters, steps and the relative drop (%), per model and
+    corpus: means over seeds with their 95% intervals."""
     toy, multi30k = run.results["toy"], run.results["multi30k"]
     buckets, other = _bucket_names(toy), _bucket_names(multi30k.get("models", {}))
     width = max(len(buckets), len(other))  # every row as wide, whichever part has more buckets
@@ -434,7 +618,10 @@ def table(run: LabRun) -> Table:
     else:
         rows.append(["Multi30k de→en: skipped (reason in the verdict)", *[""] * (width + 4)])
     columns = ["model", "params", "steps", *[f"BLEU {b}" for b in buckets]]
-    columns += [""] * (width - len(buckets)) + ["BLEU all", "drop"]
+    columns += [""] * (width - len(buckets)) + ["BLEU all", "drop %"]
     return Table(
-        "BLEU by source length (toy: Korean words; Multi30k: German words), greedy", columns, rows
+        "BLEU by source length (toy: Korean words; Multi30k: German words), greedy, "
+        "mean over seeds [95% interval]",
+        columns,
+        rows,
     )

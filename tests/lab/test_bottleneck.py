@@ -1,12 +1,14 @@
-"""Quick ``bottleneck``: without attention the RNN loses more BLEU on long inputs."""
+"""Quick ``bottleneck``: without attention the RNN loses more BLEU on long inputs, and the
+intervals over seeds and test sentences say so."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
-from qkv.lab.bottleneck import FULL, bucket_scores, multi30k_part
+from qkv.lab.bottleneck import FULL, QUICK, bucket_scores, multi30k_part, relative_drop, verdict
 from tests.lab.conftest import quick_result
 
 
@@ -20,7 +22,20 @@ def test_no_attention_rnn_loses_more_relative_bleu(result):
     none = r["rnn-none"]["relative_drop"]
     for name in r:
         if name != "rnn-none":
-            assert none > r[name]["relative_drop"] + 0.2, (name, none, r[name]["relative_drop"])
+            other = r[name]["relative_drop"]
+            assert none["mean"] > other["mean"] + 0.2, (name, none, other)
+    # the verdict is computed from the intervals: apart here, so the claim holds
+    assert none["low"] > max(r[n]["relative_drop"]["high"] for n in r if n != "rnn-none")
+    assert result["verdict"].startswith("word-list: holds (relative BLEU drop")
+
+
+def test_every_model_trains_each_seed_and_reports_its_curve(result):
+    for r in result["results"]["toy"].values():
+        assert len(r["trainings"]) == len(QUICK.seeds) == 2
+        for t in r["trainings"]:
+            assert 0 < t["best_step"] <= t["steps"] <= QUICK.step_cap and t["stopped"]
+            assert [c["step"] for c in t["curve"]][:2] == [50, 100]
+        assert r["steps"]["low"] <= r["steps"]["mean"] <= r["steps"]["high"]
 
 
 def test_parameter_counts_are_matched(result):
@@ -29,9 +44,58 @@ def test_parameter_counts_are_matched(result):
 
 
 def test_bucket_scores_split_by_source_length():
-    rows = bucket_scores(["a b", "a b c d"], ["x y", "x"], ["x y", "x y"], ((1, 2), (3, 4)))
+    rows = bucket_scores(["a b", "a b c d"], [["x y", "x"]], ["x y", "x y"], ((1, 2), (3, 4)))
     assert [r["sentences"] for r in rows] == [1, 1]
-    assert rows[0]["exact_match"] == 1.0 and rows[1]["exact_match"] == 0.0
+    assert rows[0]["exact_match"]["mean"] == 1.0 and rows[1]["exact_match"]["mean"] == 0.0
+    assert rows[0]["too_few"] and rows[1]["too_few"]
+
+
+def test_bucket_scores_are_means_over_seeds_of_sacrebleu():
+    sacrebleu = pytest.importorskip("sacrebleu")
+    rng = random.Random(0)
+    words = "cat dog mouse bird fish sat ran ate".split()
+    refs = [" ".join(rng.choices(words, k=rng.randint(2, 8))) for _ in range(80)]
+    sources = [" ".join(["w"] * len(r.split())) for r in refs]
+    hyps = [
+        [r if rng.random() < p else " ".join(rng.choices(words, k=4)) for r in refs]
+        for p in (0.3, 0.7)
+    ]
+    (row,) = bucket_scores(sources, hyps, refs, ((5, 8),), resamples=200)
+    idx = [i for i, s in enumerate(sources) if 5 <= len(s.split()) <= 8]
+    per_seed = [
+        sacrebleu.corpus_bleu([h[i] for i in idx], [[refs[i] for i in idx]]).score for h in hyps
+    ]
+    assert row["bleu_per_seed"] == pytest.approx(per_seed)
+    assert row["bleu"]["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert row["bleu"]["low"] < min(per_seed) and row["bleu"]["high"] > max(per_seed)
+    exact = [sum(h[i] == refs[i] for i in idx) / len(idx) for h in hyps]
+    assert row["exact_match"]["mean"] == pytest.approx(sum(exact) / 2)
+
+
+def test_relative_drop_is_the_drop_of_sacrebleu_between_the_end_buckets():
+    sacrebleu = pytest.importorskip("sacrebleu")
+    refs = ["a b c d", "b c d e", "a b c d e f g h i", "c d e f g h i j k"]
+    hyps = [["a b c d", "b c d x", "a b x d e y g z i", "c d e q g h r j s"]]
+    sources = [" ".join(["w"] * n) for n in (2, 2, 9, 9)]
+    drop = relative_drop(sources, hyps, refs, ((1, 3), (5, 6), (8, 9)), resamples=200)
+    short = sacrebleu.corpus_bleu(hyps[0][:2], [refs[:2]]).score
+    long = sacrebleu.corpus_bleu(hyps[0][2:], [refs[2:]]).score
+    assert drop.mean == pytest.approx((short - long) / short)
+
+
+def _with_drop(mean: float, low: float, high: float) -> dict:
+    return {"relative_drop": {"mean": mean, "low": low, "high": high}}
+
+
+def test_the_verdict_reads_the_intervals():
+    none = _with_drop(0.5, 0.4, 0.6)
+    apart_, overlapping = _with_drop(0.0, -0.1, 0.1), _with_drop(0.35, 0.2, 0.45)
+    assert verdict({"rnn-none": none, "rnn-luong": apart_}).startswith("holds (")
+    assert verdict({"rnn-none": none, "transformer": overlapping}).startswith("does not hold")
+    mixed = verdict({"rnn-none": none, "rnn-luong": apart_, "transformer": overlapping})
+    assert mixed.startswith("holds for rnn-luong, not for transformer")
+    # a larger drop of the attention model, intervals apart: the claim does not hold
+    assert verdict({"rnn-none": none, "x": _with_drop(0.9, 0.8, 1.0)}).startswith("does not")
 
 
 def test_an_empty_bucket_scores_nan_not_zero():
@@ -39,14 +103,14 @@ def test_an_empty_bucket_scores_nan_not_zero():
     already NaN), and the figure drew it as a drop to 0 %."""
     import math
 
-    rows = bucket_scores(["a b", "a b c"], ["x y", "z"], ["x y", "z"], ((1, 3), (5, 9)))
-    assert rows[0]["exact_match"] == 1.0 and rows[1]["sentences"] == 0
-    assert math.isnan(rows[1]["bleu"]) and math.isnan(rows[1]["exact_match"])
+    rows = bucket_scores(["a b", "a b c"], [["x y", "z"]], ["x y", "z"], ((1, 3), (5, 9)))
+    assert rows[0]["exact_match"]["mean"] == 1.0 and rows[1]["sentences"] == 0
+    assert math.isnan(rows[1]["bleu"]["mean"]) and math.isnan(rows[1]["exact_match"]["mean"])
 
 
 def test_quick_run_leaves_multi30k_out(result):
     assert "skipped" in result["results"]["multi30k"]
-    assert result["figures"] == ["bleu-vs-length.png"]
+    assert result["figures"] == ["bleu-vs-length.png", "curves.png"]
 
 
 def test_missing_multi30k_is_skipped_with_a_reason(tmp_path):
@@ -73,7 +137,7 @@ def test_multi30k_test_lines_end_at_line_feeds_only(tmp_path, monkeypatch):
 
     seen = {}
 
-    def stop(models, data, out, optim, test, buckets, **kw):
+    def stop(models, data, out, optim, seeds, test, buckets, resamples, **kw):
         seen["test"] = test
         raise KeyboardInterrupt
 
@@ -91,14 +155,18 @@ def test_multi30k_test_lines_end_at_line_feeds_only(tmp_path, monkeypatch):
         multi30k_part(tmp_path / "out", setting)
 
 
+def _iv(mean: float) -> dict:
+    return {"mean": mean, "low": mean - 1, "high": mean + 1}
+
+
 def _scored(buckets: list[str], bleu_all: float) -> dict:
-    rows = [{"bucket": b, "bleu": 10.0 + i} for i, b in enumerate(buckets)]
+    rows = [{"bucket": b, "bleu": _iv(10.0 + i)} for i, b in enumerate(buckets)]
     return {
         "parameters": 1e6,
-        "steps": 7,
+        "steps": _iv(7),
         "buckets": rows,
-        "bleu_all": bleu_all,
-        "relative_drop": 0.5,
+        "bleu_all": _iv(bleu_all),
+        "relative_drop": {"mean": 0.5, "low": 0.4, "high": 0.6},
     }
 
 
@@ -112,7 +180,8 @@ def test_the_table_lines_up_when_multi30k_has_more_buckets_than_the_toy_part():
     multi30k = {"models": {"rnn-none": _scored(["4-7", "8-9", "10-30"], 44.4)}}
     shown = table(LabRun("bottleneck", False, {}, [0], {"toy": toy, "multi30k": multi30k}))
     assert all(len(row) == len(shown.columns) for row in shown.rows)
-    assert shown.columns[-2:] == ["BLEU all", "drop"]
+    assert shown.columns[-2:] == ["BLEU all", "drop %"]
     toy_row, header, m30k_row = shown.rows
-    assert toy_row[-2:] == ["33.3", "50%"] and m30k_row[-2:] == ["44.4", "50%"]
+    assert toy_row[-2:] == ["33.3 [32.3, 34.3]", "50 [40, 60]"]
+    assert m30k_row[-2:] == ["44.4 [43.4, 45.4]", "50 [40, 60]"]
     assert header[3:6] == ["4-7", "8-9", "10-30"]
