@@ -45,7 +45,10 @@ from torch import Tensor
 from qkv.files import cache_root
 
 __all__ = [
+    "build",
+    "cache_dir",
     "kernel",
+    "load_library",
     "softmax_rows",
     "softmax_rows_reference",
     "supports",
@@ -161,8 +164,10 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str | None]:
+def load_library(source_path: Path) -> tuple[ctypes.CDLL | None, str | None]:
+    """The compiled ``source_path`` (see :func:`build`) loaded with ``ctypes``, or
+    ``None`` and the reason it cannot run here: ``QKV_NATIVE=0``, not x86-64, no C
+    compiler, a failed build, or a CPU without AVX-512F (the source's ``qkv_cpu_ok``)."""
     if os.environ.get("QKV_NATIVE", "1") == "0":
         return None, "turned off by QKV_NATIVE=0"
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -171,11 +176,19 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     if compiler is None:
         return None, "no C compiler (cc or gcc) on PATH"
     try:
-        lib = ctypes.CDLL(str(build(compiler, _cache_dir())))
+        lib = ctypes.CDLL(str(build(compiler, cache_dir(), source_path)))
     except (OSError, subprocess.SubprocessError, RuntimeError) as err:
-        return None, f"could not build {SOURCE.name}: {str(err).splitlines()[0]}"
+        return None, f"could not build {source_path.name}: {str(err).splitlines()[0]}"
     if not lib.qkv_cpu_ok():
         return None, "this CPU has no AVX-512F"
+    return lib, None
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    lib, reason = load_library(SOURCE)
+    if lib is None:
+        return None, reason
     lib.qkv_softmax_rows.restype = None
     grid = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # address, grid and row strides
     lib.qkv_softmax_rows.argtypes = (
@@ -190,14 +203,15 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     return lib, None
 
 
-def build(compiler: str, folder: Path) -> Path:
-    """The shared library for ``compiler``, compiled into ``folder`` unless a build of
-    the same source and compiler is there already; written atomically (a reader never
-    sees a half-written file, and concurrent builds of the same name agree)."""
-    source = SOURCE.read_bytes()
+def build(compiler: str, folder: Path, source_path: Path = SOURCE) -> Path:
+    """The shared library of ``source_path`` (a C file beside this module) for
+    ``compiler``, compiled into ``folder`` unless a build of the same source and compiler
+    is there already; written atomically (a reader never sees a half-written file, and
+    concurrent builds of the same name agree)."""
+    source = source_path.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, timeout=60).stdout
     digest = hashlib.sha256(source + version + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = folder / f"softmax_rows-{digest}.so"
+    target = folder / f"{source_path.stem}-{digest}.so"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -205,7 +219,10 @@ def build(compiler: str, folder: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120
+            [compiler, *FLAGS, str(source_path), "-o", tmp],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip() or f"{compiler} exited {done.returncode}")
@@ -216,7 +233,7 @@ def build(compiler: str, folder: Path) -> Path:
     return target
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     if os.environ.get("QKV_NATIVE_DIR"):
         return Path(os.environ["QKV_NATIVE_DIR"])
     return cache_root() / "native"

@@ -3,6 +3,7 @@
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, KVCache, LayerCache, LayerKV
 from qkv.modules.feedforward import SwiGLU
+from qkv.modules.linear import Linear
 from qkv.modules.norms import RMSNorm
 from qkv.modules.positional import (
     ALiBi,
@@ -45,6 +46,7 @@ __all__ = [
     "GeneralScore",
     "KVCache",
     "LayerKV",
+    "Linear",
     "LearnedPositionalEncoding",
     "LinearRopeScaling",
     "Llama3RopeScaling",

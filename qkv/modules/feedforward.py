@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
+from qkv.modules.linear import Linear
 
 __all__ = ["FeedForward", "SwiGLU", "layer_from_torch", "layer_norm", "residual"]
 
@@ -95,9 +96,9 @@ class SwiGLU(nn.Module):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; known: {sorted(_ACTIVATIONS)}")
-        self.gate_proj = nn.Linear(dim, hidden_dim, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden_dim, bias=bias)
-        self.down_proj = nn.Linear(hidden_dim, dim, bias=bias)
+        self.gate_proj = Linear(dim, hidden_dim, bias=bias)
+        self.up_proj = Linear(dim, hidden_dim, bias=bias)
+        self.down_proj = Linear(hidden_dim, dim, bias=bias)
         self.activation = _ACTIVATIONS[activation]()
 
     def forward(self, x: Tensor) -> Tensor:
