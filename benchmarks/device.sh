@@ -15,15 +15,27 @@
 # benchmark. Logs and gpu.json go to $OUT (the device tool's folder; else
 # /tmp/qkv-device). Exit status 1 if any step failed. Without a GPU it runs too (tests in
 # Triton's interpreter, the benchmark says there is nothing to measure): a dry run.
+#
+# Steps named as arguments run alone: `bash benchmarks/device.sh lab_parallelism` is the
+# lab's parallelism experiment (`qkv lab parallelism`, docs/claims.md section 3) in one
+# call of its own (at most 560 s): the chain and FLOPs, the CPU with 1 and 2 threads and
+# the GPU, each timed in a fresh process; result.json and the figure go to
+# $OUT/lab-parallelism. It is not among the default steps (they fill the 600 s of a call).
 set -u
+ONLY=" $* "
 OUT=${OUT:-/tmp/qkv-device}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0
 
+wanted() {  # wanted NAME: the steps named as arguments, else every default step
+    if [ "$ONLY" = "  " ]; then [ "$1" != lab_parallelism ]; else [[ "$ONLY" == *" $1 "* ]]; fi
+}
+
 step() {  # step LIMIT_S NAME COMMAND...: run it, log to $OUT/NAME.log, show the log's end
     local limit=$1 name=$2
+    wanted "$name" || return 0
     shift 2
     echo "== $name (at most ${limit} s)"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -51,4 +63,5 @@ device=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 
 step 30 half_masks env QKV_TEST_DEVICE="$device" "$PY" -m pytest -q -x -p no:cacheprovider \
     tests/test_functional.py -k "huge_negatives or past_its_largest"
 TAIL_LINES=40 step 250 gpu "$PY" benchmarks/gpu.py "$OUT" --budget-s 200
+TAIL_LINES=40 step 560 lab_parallelism "$PY" -m qkv lab parallelism --out "$OUT/lab-parallelism"
 exit $status
