@@ -9,28 +9,37 @@ Claim:
 Method:
     Train Korean→English translators on the toy corpus (whitespace words, the ``word``
     tokenizer, so tokens are words): RNNs with Bahdanau, Luong global and Luong local-p
-    attention, and a Transformer. Feed each held-out pair with teacher forcing and, for
-    every English word, take the source word with the largest attention weight. Score
-    these links against the grammar's gold alignment with the alignment error rate (Och &
-    Ney 2003; every gold link is "sure"): :math:`AER = 1 - 2|A \\cap S| / (|A| + |S|)`.
-    For the Transformer, every (layer, head) of the cross-attention, the mean of the last
-    layer and the mean of all maps are scored; the best (layer, head) is chosen on the
-    validation pairs and reported on the test pairs. Baselines: the monotonic diagonal
-    (the :math:`j`-th of ``T`` target words links to source word
-    :math:`\\mathrm{round}(j (S-1)/(T-1))`) and a uniformly random source word (expected AER).
+    attention, and a Transformer, each with every seed of ``seeds``, until the validation
+    set stops improving (:func:`qkv.lab.training.until_converged`). Feed each held-out pair
+    with teacher forcing and, for every English word, take the source word with the
+    largest attention weight. Score these links against the grammar's gold alignment with
+    the alignment error rate (Och & Ney 2003; every gold link is "sure"):
+    :math:`AER = 1 - 2|A \\cap S| / (|A| + |S|)`, the mean over seeds with a 95% interval
+    (a bootstrap over test pairs and seeds, :mod:`qkv.lab.stats`). For the Transformer,
+    every (layer, head) of the cross-attention, the mean of the last layer and the mean of
+    all maps are scored; the best (layer, head) is chosen on the validation pairs and
+    reported on the test pairs. Baselines: the monotonic diagonal (the :math:`j`-th of
+    ``T`` target words links to source word :math:`\\mathrm{round}(j (S-1)/(T-1))`) and a
+    uniformly random source word (expected AER).
 
-    The full run adds real sentences: Tatoeba kor-eng (5,749 pairs, ``kor.txt``) with
-    held-out validation and test sets split by Korean sentence (no source sentence in two
-    splits), a BPE tokenizer per language, a Bahdanau GRU and a Transformer trained for a
-    wall-clock budget each. There is no gold alignment, so it reports held-out sacreBLEU
-    and draws the attention heatmaps of three held-out sentences. The heatmaps show each
-    model's attention while it translates greedily (its own output, titled as such), not
-    the teacher-forced reference that the AER scores.
+    The full run adds real sentences: Tatoeba kor-eng (5,749 pairs, ``kor.txt``), in both
+    directions (Korean→English and English→Korean), with held-out validation and test
+    sets split by source sentence, a BPE tokenizer per language, a Bahdanau GRU and a
+    Transformer per direction and seed, trained to convergence. There is no gold
+    alignment, so it reports held-out sacreBLEU, draws the teacher-forced attention of the
+    story's own example, "I love you" → "나는 너를 사랑해" (and back), and measures how often a
+    content word attends to its dictionary translation (:data:`DICTIONARY`: the toy
+    lexicon's nouns and places, a few pronouns, and 사랑 ↔ love; a held-out pair counts a
+    link when exactly one word on each side matches an entry): the fraction of those
+    links whose target word's strongest source word (attention averaged over the target
+    word's BPE pieces, summed over each source word's pieces) is the dictionary
+    translation, with its bootstrap interval over pairs and seeds.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +50,7 @@ import torch
 
 from qkv.data.prepare import load_pairs
 from qkv.data.toy import ToyPair
+from qkv.data.toy_lexicon import NOUNS, PLACES
 from qkv.lab.common import (
     LabRun,
     Table,
@@ -50,22 +60,34 @@ from qkv.lab.common import (
     save_figure,
     seed_all,
 )
-from qkv.lab.training import MODEL_FAMILIES, train_model, write_toy_corpus
+from qkv.lab.stats import Interval, apart, bootstrap_bleu, bootstrap_ratio, separated
+from qkv.lab.training import (
+    MODEL_FAMILIES,
+    curve_figure,
+    train_model,
+    until_converged,
+    write_toy_corpus,
+)
 from qkv.train.recipe import DataConfig
-from qkv.translate.evaluate import bleu, translate_texts
+from qkv.translate.evaluate import translate_texts
 from qkv.viz import plot_alignment
 
 __all__ = [
+    "DICTIONARY",
+    "STORY",
     "Setting",
     "TatoebaSetting",
     "QUICK",
     "FULL",
     "aer",
+    "aer_counts",
     "attention_maps",
     "baselines",
+    "dictionary_links",
     "run",
     "table",
     "tatoeba_part",
+    "word_attention",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +96,35 @@ SHOWN = ["고양이가 쥐를 잡았다"]  # plus the two longest test sentences
 # the heatmap of a multi-head model shows one map of many (Hypothesis.alignment): say which;
 # the AER table's "best map" is another one
 SHOWN_MAP = {"transformer": "\n(mean of the last layer's heads)"}
+# the story's example, English→Korean as the story tells it
+STORY = ("I love you", "나는 너를 사랑해")
+
+# Korean word -> English words, for the Tatoeba content-word links: the toy lexicon's nouns
+# and places, pronouns (with their contracted forms) and the story's verb. A Korean entry
+# ending in "-" is a stem (any ending follows: 사랑해, 사랑한다); the others take a particle.
+_PRONOUNS = {
+    "나": ("i", "me", "my"),
+    "난": ("i",),
+    "날": ("me",),
+    "내가": ("i",),
+    "저": ("i", "me", "my"),
+    "제가": ("i",),
+    "너": ("you", "your"),
+    "넌": ("you",),
+    "널": ("you",),
+    "네가": ("you",),
+    "당신": ("you", "your"),
+    "우리": ("we", "us", "our"),
+    "그녀": ("she", "her"),
+    "그들": ("they", "them", "their"),
+    "사랑-": ("love", "loves", "loved"),
+}
+DICTIONARY: dict[str, tuple[str, ...]] = {
+    **{n.ko: tuple(w.replace("_", " ") for w in n.en) for n in NOUNS + PLACES},
+    **_PRONOUNS,
+}
+_PARTICLES = ("", "이", "가", "을", "를", "은", "는", "과", "와", "의", "에", "에서", "도", "로")
+_PARTICLES += ("으로", "한테", "에게", "만", "이랑", "랑", "께서")
 
 
 @dataclass(frozen=True)
@@ -88,13 +139,18 @@ class TatoebaSetting:
     dropout: float
     n_valid: int
     n_test: int
-    steps: int
-    max_seconds: float  # per model
+    step_cap: int
+    eval_every: int
+    patience: int
+    valid_bleu_sentences: int
     max_tokens: int
     lr: float
+    directions: tuple[str, ...] = ("ko-en", "en-ko")
+    seeds: tuple[int, ...] = (0, 1, 2)
     path: str = ""  # "" = the shared corpora folder's ko-en/tatoeba/kor.txt
-    shown: int = 3  # held-out sentences drawn as heatmaps
-    seed: int = 0
+    shown: int = 3  # held-out Korean sentences drawn as heatmaps (ko-en)
+    seed: int = 0  # the split
+    resamples: int = 1000
 
 
 @dataclass(frozen=True)
@@ -110,11 +166,15 @@ class Setting:
     embed: int
     width: int
     transformer_width: int
-    steps: int
-    max_seconds: float
+    step_cap: int
+    eval_every: int
+    patience: int
+    valid_bleu_sentences: int
     max_tokens: int
     lr: float
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    seed: int = 0  # the corpus
+    resamples: int = 1000
     tatoeba: TatoebaSetting | None = None  # None: not part of this setting
 
 
@@ -128,10 +188,14 @@ QUICK = Setting(
     embed=32,
     width=64,
     transformer_width=64,
-    steps=400,
-    max_seconds=0,
+    step_cap=400,
+    eval_every=100,
+    patience=2,
+    valid_bleu_sentences=20,
     max_tokens=800,
     lr=3e-3,
+    seeds=(0,),
+    resamples=300,
 )
 TATOEBA = TatoebaSetting(
     models=("rnn-bahdanau", "transformer"),
@@ -142,8 +206,10 @@ TATOEBA = TatoebaSetting(
     dropout=0.3,
     n_valid=300,
     n_test=500,
-    steps=20000,
-    max_seconds=450,
+    step_cap=100_000,
+    eval_every=250,
+    patience=10,
+    valid_bleu_sentences=300,
     max_tokens=1000,
     lr=1e-3,
 )
@@ -157,8 +223,10 @@ FULL = Setting(
     embed=64,
     width=128,
     transformer_width=128,
-    steps=20000,
-    max_seconds=180,
+    step_cap=100_000,
+    eval_every=500,
+    patience=10,
+    valid_bleu_sentences=200,
     max_tokens=2000,
     lr=3e-3,
     tatoeba=TATOEBA,
@@ -172,46 +240,83 @@ def aer(predicted: list[set], gold: list[set]) -> float:
     return 1.0 - 2.0 * hit / total
 
 
+def aer_counts(predicted: list[set], gold: list[set]) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair ``2|A∩S|`` and ``|A| + |S|``: the corpus AER is one minus their summed ratio."""
+    hits = np.array([2.0 * len(a & s) for a, s in zip(predicted, gold)])
+    totals = np.array([float(len(a) + len(s)) for a, s in zip(predicted, gold)])
+    return hits, totals
+
+
+def _aer_interval(hits: np.ndarray, totals: np.ndarray, resamples: int) -> Interval:
+    """AER (mean over seeds) and its interval from the bootstrap of ``(S, N)`` counts."""
+    agree = bootstrap_ratio(hits, totals, resamples=resamples)
+    return Interval(1.0 - agree.mean, 1.0 - agree.high, 1.0 - agree.low)
+
+
 def _argmax_links(weights: np.ndarray) -> set:
     """Links (source, target) from the argmax source word of each target row ``(T, S)``."""
     return {(int(i), j) for j, i in enumerate(weights.argmax(-1))}
 
 
-def baselines(pairs: list[ToyPair]) -> dict[str, float]:
-    """AER of the monotonic diagonal and (expected) of a uniformly random source word."""
-    gold = [set(p.alignment) for p in pairs]
-    diagonal, hit, total = [], 0.0, 0
+def _diagonal(p: ToyPair) -> set:
+    s, t = len(p.ko.split()), len(p.en.split())
+    return {(round(j * (s - 1) / max(t - 1, 1)), j) for j in range(t)}
+
+
+def _random_counts(pairs: list[ToyPair]) -> tuple[np.ndarray, np.ndarray]:
+    """Expected per-pair ``2|A∩S|`` and ``|A| + |S|`` of a uniformly random source word."""
+    hits, totals = [], []
     for p in pairs:
         s, t = len(p.ko.split()), len(p.en.split())
-        diagonal.append({(round(j * (s - 1) / max(t - 1, 1)), j) for j in range(t)})
-        links = {}
+        links: dict[int, set] = {}
         for i, j in p.alignment:
             links.setdefault(j, set()).add(i)
-        hit += sum(len(v) / s for v in links.values())  # expected hits of a random link
-        total += t + len(p.alignment)
-    return {"diagonal": aer(diagonal, gold), "random (expected)": 1.0 - 2.0 * hit / total}
+        hits.append(2.0 * sum(len(v) / s for v in links.values()))
+        totals.append(float(t + len(p.alignment)))
+    return np.array(hits), np.array(totals)
+
+
+def baselines(pairs: list[ToyPair], resamples: int = 0) -> dict[str, Any]:
+    """AER of the monotonic diagonal and (expected) of a uniformly random source word.
+
+    With ``resamples`` > 0 each is an interval dict (bootstrap over the pairs).
+    """
+    gold = [set(p.alignment) for p in pairs]
+    diagonal = aer_counts([_diagonal(p) for p in pairs], gold)
+    rand = _random_counts(pairs)
+    if resamples == 0:
+        return {
+            name: 1.0 - h.sum() / t.sum()
+            for name, (h, t) in (("diagonal", diagonal), ("random (expected)", rand))
+        }
+    return {
+        "diagonal": _aer_interval(diagonal[0][None], diagonal[1][None], resamples).as_dict(),
+        "random (expected)": _aer_interval(rand[0][None], rand[1][None], resamples).as_dict(),
+    }
 
 
 @torch.no_grad()
-def attention_maps(trained, pairs: list[ToyPair], batch: int = 64) -> list[dict[str, np.ndarray]]:
-    """Teacher-forced cross-attention ``(T_en, S_ko)`` per pair, keyed by map name.
+def attention_maps(trained, pairs: list, batch: int = 64) -> list[dict[str, np.ndarray]]:
+    """Teacher-forced cross-attention ``(T_tgt, S_src)`` per pair, keyed by map name.
 
-    RNNs give one map (``attention``); a Transformer gives ``L{l}H{h}`` for every layer and
+    ``pairs`` are :class:`ToyPair` (Korean→English) or ``(source, target)`` texts. RNNs
+    give one map (``attention``); a Transformer gives ``L{l}H{h}`` for every layer and
     head, ``last-layer mean`` and ``all mean``. Row ``j`` is the attention while predicting
-    English word ``j``.
+    target token ``j``.
     """
     model, src_tok, tgt_tok = trained.model, trained.src_tok, trained.tgt_tok
+    texts = [(p.ko, p.en) if isinstance(p, ToyPair) else p for p in pairs]
     out = []
-    for start in range(0, len(pairs), batch):
-        chunk = pairs[start : start + batch]
-        srcs = [src_tok.encode(p.ko) for p in chunk]
-        tgts = [[tgt_tok.bos_id, *tgt_tok.encode(p.en)] for p in chunk]
+    for start in range(0, len(texts), batch):
+        chunk = texts[start : start + batch]
+        srcs = [src_tok.encode(s) for s, _ in chunk]
+        tgts = [[tgt_tok.bos_id, *tgt_tok.encode(t)] for _, t in chunk]
         src = _pad(srcs, model.pad_id)
         tgt = _pad(tgts, model.pad_id)
         _, attn = model(src, tgt)
         cross = torch.stack(attn.cross, 1)  # (B, L, H, T, S)
         for b, (s, t) in enumerate(zip(srcs, tgts)):
-            maps = cross[b, :, :, : len(t) - 1, : len(s)].double().numpy()  # (L, H, T_en, S)
+            maps = cross[b, :, :, : len(t) - 1, : len(s)].double().numpy()  # (L, H, T, S)
             out.append(_named(maps))
     return out
 
@@ -231,17 +336,23 @@ def _pad(rows: list[list[int]], pad: int) -> torch.Tensor:
     return torch.tensor([r + [pad] * (longest - len(r)) for r in rows])
 
 
-def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, float]:
-    """Test AER of every map, and of the map that is best on the validation pairs."""
+def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, Any]:
+    """Test AER of every map, and of the map that is best on the validation pairs; with
+    the per-pair counts of the best and the averaged map (for the intervals)."""
     gold_v, gold_t = [set(p.alignment) for p in valid], [set(p.alignment) for p in test]
     maps_v, maps_t = attention_maps(trained, valid), attention_maps(trained, test)
     names = list(maps_t[0])
     valid_aer = {n: aer([_argmax_links(m[n]) for m in maps_v], gold_v) for n in names}
     test_aer = {n: aer([_argmax_links(m[n]) for m in maps_t], gold_t) for n in names}
     best = min(valid_aer, key=valid_aer.get)
+    averaged = "all mean" if "all mean" in test_aer else "attention"
+    counts = {
+        key: aer_counts([_argmax_links(m[name]) for m in maps_t], gold_t)
+        for key, name in (("best", best), ("averaged", averaged))
+    }
     summary = {"best map (chosen on valid)": best, "aer_best": test_aer[best]}
-    summary["aer_averaged"] = test_aer["all mean" if "all mean" in test_aer else "attention"]
-    return {**summary, "aer_per_map": test_aer}
+    summary["aer_averaged"] = test_aer[averaged]
+    return {**summary, "aer_per_map": test_aer, "counts": counts}
 
 
 def _heatmaps(
@@ -272,14 +383,106 @@ def _shown(test: list[ToyPair]) -> list[str]:
     return SHOWN + [p.ko for p in longer[:2]]
 
 
-def _tatoeba_data(t: TatoebaSetting) -> dict[str, Any]:
-    """The recipe data section: Korean column → English column, held out by source."""
+# ---------------------------------------------------------------- Tatoeba, both directions
+
+
+def _plain(word: str) -> str:
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+def _ko_entry(word: str) -> str | None:
+    """The dictionary entry a Korean word is a form of (noun + particle, or stem + ending)."""
+    w = _plain(word)
+    for entry in DICTIONARY:
+        if entry.endswith("-"):
+            if w.startswith(entry[:-1]):
+                return entry
+        elif any(w == entry + p for p in _PARTICLES):
+            return entry
+    return None
+
+
+def dictionary_links(ko: str, en: str) -> list[tuple[int, int]]:
+    """Content-word links (Korean word, English word) of a pair by :data:`DICTIONARY`:
+    an entry links when exactly one Korean and exactly one English word match it."""
+    ko_words, en_words = ko.split(), [_plain(w) for w in en.split()]
+    found: dict[str, list[int]] = {}
+    for i, w in enumerate(ko_words):
+        entry = _ko_entry(w)
+        if entry is not None:
+            found.setdefault(entry, []).append(i)
+    links = []
+    for entry, ko_at in found.items():
+        en_at = [j for j, w in enumerate(en_words) if w in DICTIONARY[entry]]
+        if len(ko_at) == 1 and len(en_at) == 1:
+            links.append((ko_at[0], en_at[0]))
+    return sorted(links)
+
+
+def _word_of_piece(pieces: list[str]) -> list[int]:
+    """The word each BPE piece belongs to (a piece that starts with "▁" starts a word;
+    the word tokenizer's tokens are words)."""
+    if not any(p.startswith("▁") for p in pieces):
+        return list(range(len(pieces)))
+    index, words = -1, []
+    for p in pieces:
+        index += p.startswith("▁") or index < 0
+        words.append(index)
+    return words
+
+
+def word_attention(weights: np.ndarray, src_pieces: list[str], tgt_pieces: list[str]):
+    """A piece-level map ``(T, S)`` as a word-level map ``(T_words, S_words)``: each target
+    word's rows averaged, each source word's columns summed (rows still sum to 1)."""
+    src_w, tgt_w = _word_of_piece(src_pieces), _word_of_piece(tgt_pieces)
+    cols = np.zeros((weights.shape[1], max(src_w) + 1))
+    cols[np.arange(len(src_w)), src_w] = 1.0
+    rows = np.zeros((max(tgt_w) + 1, weights.shape[0]))
+    rows[tgt_w, np.arange(len(tgt_w))] = 1.0
+    rows /= rows.sum(1, keepdims=True)
+    return rows @ weights @ cols
+
+
+def _map_of(maps: dict[str, np.ndarray]) -> np.ndarray:
+    """The RNN's map, or the mean of the Transformer's last layer (as the heatmaps show)."""
+    return maps["attention"] if "attention" in maps else maps["last-layer mean"]
+
+
+def _word_links(trained, src: str, tgt: str) -> tuple[np.ndarray, list[int]]:
+    """Teacher-forced word-level attention of one pair and each target word's argmax."""
+    (maps,) = attention_maps(trained, [(src, tgt)])
+    words = word_attention(_map_of(maps), trained.src_tok.tokens(src), trained.tgt_tok.tokens(tgt))
+    return words, [int(i) for i in words.argmax(1)]
+
+
+def _dictionary_hits(trained, pairs, direction: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per held-out pair: dictionary links whose target word attends most to the linked
+    source word, and the number of links."""
+    hits, totals = [], []
+    for src, tgt in pairs:
+        ko, en = (src, tgt) if direction == "ko-en" else (tgt, src)
+        links = dictionary_links(ko, en)
+        if not links:
+            hits.append(0.0)
+            totals.append(0.0)
+            continue
+        _, argmax = _word_links(trained, src, tgt)
+        pairs_st = [(k, e) if direction == "ko-en" else (e, k) for k, e in links]
+        hits.append(float(sum(argmax[t] == s for s, t in pairs_st if t < len(argmax))))
+        totals.append(float(len(links)))
+    return np.array(hits), np.array(totals)
+
+
+def _tatoeba_data(t: TatoebaSetting, direction: str) -> dict[str, Any]:
+    """The recipe data section (kor.txt: English column 0, Korean column 1), held out by
+    source sentence."""
     path = t.path or str(corpus_folder("tatoeba-ko-en", "kor.txt") / "kor.txt")
+    src, tgt = (1, 0) if direction == "ko-en" else (0, 1)
     return {
         "kind": "tsv",
         "path": path,
-        "src_column": 1,
-        "tgt_column": 0,
+        "src_column": src,
+        "tgt_column": tgt,
         "n_valid": t.n_valid,
         "n_test": t.n_test,
         "seed": t.seed,
@@ -296,62 +499,135 @@ def _tatoeba_shown(test: list[tuple[str, str]], n: int) -> list[str]:
     return shown
 
 
-def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
-    """Train on Tatoeba kor-eng, score held-out BLEU, draw heatmaps; ``{"skipped": why}``."""
-    data = _tatoeba_data(t)
-    if not Path(data["path"]).is_file():
-        reason = (
-            f"Tatoeba kor-eng not found ({data['path']} missing; 'qkv data download "
-            "tatoeba-ko-en' fetches it); that part not run"
-        )
-        log.warning("%s", reason)
-        return {"skipped": reason}
-    seed_all(t.seed)
+def _story_figure(trained: dict, direction: str, out: Path) -> tuple[str, dict]:
+    """Teacher-forced attention of every model (its first seed) on the story's example;
+    the figure and, per model, which source word each target word attends to most."""
+    src, tgt = STORY if direction == "en-ko" else STORY[::-1]
+    links = {}
+    with fonts_for([src, tgt]):
+        fig = new_figure(5.2 * len(trained), 4.6)
+        axes = np.atleast_1d(fig.subplots(1, len(trained)))
+        for ax, (name, runs) in zip(axes, trained.items()):
+            tr = runs[0]
+            (maps,) = attention_maps(tr, [(src, tgt)])
+            greedy = translate_texts(tr.model, tr.src_tok, tr.tgt_tok, [src])[0][0].text
+            title = f"{name}{SHOWN_MAP.get(name, '')}\nteacher-forced; greedy: {_wrap(greedy)}"
+            plot_alignment(
+                _map_of(maps),
+                tr.src_tok.tokens(src),
+                tr.tgt_tok.tokens(tgt),
+                title=title,
+                ax=ax,
+            )
+            src_words, tgt_words = src.split(), tgt.split()
+            per_seed = []
+            for run_ in runs:
+                _, argmax = _word_links(run_, src, tgt)
+                per_seed.append({w: src_words[i] for w, i in zip(tgt_words, argmax)})
+            links[name] = {"greedy (first seed)": greedy, "strongest source word": per_seed}
+        fig.suptitle(f"“{src}” → “{tgt}”", fontsize=10)
+        path = save_figure(fig, out / f"tatoeba-story-{direction}.png")
+    return path, links
+
+
+def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str, Any]:
+    data = _tatoeba_data(t, direction)
     train, _, test = load_pairs(DataConfig(**data))  # the same split the trainer makes
     tokenizer = {"kind": "bpe", "vocab_size": t.vocab_size, "joint": False}
     optim = {
-        "steps": t.steps,
         "max_tokens": t.max_tokens,
         "lr": t.lr,
         "warmup": 200,
         "label_smoothing": 0.1,
-        "max_seconds": t.max_seconds,
-        "seed": t.seed,
+        **until_converged(
+            eval_every=t.eval_every,
+            patience=t.patience,
+            step_cap=t.step_cap,
+            valid_bleu_sentences=t.valid_bleu_sentences,
+        ),
     }
     sources, refs = [s for s, _ in test], [r for _, r in test]
     models, trained, results = {}, {}, {}
     for name in t.models:
         width = t.transformer_width if name == "transformer" else t.width
         models[name] = {**MODEL_FAMILIES[name](width, t.embed), "dropout": t.dropout}
-        trained[name] = train_model(
-            name, models[name], data, out / "models-tatoeba", optim, tokenizer=tokenizer
-        )
-        results[name] = _held_out_bleu(trained[name], sources, refs)
+        trained[name] = [
+            train_model(
+                f"{direction}-{name}-seed{seed}",
+                models[name],
+                data,
+                out / "models-tatoeba",
+                {**optim, "seed": seed},
+                tokenizer=tokenizer,
+            )
+            for seed in t.seeds
+        ]
+        hyps = [
+            [o[0].text for o in translate_texts(tr.model, tr.src_tok, tr.tgt_tok, sources)]
+            for tr in trained[name]
+        ]
+        counts = [_dictionary_hits(tr, test, direction) for tr in trained[name]]
+        hits, totals = np.stack([c[0] for c in counts]), np.stack([c[1] for c in counts])
+        results[name] = {
+            "bleu": bootstrap_bleu(hyps, refs, resamples=t.resamples).as_dict(),
+            "dictionary_aligned": bootstrap_ratio(hits, totals, resamples=t.resamples).as_dict(),
+            "dictionary_links": int(totals[0].sum()),
+            "trainings": [tr.record() for tr in trained[name]],
+            "examples": [
+                {"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps[0])
+            ],
+        }
         log.info(
-            "tatoeba %s: %d steps, BLEU %.1f", name, trained[name].steps, results[name]["bleu"]
+            "tatoeba %s %s: BLEU %s, dictionary-aligned %s",
+            direction,
+            name,
+            Interval(**results[name]["bleu"]).format(1),
+            Interval(**results[name]["dictionary_aligned"]).format(2),
         )
-    figures = _heatmaps(trained, _tatoeba_shown(test, t.shown), out, prefix="tatoeba-alignment")
+    story, links = _story_figure(trained, direction, out)
+    figures = [story]
+    if direction == "ko-en":
+        first = {name: runs[0] for name, runs in trained.items()}
+        shown = _tatoeba_shown(test, t.shown)
+        figures += _heatmaps(first, shown, out, prefix="tatoeba-alignment")
+    curves = {
+        f"{n} seed {k}": tr.curve or [] for n, rs in trained.items() for k, tr in enumerate(rs)
+    }
+    figures.append(curve_figure(curves, out / f"curves-tatoeba-{direction}.png", direction))
     return {
         "models": results,
-        "shown": _tatoeba_shown(test, t.shown),
+        "story": {"source": STORY[0] if direction == "en-ko" else STORY[1], **links},
+        "training pairs holding the story's English sentence": sum(
+            STORY[0].lower() in " ".join(pair).lower() for pair in train
+        ),
         "figures": figures,
         "sizes": {"train": len(train), "test": len(test), "test sources": len(set(sources))},
         **{"data": data, "tokenizer": tokenizer, "model_sections": models, "optim": optim},
     }
 
 
-def _held_out_bleu(trained, sources: list[str], refs: list[str]) -> dict[str, Any]:
-    """Greedy sacreBLEU on the held-out pairs, the training record and five examples."""
-    outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
-    hyps = [o[0].text for o in outs]
-    examples = [{"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps)]
-    record = {"parameters": trained.parameters, "steps": trained.steps}
+def tatoeba_part(out: Path, t: TatoebaSetting) -> dict[str, Any]:
+    """Train on Tatoeba kor-eng in each direction: held-out BLEU, the story's example,
+    the dictionary-aligned fraction, heatmaps; ``{"skipped": why}`` without the corpus."""
+    path = _tatoeba_data(t, "ko-en")["path"]
+    if not Path(path).is_file():
+        reason = (
+            f"Tatoeba kor-eng not found ({path} missing; 'qkv data download "
+            "tatoeba-ko-en' fetches it); that part not run"
+        )
+        log.warning("%s", reason)
+        return {"skipped": reason}
+    seed_all(t.seed)
+    parts = {d: _tatoeba_direction(out, t, d) for d in t.directions}
     return {
-        "bleu": bleu(hyps, refs).score,
-        **record,
-        "train_seconds": trained.seconds,
-        "examples": examples,
+        "directions": parts,
+        "dictionary": "qkv/lab/alignment.py DICTIONARY: the toy lexicon's nouns and places "
+        f"({len(NOUNS) + len(PLACES)}), pronouns and 사랑- ↔ love ({len(_PRONOUNS)})",
+        "figures": [f for p in parts.values() for f in p["figures"]],
     }
+
+
+# ---------------------------------------------------------------- the toy corpus
 
 
 def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]:
@@ -365,29 +641,83 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]
         setting.seed,
     )
     optim = {
-        "steps": setting.steps,
         "max_tokens": setting.max_tokens,
         "lr": setting.lr,
-        "warmup": min(200, setting.steps // 5),
+        "warmup": min(200, setting.step_cap // 5),
         "label_smoothing": 0.1,
-        "max_seconds": setting.max_seconds,
-        "seed": setting.seed,
+        **until_converged(
+            eval_every=setting.eval_every,
+            patience=setting.patience,
+            step_cap=setting.step_cap,
+            valid_bleu_sentences=setting.valid_bleu_sentences,
+        ),
     }
     models, trained, results = {}, {}, {}
     for name in setting.models:
         width = setting.transformer_width if name == "transformer" else setting.width
         models[name] = MODEL_FAMILIES[name](width, setting.embed)
-        trained[name] = train_model(name, models[name], data, out / "models", optim)
-        results[name] = {
-            **score_maps(trained[name], splits["valid"], splits["test"]),
-            "parameters": trained[name].parameters,
-            "steps": trained[name].steps,
-            "train_seconds": trained[name].seconds,
+        trained[name] = [
+            train_model(
+                f"{name}-seed{seed}", models[name], data, out / "models", {**optim, "seed": seed}
+            )
+            for seed in setting.seeds
+        ]
+        scored = [score_maps(tr, splits["valid"], splits["test"]) for tr in trained[name]]
+        intervals = {
+            key: _aer_interval(
+                np.stack([s["counts"][key][0] for s in scored]),
+                np.stack([s["counts"][key][1] for s in scored]),
+                setting.resamples,
+            ).as_dict()
+            for key in ("best", "averaged")
         }
-        log.info("%s: AER %.3f", name, results[name]["aer_best"])
-    base = baselines(splits["test"])
-    figures = _heatmaps(trained, _shown(splits["test"]), out)
+        maps = scored[0]["aer_per_map"]
+        results[name] = {
+            "best map (chosen on valid)": [s["best map (chosen on valid)"] for s in scored],
+            "aer_best": intervals["best"],
+            "aer_averaged": intervals["averaged"],
+            "aer_per_map": {m: float(np.mean([s["aer_per_map"][m] for s in scored])) for m in maps},
+            "parameters": trained[name][0].parameters,
+            "trainings": [tr.record() for tr in trained[name]],
+        }
+        log.info("%s: AER %s", name, Interval(**results[name]["aer_best"]).format(3))
+    base = baselines(splits["test"], setting.resamples)
+    first = {name: runs[0] for name, runs in trained.items()}
+    figures = _heatmaps(first, _shown(splits["test"]), out)
+    curves = {
+        f"{n} seed {k}": tr.curve or [] for n, rs in trained.items() for k, tr in enumerate(rs)
+    }
+    figures.append(curve_figure(curves, out / "curves.png", "toy Korean→English"))
     return results, base, figures, {"model_sections": models, "optim": optim}
+
+
+def verdict(results: dict[str, dict], base: dict[str, dict]) -> str:
+    """Which models align better than both baselines (intervals apart), and which AER
+    differences between models lie outside the intervals."""
+    better = [
+        name
+        for name, r in results.items()
+        if all(
+            Interval(**r["aer_best"]).mean < b["mean"]
+            and apart(Interval(**r["aer_best"]), Interval(**b))
+            for b in base.values()
+        )
+    ]
+    worse = [n for n in results if n not in better]
+    if not worse:
+        head = "holds"
+    elif not better:
+        head = "does not hold"
+    else:
+        head = f"holds for {', '.join(better)}, not for {', '.join(worse)}"
+    aers = ", ".join(
+        [f"{n} {Interval(**r['aer_best']).format(3)}" for n, r in results.items()]
+        + [f"{n} baseline {Interval(**v).format(3)}" for n, v in base.items()]
+    )
+    named = {n: Interval(**r["aer_best"]) for n, r in results.items()}
+    apart_lines = separated(named, "higher AER")
+    differences = "; ".join(apart_lines) if apart_lines else "no two models' intervals apart"
+    return f"{head} (test AER, lower is better, 95% interval: {aers}; {differences})"
 
 
 def run(out: Path, *, quick: bool = False) -> LabRun:
@@ -400,55 +730,58 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     else:
         tatoeba = tatoeba_part(out, setting.tatoeba)
     figures += tatoeba.get("figures", [])
-    verdict = "test AER (lower is better): " + ", ".join(
-        [f"{n} {r['aer_best']:.3f}" for n, r in results.items()]
-        + [f"{n} baseline {v:.3f}" for n, v in base.items()]
-    )
-    if "models" in tatoeba:
-        verdict += "; Tatoeba held-out BLEU: " + ", ".join(
-            f"{n} {r['bleu']:.1f}" for n, r in tatoeba["models"].items()
-        )
+    text = f"toy: {verdict(results, base)}"
+    if "directions" in tatoeba:
+        for direction, part in tatoeba["directions"].items():
+            text += f"; Tatoeba {direction}: " + ", ".join(
+                f"{n} BLEU {Interval(**r['bleu']).format(1)}, content words on their "
+                f"dictionary translation {Interval(**r['dictionary_aligned']).format(0, 100)}%"
+                for n, r in part["models"].items()
+            )
     else:
-        verdict += f"; Tatoeba skipped: {tatoeba['skipped']}"
+        text += f"; Tatoeba skipped: {tatoeba['skipped']}"
     return LabRun(
         name="alignment",
         quick=quick,
         config={**asdict(setting), **config, "corpus": "toy Korean→English (qkv.data.toy)"},
-        seeds=[setting.seed],
+        seeds=list(setting.seeds),
         results={"models": results, "baselines": base, "tatoeba": tatoeba},
         figures=figures,
-        verdict=verdict,
+        verdict=text,
     )
 
 
 def table(run: LabRun) -> Table:
-    """AER per model (best map and averaged) and of the baselines."""
+    """AER per model (best map and averaged) and of the baselines, means over seeds with
+    95% intervals; Tatoeba held-out BLEU and the dictionary-aligned fraction."""
     rows = []
     for name, r in run.results["models"].items():
+        best = r["best map (chosen on valid)"]
         rows.append(
             [
                 name,
-                r["best map (chosen on valid)"],
-                f"{r['aer_best']:.3f}",
-                f"{r['aer_averaged']:.3f}",
+                ", ".join(best) if isinstance(best, list) else best,
+                Interval(**r["aer_best"]).format(3),
+                Interval(**r["aer_averaged"]).format(3),
             ]
         )
     for name, value in run.results["baselines"].items():
-        rows.append([f"baseline: {name}", "", f"{value:.3f}", ""])
+        rows.append([f"baseline: {name}", "", Interval(**value).format(3), ""])
     tatoeba = run.results.get("tatoeba", {})
-    for name, r in tatoeba.get("models", {}).items():
-        rows.append(
-            [
-                f"Tatoeba kor-eng: {name}",
-                f"{r['steps']} steps",
-                "no gold",
-                f"held-out BLEU {r['bleu']:.1f}",
-            ]
-        )
+    for direction, part in tatoeba.get("directions", {}).items():
+        for name, r in part["models"].items():
+            rows.append(
+                [
+                    f"Tatoeba {direction}: {name}",
+                    f"BLEU {Interval(**r['bleu']).format(1)}",
+                    "no gold",
+                    f"dictionary {Interval(**r['dictionary_aligned']).format(0, 100)}%",
+                ]
+            )
     if "skipped" in tatoeba:
         rows.append(["Tatoeba: skipped (reason in the verdict)", "", "", ""])
     return Table(
-        "alignment error rate on the test pairs (lower is better)",
+        "alignment error rate on the test pairs (lower is better), mean over seeds [95% interval]",
         ["model", "best map", "AER best", "AER averaged"],
         rows,
     )
