@@ -32,6 +32,7 @@ HANDLERS = {
     "bench": ("qkv.cli.bench", "run_cli"),
     "data": ("qkv.cli.data", "run_cli"),
     "generate": ("qkv.cli.generate", "run_cli"),
+    "sample": ("qkv.cli.sample", "run_cli"),
 }
 
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_bench,
         _add_data,
         _add_generate,
+        _add_sample,
     ):
         add(sub)
     return p
@@ -162,7 +164,8 @@ def _add_show(sub) -> None:
     s.add_argument(
         "--model",
         default=None,
-        help="a Hugging Face BERT-family or GPT-2 folder (default all-MiniLM-L6-v2)",
+        help="a Hugging Face BERT-family or GPT-2 folder (default all-MiniLM-L6-v2), or a "
+        "language model of qkv train (its checkpoint or run folder)",
     )
     s.add_argument("--layer", type=int, default=None, help="layer to show or open at (from 0)")
     s.add_argument("--head", type=int, default=None, help="head to show or open at (from 0)")
@@ -233,6 +236,18 @@ def _add_generate(sub) -> None:
     g.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="of the weights"
     )
+
+
+def _add_sample(sub) -> None:
+    s = sub.add_parser("sample", help="text from a language model trained by qkv train (streamed)")
+    s.add_argument("checkpoint", help="a checkpoint of a text recipe, or its run folder")
+    s.add_argument("--prompt", default="\n", help="the text to continue (default a line break)")
+    s.add_argument("--tokens", type=int, default=500, help="new tokens (default 500)")
+    s.add_argument(
+        "--temperature", type=float, default=0.8, help="0: greedy; default 0.8 (nanoGPT's)"
+    )
+    s.add_argument("--top-k", type=int, default=None, help="sample among the k most likely")
+    s.add_argument("--seed", type=int, default=None, help="seed of the sampling (same text)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from qkv.models.pretrained.generated_attention import (
 )
 from qkv.models.pretrained.gguf import smollm2_path
 from qkv.models.pretrained.hf import read_config
+from qkv.train.language import language_attention, language_checkpoint, load_language_model
 from qkv.viz.heatmap import IMAGE_SUFFIXES, fonts_for, plot_alignment, plot_heads, save_figure
 from qkv.viz.html import HTML_SUFFIXES, AttentionView, render_html
 from qkv.viz.maps import summary
@@ -304,6 +305,9 @@ def run_cli(args: argparse.Namespace) -> int:
     """
 
     out = Path(args.out)
+    language = language_checkpoint(args.model) if args.model is not None else None
+    if language is not None:  # a GPT or LLaMA-style model trained by qkv train
+        return _run_language_model(args, out, language)
     if getattr(args, "generate", None) is not None:
         return _run_generate(args, out)
     if out.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:
@@ -422,5 +426,38 @@ def _run_generate(args: argparse.Namespace, out: Path) -> int:
     print(f"generated: {loaded.tokenizer.decode(new_ids)!r}")
     print(_SHARES + ", per layer and head:")
     for line in lines:
+        print(line)
+    return 0
+
+
+def _run_language_model(args: argparse.Namespace, out: Path, checkpoint: Path) -> int:
+    """``qkv show --model CHECKPOINT "TEXT"``: a language model trained by ``qkv train``
+    (``data.kind: text``) reads the text; its causal attention, as a GPT-2 folder's."""
+    if getattr(args, "generate", None) is not None:
+        raise UserError(
+            f"--model {args.model}: --generate reads a LLaMA-family GGUF file or folder; "
+            f"`qkv sample {args.model} --prompt TEXT` continues this model's text"
+        )
+    if args.text_b is not None:
+        raise UserError(f"{checkpoint}: a language model reads one text, not a pair")
+    if out.suffix.lower() not in HTML_SUFFIXES + IMAGE_SUFFIXES:
+        raise UserError(
+            f"--out {args.out}: unknown output type {out.suffix or '(none)'!r}; "
+            f"use one of {', '.join(HTML_SUFFIXES + IMAGE_SUFFIXES)}"
+        )
+    _check_utf8("TEXT", args.text)
+    loaded = load_language_model(checkpoint)
+    config = loaded.model.config
+    _check_index("layer", args.layer, config.num_layers)
+    _check_index("head", args.head, config.num_heads)
+    try:
+        maps, tokens = language_attention(loaded, args.text)
+    except ValueError as err:
+        raise UserError(f"{checkpoint}: {_one_line(err)}") from None
+    _write(out, maps, tokens, args.layer, args.head, _title(checkpoint.name, args.text, None))
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8")
+    print(f"wrote {out}")
+    for line in summary(maps, tokens):
         print(line)
     return 0

@@ -157,6 +157,11 @@ def summary(result, recipe: Recipe) -> str:
     rate = "target tokens/s"
     if recipe.images:  # the score of image classifiers is the validation accuracy
         best, rate = f"best valid accuracy {result.best_bleu:.2f}%", "images/s"
+    if recipe.language:  # language models: the loss and its perplexity
+        loss = result.last_valid_loss
+        perplexity = math.exp(min(loss, 700.0)) if math.isfinite(loss) else loss
+        best = f"valid loss {loss:.4f} (perplexity {perplexity:.2f}); lowest valid loss"
+        rate = "tokens/s"
     stopped = f"; {result.done_because}" if result.done_because else ""
     return (
         f"trained {steps} in {result.seconds:.0f} s ({result.target_tokens_per_s:.0f} {rate}"

@@ -191,5 +191,9 @@ class ImageTask:
         model.train()
         return total / max(len(valid), 1), 100.0 * correct / max(len(valid), 1)
 
+    def evaluation_extras(self, model: nn.Module, loss: float, step: int) -> dict[str, Any]:
+        """Nothing beyond the loss and the accuracy."""
+        return {}
+
     def tokenizers(self) -> dict[str, str]:
         return {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}

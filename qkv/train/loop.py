@@ -11,9 +11,10 @@ trains data-parallel with ``DistributedDataParallel`` (gloo on CPU), as one proc
 with ``accumulate`` times the processes would.
 
 What a kind of model needs of its data is a task object: :class:`TranslationTask` (token
-batches, BLEU) or :class:`~qkv.train.classify.ImageTask` (image batches, accuracy). The
-loop asks it for an epoch's batches, a batch's summed loss and count, and the validation
-loss and score.
+batches, BLEU), :class:`~qkv.train.classify.ImageTask` (image batches, accuracy) or
+:class:`~qkv.train.language.LanguageTask` (windows of text, perplexity and a sample). The
+loop asks it for an epoch's batches, a batch's summed loss and count, the validation
+loss and score, and what else an evaluation logs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from qkv.models.checkpoint import build_model, rng_state, save_checkpoint
 from qkv.train.checks import check_lengths, check_loss, check_memory, finished
 from qkv.train.classify import ImageTask, image_splits
 from qkv.train.distributed import Dist, uses_bf16
+from qkv.train.language import LanguageTask, language_splits
 from qkv.train.progress import StepTimes, TrainingProgress, usable_cores
 from qkv.train.recipe import Recipe
 from qkv.train.resume import restore
@@ -277,6 +279,10 @@ class TranslationTask:
     def validate(self, model: nn.Module, device) -> tuple[float, float]:
         return validate(model, self.data, self.recipe, device)
 
+    def evaluation_extras(self, model: nn.Module, loss: float, step: int) -> dict:
+        """Nothing beyond the loss and BLEU."""
+        return {}
+
     def tokenizers(self) -> dict[str, str]:
         return {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
 
@@ -313,6 +319,9 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     if recipe.images:
         data = image_splits(recipe)
         task = ImageTask(recipe, data, dist.rank, dist.world_size)
+    elif recipe.language:
+        data = language_splits(recipe)
+        task = LanguageTask(recipe, data, dist.rank, dist.world_size)
     else:
         data = prepare(recipe)
         task = TranslationTask(recipe, data, dist)
@@ -504,14 +513,12 @@ class _Loop:
                 improved = True
             else:
                 st.bad_evals += 1
-            self.log(
-                {
-                    "step": st.step,
-                    "valid_loss": st.valid_loss,
-                    self.task.score_key: score,
-                    self.task.score_key.replace("valid", "best"): st.best_bleu,
-                }
-            )
+            row = {"step": st.step, "valid_loss": st.valid_loss}
+            if self.task.score_key is not None:  # language models: the loss alone
+                row[self.task.score_key] = score
+                row[self.task.score_key.replace("valid", "best")] = st.best_bleu
+            row.update(self.task.evaluation_extras(self.model, st.valid_loss, st.step))
+            self.log(row)
         stop = self.cfg.patience > 0 and st.bad_evals >= self.cfg.patience
         return ("stop" if self.dist.broadcast_flag(stop) else None), improved
 

@@ -6,7 +6,7 @@ name the key, e.g. ``train.lr: must be > 0``; a value quoted in an error is cut 
 characters.
 
 ``data.root`` names the folder that the relative file names of the data section
-(``train``, ``valid``, ``test``, ``path``) are read from; without it they are read from
+(``train``, ``valid``, ``test``, ``path``, ``files``) are read from; without it they are read from
 the current folder. The shipped Multi30k and Tatoeba recipes set it to ``../shared/data/...``;
 ``qkv data download multi30k`` fetches the same files into ``~/.cache/qkv/multi30k``, read
 with ``--set data.root=~/.cache/qkv/multi30k``. The built recipe holds the joined paths
@@ -30,6 +30,15 @@ float, and ``1:30:00`` is a string, not YAML 1.1's base-60 number 5400. Aliases
 ``data.kind: digits`` trains an image classifier instead (``model.type: vit`` or
 ``cnn``) on scikit-learn's 8 x 8 handwritten digits (:mod:`qkv.data.digits`), in batches
 of ``train.batch_size`` images; it has no tokenizer section.
+
+``data.kind: text`` trains a language model (``model.type: gpt`` or ``llama``) on the
+plain-text ``data.files`` (:mod:`qkv.data.text_lm`): ``tokenizer.kind`` ``char`` (the
+default here) or ``bpe`` (byte-level, ``tokenizer.vocab_size`` ids), the last
+``data.valid_fraction`` of the text held out (0.1: nanoGPT's 90/10), batches of
+``train.batch_size`` random windows of ``data.block_size`` tokens, and validation on
+``train.eval_batches`` fixed batches of validation windows. ``train.label_smoothing``
+defaults to 0 here. A GPT's ``model.max_len`` (its learned positions) defaults to
+``data.block_size``.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ import yaml
 from qkv.errors import ConfigError, ConfigFieldError
 from qkv.files import quoted
 from qkv.models.cnn import CNNConfig
+from qkv.models.pretrained.gpt import GPTConfig
+from qkv.models.pretrained.llama import LlamaConfig
 from qkv.models.pretrained.vit import ViTConfig
 from qkv.models.translators.config import RNNSeq2SeqConfig, TransformerSeq2SeqConfig
 from qkv.train.yaml_config import yaml_error, yaml_loader
@@ -76,7 +87,9 @@ class DataConfig:
     aligned files (``train: [SRC, TGT]``, same for ``valid`` and ``test``); ``kind: tsv``
     reads one tab-separated file (Tatoeba's format) and splits off valid/test sets;
     ``kind: digits`` reads scikit-learn's handwritten digits (images, not sentences), split
-    by ``seed`` (:mod:`qkv.data.digits`).
+    by ``seed`` (:mod:`qkv.data.digits`); ``kind: text`` reads the plain-text ``files`` of
+    a language model, split at ``1 - valid_fraction`` of the text and cut into windows of
+    ``block_size`` tokens (:mod:`qkv.data.text_lm`).
     """
 
     kind: str = "toy"
@@ -94,9 +107,12 @@ class DataConfig:
     tgt_column: int = 0
     max_tokens: int = 100
     max_ratio: float = 3.0
+    files: tuple[str, ...] = ()
+    block_size: int = 256
+    valid_fraction: float = 0.1
 
     def __post_init__(self) -> None:
-        _choice(self, "kind", ("toy", "files", "tsv", "digits"))
+        _choice(self, "kind", ("toy", "files", "tsv", "digits", "text"))
         for name in ("n_train", "n_valid", "n_test", "min_len", "max_len", "max_tokens"):
             _positive(self, name, allow_zero=name == "n_test")  # validation picks the best
         if self.kind == "toy" and not 2 <= self.min_len <= self.max_len:
@@ -132,6 +148,28 @@ class DataConfig:
             self._refuse_toy_keys()
         if self.kind == "digits":
             self._refuse_text_keys()
+        if self.kind == "text":
+            self._check_text()
+        else:
+            for name in ("files", "block_size", "valid_fraction"):
+                if getattr(self, name) != getattr(DataConfig, name):
+                    raise ConfigError(f"data.{name}: read only with kind 'text', not {self.kind!r}")
+
+    def _check_text(self) -> None:
+        """A language model's text: files, windows and the validation share."""
+        self._refuse_text_keys("a language model's text")
+        if self.seed != DataConfig.seed:
+            raise ConfigError(
+                "data.seed: not read with kind 'text' (the split is the text's tail; "
+                "train.seed draws the windows)"
+            )
+        if not self.files:
+            raise ConfigError("data.files: give one or more plain-text files for kind 'text'")
+        _positive(self, "block_size")
+        if not 0 < self.valid_fraction < 1:
+            raise ConfigError(
+                f"data.valid_fraction: must be in (0, 1), got {quoted(self.valid_fraction)}"
+            )
 
     def _refuse_toy_keys(self) -> None:
         """Keys that only shape the toy corpus would do nothing for files, silently."""
@@ -142,12 +180,12 @@ class DataConfig:
                     f"data.{name}: read only with kind 'toy', not {self.kind!r}{hint}"
                 )
 
-    def _refuse_text_keys(self) -> None:
-        """The digits' split is fixed (:mod:`qkv.data.digits`): keys that size or filter
-        sentence splits would do nothing, silently."""
+    def _refuse_text_keys(self, why: str = "its split is fixed") -> None:
+        """The digits' split is fixed (:mod:`qkv.data.digits`) and a language model's text
+        is windows: keys that size or filter sentence splits would do nothing, silently."""
         for name in ("n_valid", "n_test", "max_tokens", "max_ratio", "src_column", "tgt_column"):
             if getattr(self, name) != getattr(DataConfig, name):
-                raise ConfigError(f"data.{name}: not read with kind 'digits' (its split is fixed)")
+                raise ConfigError(f"data.{name}: not read with kind {self.kind!r} ({why})")
 
     def _check_columns(self) -> None:
         for name in ("src_column", "tgt_column"):
@@ -186,7 +224,7 @@ class OptimConfig:
 
     steps: int = 2000
     max_tokens: int = 2048  # translators: target tokens per batch
-    batch_size: int = 64  # image classifiers: images per batch
+    batch_size: int = 64  # image classifiers: images per batch; language models: windows
     accumulate: int = 1
     lr: float = 1e-3
     warmup: int = 200
@@ -198,6 +236,8 @@ class OptimConfig:
     clip_norm: float = 1.0
     bf16: bool | str = False  # bf16 autocast: true, false or "auto" (where bf16 is native)
     eval_every: int = 250
+    eval_batches: int = 20  # language models: validation batches (nanoGPT's eval_iters)
+    sample_tokens: int = 200  # language models: tokens sampled at each evaluation (0: none)
     save_every: int = 250
     patience: int = 0
     valid_bleu_sentences: int = 300
@@ -210,7 +250,15 @@ class OptimConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "max_tokens", "batch_size", "accumulate", "eval_every", "save_every"):
             _positive(self, name)
-        for name in ("warmup", "patience", "valid_bleu_sentences", "threads", "max_seconds"):
+        _positive(self, "eval_batches")
+        for name in (
+            "warmup",
+            "patience",
+            "valid_bleu_sentences",
+            "threads",
+            "max_seconds",
+            "sample_tokens",
+        ):
             _positive(self, name, allow_zero=True)
         if not 0 < self.lr < math.inf:
             raise ConfigError(f"train.lr: must be > 0 and finite, got {self.lr}")
@@ -264,9 +312,22 @@ class Recipe:
         """Whether this recipe trains an image classifier (else a translator)."""
         return self.data.kind in IMAGE_DATA
 
+    @property
+    def language(self) -> bool:
+        """Whether this recipe trains a language model on plain text."""
+        return self.data.kind in TEXT_DATA
+
     def _refuse_other_task_keys(self) -> None:
         """Keys of translators in an image recipe and back would do nothing, silently."""
-        if self.images:
+        if not self.language:
+            for name in ("eval_batches", "sample_tokens"):
+                if getattr(self.train, name) != getattr(OptimConfig, name):
+                    raise ConfigError(
+                        f"train.{name}: read only with language models (data.kind 'text')"
+                    )
+        if self.language:
+            self._check_language()
+        elif self.images:
             if self.tokenizer != TokenizerConfig():
                 raise ConfigError("tokenizer: images have no tokenizer; remove the section")
             if self.train.max_tokens != OptimConfig.max_tokens:
@@ -279,14 +340,49 @@ class Recipe:
                 "translators are batched by train.max_tokens"
             )
 
+    def _check_language(self) -> None:
+        """A language model reads windows of tokens: a char or bpe tokenizer of its own,
+        batches of ``train.batch_size`` windows, and (GPT) as many positions as a window."""
+        if self.tokenizer.kind not in TEXT_TOKENIZERS:
+            raise ConfigError(
+                f"tokenizer.kind: a language model's text is read by 'char' or 'bpe', "
+                f"not {self.tokenizer.kind!r}"
+            )
+        if self.tokenizer.joint:
+            raise ConfigError("tokenizer.joint: a language model has one tokenizer already")
+        if self.tokenizer.kind == "bpe" and self.tokenizer.vocab_size < BYTE_BPE_MIN:
+            raise ConfigError(
+                f"tokenizer.vocab_size: a byte-level BPE needs >= {BYTE_BPE_MIN} (4 special "
+                f"tokens and the 256 bytes), got {self.tokenizer.vocab_size}"
+            )
+        for name in ("max_tokens", "valid_bleu_sentences"):
+            if getattr(self.train, name) != getattr(OptimConfig, name):
+                raise ConfigError(
+                    f"train.{name}: not read with language models (batches are "
+                    "train.batch_size windows; validation is loss and perplexity)"
+                )
+        positions = self.model.get("max_len")
+        if self.model["type"] == "gpt" and positions is not None:
+            if positions < self.data.block_size:
+                raise ConfigError(
+                    f"data.block_size: {self.data.block_size} tokens, more than the "
+                    f"{positions} learned positions of model.max_len; raise model.max_len "
+                    "or leave it out (it defaults to data.block_size)"
+                )
+
     @property
     def out_dir(self) -> Path:
         return Path(self.out or f"runs/{self.name}")
 
 
 IMAGE_DATA = ("digits",)  # data kinds that hold images: image classifiers train on them
+TEXT_DATA = ("text",)  # data kinds of plain text: language models train on them
+TEXT_TOKENIZERS = ("char", "bpe")
+BYTE_BPE_MIN = 260  # the special tokens and the 256 bytes
 IMAGE_MODELS = {"vit": ViTConfig, "cnn": CNNConfig}
 TEXT_MODELS = {"transformer": TransformerSeq2SeqConfig, "rnn": RNNSeq2SeqConfig}
+LM_MODELS = {"gpt": GPTConfig, "llama": LlamaConfig}
+LM_EXCLUDED = {"rope_scaling"}  # read from a pretrained model's own files only
 # what the data sets in an image model's config (placeholders here, the data's at training)
 IMAGE_FIELDS = {"image_size": 8, "num_channels": 1, "num_labels": 10, "labels": ()}
 
@@ -294,25 +390,31 @@ IMAGE_FIELDS = {"image_size": 8, "num_channels": 1, "num_labels": 10, "labels": 
 def check_model_section(model: dict, data_kind: str = "toy") -> None:
     """Validate the model section now (with placeholder vocabulary sizes, or image sizes
     for the image models)."""
-    images = data_kind in IMAGE_DATA
-    kinds = IMAGE_MODELS if images else TEXT_MODELS
+    images, language = data_kind in IMAGE_DATA, data_kind in TEXT_DATA
+    kinds = IMAGE_MODELS if images else LM_MODELS if language else TEXT_MODELS
     if not isinstance(model, dict) or model.get("type") not in kinds:
         names = " or ".join(repr(k) for k in kinds)
-        image_type = isinstance(model, dict) and model.get("type") in IMAGE_MODELS
-        also = f" for data.kind {data_kind!r}" if images or image_type else ""
+        other_type = isinstance(model, dict) and model.get("type") in {**IMAGE_MODELS, **LM_MODELS}
+        also = f" for data.kind {data_kind!r}" if images or language or other_type else ""
         raise ConfigError(f"model.type: must be {names}{also}")
     fields = {k: v for k, v in model.items() if k != "type"}
-    placeholders = (
-        {k: v for k, v in IMAGE_FIELDS.items() if k != "labels" or model["type"] == "vit"}
-        if images
-        else {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2, "eos_id": 3}
-    )
+    if images:
+        placeholders = {
+            k: v for k, v in IMAGE_FIELDS.items() if k != "labels" or model["type"] == "vit"
+        }
+    elif language:
+        placeholders = {"vocab_size": 8}
+    else:
+        placeholders = {"src_vocab_size": 8, "tgt_vocab_size": 8, "pad_id": 0, "bos_id": 2}
+        placeholders["eos_id"] = 3
     for reserved in placeholders:
         if reserved in fields:
             source = "the images" if images else "the tokenizer"
             raise ConfigError(f"model.{reserved}: set from {source}, do not give it")
     kind = kinds[model["type"]]
     known = {f.name for f in dataclasses.fields(kind)} - set(placeholders)
+    if language:
+        known -= LM_EXCLUDED
     if images and model["type"] == "vit":  # the head is trained, the rest is DeiT's loading
         known -= {"distillation_token", "distillation_head", "add_pooler"}
         known -= {"pooler_output_size", "pooler_act"}
@@ -333,7 +435,21 @@ def check_model_section(model: dict, data_kind: str = "toy") -> None:
 def recipe_from_dict(d: dict) -> Recipe:
     """Build a :class:`Recipe` from nested dicts (as read from YAML); ``data.root``, when
     given, is joined to the relative file names of the data section (see the module)."""
-    return _build(Recipe, _rooted(d), "")
+    return _build(Recipe, _language_defaults(_rooted(d)), "")
+
+
+def _language_defaults(d: Any) -> Any:
+    """A text recipe's own defaults where it leaves keys out: a character tokenizer and no
+    label smoothing (the translators' defaults are words and 0.1)."""
+    data = d.get("data") if isinstance(d, dict) else None
+    if not isinstance(data, dict) or data.get("kind") not in TEXT_DATA:
+        return d
+    d = dict(d)
+    for section, key, value in (("tokenizer", "kind", "char"), ("train", "label_smoothing", 0.0)):
+        part = {} if d.get(section) is None else d[section]
+        if isinstance(part, dict) and key not in part:
+            d[section] = {**part, key: value}
+    return d
 
 
 def _rooted(d: Any) -> Any:
@@ -357,7 +473,7 @@ def _rooted(d: Any) -> Any:
             return file  # a wrong type is named by the key's own check
         return str(folder / file)
 
-    for key in ("train", "valid", "test"):
+    for key in ("train", "valid", "test", "files"):
         if isinstance(data.get(key), list | tuple):
             data[key] = [join(file) for file in data[key]]
     if "path" in data:

@@ -1,0 +1,95 @@
+"""``qkv sample``: a language model trained by ``qkv train`` streams text to stdout (the
+tokens of :func:`qkv.train.language.stream_sample`), the same with the same seed, and bad
+checkpoints or arguments give one line, exit 2."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.train.language import load_language_model, stream_sample
+from qkv.train.loop import train
+from qkv.train.recipe import recipe_from_dict
+from tests.cli.helpers import one_line_error, run_main
+from tests.train.test_language import tiny_lm
+
+
+class Recorder(io.StringIO):
+    """stdout that remembers each write (streaming shows as many writes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return super().write(s)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The run folder of a 1-layer GPT trained for 6 steps on a few hundred characters."""
+    folder = tmp_path_factory.mktemp("lm")
+    train(recipe_from_dict(tiny_lm(folder, sample_tokens=0)), progress=False)
+    return folder / "run"
+
+
+def test_the_same_seed_draws_the_same_text_streamed(run, monkeypatch):
+    outputs = []
+    for _ in range(2):
+        recorder = Recorder()
+        monkeypatch.setattr(sys, "stdout", recorder)
+        assert main(["sample", str(run), "--prompt", "the ", "--tokens", "30", "--seed", "7"]) == 0
+        outputs.append(recorder.getvalue())
+        assert len(recorder.writes) >= 30  # the prompt, then the tokens one by one
+    assert outputs[0] == outputs[1]
+    loaded = load_language_model(run)
+    prompt = loaded.tokenizer.encode("the ")
+    drawn = list(stream_sample(loaded.model, prompt, 30, temperature=0.8, seed=7))
+    assert outputs[0] == "the " + loaded.tokenizer.decode(drawn) + "\n"
+    other = Recorder()
+    monkeypatch.setattr(sys, "stdout", other)
+    main(["sample", str(run), "--prompt", "the ", "--tokens", "30", "--seed", "8"])
+    assert other.getvalue() != outputs[0]
+
+
+def test_temperature_0_is_the_most_likely_token_each_step(run, monkeypatch, capsys):
+    code, out, _ = run_main(
+        monkeypatch, capsys, "sample", run / "best.safetensors", "--temperature", "0",
+        "--tokens", "5", "--prompt", "a",
+    )  # fmt: skip
+    assert code == 0
+    loaded = load_language_model(run / "best.safetensors")
+    ids = loaded.tokenizer.encode("a")
+    with torch.no_grad():
+        for _ in range(5):
+            ids.append(int(loaded.model(torch.tensor([ids[-8:]])).logits[0, -1].argmax()))
+    assert out == loaded.tokenizer.decode(ids) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--tokens", "-1"], "--tokens must be >= 0"),
+        (["--top-k", "0"], "--top-k must be >= 1"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--prompt", ""], "gives no token"),
+    ],
+    ids=["tokens", "top-k", "temperature", "empty-prompt"],
+)
+def test_bad_arguments_are_one_line_exit_2(run, monkeypatch, capsys, args, match):
+    code, _, err = run_main(monkeypatch, capsys, "sample", run, *args)
+    one_line_error(code, err, match)
+
+
+def test_a_translator_or_missing_checkpoint_is_one_line_exit_2(ckpt, tmp_path, monkeypatch, capsys):
+    code, _, err = run_main(monkeypatch, capsys, "sample", ckpt)
+    one_line_error(code, err, "not a language model")
+    code, _, err = run_main(monkeypatch, capsys, "sample", tmp_path / "none.safetensors")
+    one_line_error(code, err, "no such checkpoint file")
+    code, _, err = run_main(monkeypatch, capsys, "sample", tmp_path)
+    one_line_error(code, err, "without best.safetensors or last.safetensors")

@@ -1,0 +1,214 @@
+"""qkv.train.language and qkv.data.text_lm: text recipes, the tail split and the windows,
+the loss against a float64 recomputation, kill-and-resume equality, and bad input as one
+line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from qkv.data.text_lm import read_text_files, split_text, text_splits, windows
+from qkv.errors import ConfigError, CorpusError
+from qkv.models.checkpoint import load_checkpoint
+from qkv.train.language import LanguageTask, language_splits, stream_sample
+from qkv.train.loop import train
+from qkv.train.recipe import load_yaml, recipe_from_dict
+from tests.cli.helpers import one_line_error, run_main
+from tests.train.helpers import CONFIG_FOLDER, logged_losses, train_until_interrupted
+
+WORDS = "the cat sat on a mat and the dog ran to see how far it could go".split()
+
+
+def write_text(path, lines: int = 40, seed: int = 0) -> str:
+    """A few hundred characters of word salad, written to ``path``."""
+    rng = random.Random(seed)
+    text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(6)) for _ in range(lines)) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def tiny_lm(tmp_path, model: str = "gpt", **train) -> dict:
+    text = tmp_path / "text.txt"
+    if not text.exists():
+        write_text(text)
+    layers = {"type": model, "num_layers": 1, "num_heads": 2, "dim": 16}
+    if model == "llama":
+        layers.update(num_kv_heads=1, ff_dim=32)
+    else:
+        layers.update(dropout=0.1)
+    return {
+        "name": "tiny-lm",
+        "out": str(tmp_path / "run"),
+        "data": {"kind": "text", "files": [str(text)], "block_size": 8},
+        "model": layers,
+        "train": {
+            "steps": 6,
+            "batch_size": 4,
+            "lr": 0.003,
+            "warmup": 2,
+            "eval_every": 3,
+            "save_every": 2,
+            "eval_batches": 2,
+            "sample_tokens": 12,
+            "threads": 1,
+            **train,
+        },
+    }
+
+
+def test_a_text_recipe_takes_its_own_defaults(tmp_path):
+    recipe = recipe_from_dict(tiny_lm(tmp_path))
+    assert recipe.language and recipe.tokenizer.kind == "char"
+    assert recipe.train.label_smoothing == 0.0  # translators: 0.1
+    d = tiny_lm(tmp_path)
+    d["data"].update(root=str(tmp_path), files=["text.txt"])
+    assert recipe_from_dict(d).data.files == (str(tmp_path / "text.txt"),)
+
+
+@pytest.mark.parametrize("name", ["shakespeare-char-gpt", "shakespeare-char-llama"])
+def test_shipped_text_recipes_read(name):
+    recipe = load_yaml(CONFIG_FOLDER / f"{name}.yaml")
+    assert recipe.language and recipe.model["type"] == name.rsplit("-", 1)[1]
+    assert (recipe.data.block_size, recipe.train.batch_size, recipe.train.steps) == (64, 12, 2000)
+    assert recipe.data.files[0].endswith("tinyshakespeare/input.txt")
+
+
+def test_the_split_is_the_tail_and_windows_are_next_tokens(tmp_path):
+    text = write_text(tmp_path / "a.txt")
+    train_text, valid_text = split_text(text, 0.1)
+    assert train_text + valid_text == text and len(train_text) == int(len(text) * 0.9)
+    splits = text_splits([tmp_path / "a.txt"], "char", 100, 0.1)
+    tok = splits.tokenizer
+    assert tok.decode(splits.train.tolist()) == train_text
+    assert tok.decode(splits.valid.tolist()) == valid_text
+    starts = torch.tensor([0, 5, len(splits.train) - 9])
+    inputs, targets = windows(splits.train, starts, 8)
+    for row, s in enumerate(starts.tolist()):
+        assert inputs[row].tolist() == splits.train[s : s + 8].tolist()
+        assert targets[row].tolist() == splits.train[s + 1 : s + 9].tolist()
+
+
+def test_byte_level_bpe_reads_any_text_back(tmp_path):
+    text = write_text(tmp_path / "a.txt") + "Über 한국어 🙂\ttabs\n"
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8")
+    splits = text_splits([tmp_path / "a.txt"], "bpe", 300, 0.1)
+    assert splits.tokenizer.vocab_size <= 300
+    for sample in (text, "new words: zebra 🙂", "  two spaces\n\n"):
+        assert splits.tokenizer.decode(splits.tokenizer.encode(sample)) == sample
+
+
+def test_the_windows_are_fixed_by_the_seed_and_split_between_processes(tmp_path):
+    recipe = recipe_from_dict(tiny_lm(tmp_path))
+    data = language_splits(recipe)
+    one = LanguageTask(recipe, data)
+    assert one.batch_indices(0) == LanguageTask(recipe, data).batch_indices(0)
+    assert one.batch_indices(0) != one.batch_indices(1)
+    halves = [LanguageTask(recipe, data, rank, 2).batch_indices(0) for rank in (0, 1)]
+    for whole, a, b in zip(one.batch_indices(0), *halves):
+        assert sorted(a + b) == sorted(whole) and len(a) == len(b) == 2
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_the_loss_is_the_float64_next_token_cross_entropy(tmp_path, model):
+    recipe = recipe_from_dict(tiny_lm(tmp_path, model))
+    task = LanguageTask(recipe, language_splits(recipe))
+    torch.manual_seed(0)
+    lm = task.build_model().eval()
+    batch = task.batch(task.batch_indices(0)[0], torch.device("cpu"))
+    loss, count = task.loss(lm, batch, 0.0)
+    assert count == 4 * 8
+    logits = lm.double()(batch.inputs).logits  # (B, T, V) in float64
+    logp = logits.log_softmax(-1).gather(-1, batch.targets[..., None]).squeeze(-1)
+    assert torch.allclose(loss.double(), -logp.sum(), rtol=1e-5)
+    smoothed, _ = task.loss(lm.float(), batch, 0.1)
+    reference = F.cross_entropy(
+        logits.flatten(0, 1), batch.targets.flatten(), label_smoothing=0.1, reduction="sum"
+    )
+    assert torch.allclose(smoothed.double(), reference, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_a_stopped_run_resumes_to_the_uninterrupted_losses(tmp_path, model):
+    for name in ("full", "stopped"):
+        (tmp_path / name).mkdir()
+    full, stopped = tiny_lm(tmp_path / "full", model), tiny_lm(tmp_path / "stopped", model)
+    train(recipe_from_dict(full), progress=False)
+    train_until_interrupted(recipe_from_dict(stopped), 5)  # last saved: step 4
+    assert load_checkpoint(tmp_path / "stopped/run/last.safetensors").extra["train"]["step"] == 4
+    train(recipe_from_dict(stopped), resume=True, progress=False)
+    runs = [tmp_path / name / "run" for name in ("full", "stopped")]
+    assert logged_losses(runs[1]) == logged_losses(runs[0])
+    rows = [json.loads(x) for x in (runs[0] / "log.jsonl").read_text().splitlines()]
+    evaluations = [r for r in rows if "valid_loss" in r]
+    assert [r["step"] for r in evaluations] == [3, 6]
+    for r in evaluations:
+        assert r["valid_perplexity"] == pytest.approx(2.718281828459045 ** r["valid_loss"])
+        assert isinstance(r["sample"], str) and r["sample"]
+    again = [json.loads(x) for x in (runs[1] / "log.jsonl").read_text().splitlines()]
+    assert [r for r in again if "valid_loss" in r][-1] == evaluations[-1]  # the sample too
+    ckpt = load_checkpoint(runs[1] / "last.safetensors")
+    assert ckpt.model_type == model and json.loads(ckpt.tokenizers["tgt"])["type"] == "char"
+
+
+def test_sampling_past_the_positions_crops_the_context(tmp_path):
+    recipe = recipe_from_dict(tiny_lm(tmp_path))
+    task = LanguageTask(recipe, language_splits(recipe))
+    torch.manual_seed(0)
+    lm = task.build_model().eval()  # 8 learned positions
+    drawn = list(stream_sample(lm, [5, 6, 7], 20, temperature=1.0, seed=3))
+    assert len(drawn) == 20 and drawn == list(stream_sample(lm, [5, 6, 7], 20, seed=3))
+    ids = [5, 6, 7] + drawn
+    with torch.no_grad():  # the last token, drawn greedily, from the latest 8 tokens
+        greedy = list(stream_sample(lm, ids[:-1], 1, temperature=0.0))
+        expected = lm(torch.tensor([ids[-9:-1]])).logits[0, -1].argmax()
+    assert greedy == [int(expected)]
+
+
+def _file(d: dict, path, raw: bytes) -> None:
+    """``d`` reads the file ``path`` that holds ``raw``."""
+    path.write_bytes(raw)
+    d["data"]["files"] = [str(path)]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda d, p: d["data"].update(files=[str(p / "none.txt")]), "none.txt: no such file"),
+        (lambda d, p: _file(d, p / "e.txt", b""), "e.txt: is empty"),
+        (lambda d, p: _file(d, p / "b.bin", b"ab\0cd" * 50), "a binary file"),
+        (lambda d, p: _file(d, p / "l.txt", b"caf\xe9 " * 50), "not UTF-8 text"),
+        (lambda d, p: d["data"].update(block_size=5000), "data.block_size: 5000 tokens"),
+        (lambda d, p: d["model"].update(max_len=4), "more than the 4 learned positions"),
+        (lambda d, p: d["model"].update(type="rnn"), "model.type: must be 'gpt' or 'llama'"),
+        (lambda d, p: d["model"].update(vocab_size=9), "model.vocab_size: set from the tok"),
+        (lambda d, p: d.update(tokenizer={"kind": "word"}), "read by 'char' or 'bpe'"),
+        (lambda d, p: d["train"].update(max_tokens=9), "train.max_tokens: not read with"),
+        (lambda d, p: d["data"].update(files=[]), "data.files: give one or more"),
+    ],
+    ids=[
+        "missing", "empty", "binary", "latin-1", "longer-than-text", "longer-than-positions",
+        "translator", "vocab", "word-tokenizer", "max-tokens", "no-files",
+    ],
+)  # fmt: skip
+def test_bad_text_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, change, match):
+    d = tiny_lm(tmp_path)
+    change(d, tmp_path)
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(d))
+    code, _, err = run_main(monkeypatch, capsys, "train", config)
+    one_line_error(code, err, match)
+
+
+def test_read_text_files_joins_files_with_a_line_break(tmp_path):
+    (tmp_path / "a.txt").write_text("first")
+    (tmp_path / "b.txt").write_text("second\n")
+    assert read_text_files([tmp_path / "a.txt", tmp_path / "b.txt"]) == "first\nsecond\n"
+    with pytest.raises(CorpusError, match="is a folder"):
+        read_text_files([tmp_path])
+    with pytest.raises(ConfigError):
+        recipe_from_dict({**tiny_lm(tmp_path), "data": {"kind": "text", "files": ["a"], "seed": 1}})
