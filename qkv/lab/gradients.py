@@ -19,11 +19,22 @@ Method:
     (causal) multi-head self-attention layer the same quantity is
     :math:`\\partial y_T / \\partial x_{T-k}`. Median and quartiles over seeds; the
     reference line is :math:`\\rho^k`.
+
+    Explosion, where the story says it happens: the same measurement for a linear
+    recurrence and a ReLU recurrence (no saturating nonlinearity) with :math:`\\rho` in 1.1,
+    1.5, 2.0; the growth rate is the least-squares slope of :math:`\\log` norm against
+    ``k``, to compare with :math:`\\log\\rho` (mean and 95% interval over seeds). And in
+    real training: the no-attention GRU encoder–decoder trained with plain SGD on the toy
+    corpus, once without and once with gradient-norm clipping (same seed, same batches),
+    recording the gradient norm before clipping at every step, its maximum, its spikes
+    (a step over :data:`SPIKE` times the median of the :data:`SPIKE_WINDOW` steps before)
+    and the loss.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +42,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from qkv.data.batching import TokenBatcher
+from qkv.data.tokenizers import train_tokenizers
+from qkv.data.toy import make_splits
 from qkv.lab.common import (
     LabRun,
     Table,
@@ -40,13 +54,21 @@ from qkv.lab.common import (
     seed_all,
     steps_bar,
 )
+from qkv.lab.stats import t_interval
+from qkv.models.translators.config import RNNSeq2SeqConfig
+from qkv.models.translators.rnn import RNNSeq2Seq
 from qkv.modules.attention import MultiHeadAttention
 
 __all__ = [
     "Setting",
     "QUICK",
     "FULL",
+    "Training",
+    "QUICK_TRAINING",
+    "FULL_TRAINING",
+    "growth_rates",
     "jacobian_norms",
+    "training_norms",
     "measure",
     "reported_distance",
     "run",
@@ -56,6 +78,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RHOS = (0.5, 0.9, 1.0, 1.1, 1.5)
+EXPLODE_RHOS = (1.1, 1.5, 2.0)  # linear and ReLU recurrences: no saturation to stop growth
+SPIKE, SPIKE_WINDOW = 5.0, 20  # a spike: a norm over 5x the median of the 20 steps before
 
 
 @dataclass(frozen=True)
@@ -79,6 +103,32 @@ class Setting:
 QUICK = Setting(steps=60, hidden=32, input_dim=16, input_scale=0.5, heads=4, seeds=(0, 1, 2))
 FULL = Setting(steps=200, hidden=64, input_dim=16, input_scale=0.5, heads=4, seeds=tuple(range(10)))
 
+
+@dataclass(frozen=True)
+class Training:
+    """A short training of the no-attention GRU on the toy corpus, with plain SGD."""
+
+    pairs: int  # training sentence pairs
+    min_len: int
+    max_len: int  # Korean words
+    embed: int
+    hidden: int
+    max_tokens: int  # per batch
+    lr: float
+    clip: float  # the clipping threshold of the clipped run (total gradient norm)
+    steps: int
+    seed: int = 0
+
+
+QUICK_TRAINING = Training(
+    pairs=300, min_len=2, max_len=12, embed=16, hidden=32, max_tokens=300, lr=3.0, clip=1.0,
+    steps=30,
+)  # fmt: skip
+FULL_TRAINING = Training(
+    pairs=3000, min_len=2, max_len=40, embed=64, hidden=128, max_tokens=1000, lr=3.0, clip=1.0,
+    steps=300,
+)  # fmt: skip
+
 CLAIM_K = 50  # the distance the verdict reports, where the setting reaches it
 NEAR, FAR = 10, 20  # far/near ratio: the last FAR distances over distances 1 .. NEAR
 
@@ -97,11 +147,18 @@ def _windows(steps: int) -> tuple[range, range]:
     return range(1, near + 1), range(steps - far, steps)
 
 
-class TanhRNN(nn.Module):
-    """:math:`h_t = \\tanh(W_{hh} h_{t-1} + W_{xh} x_t + b)` with :math:`W_{hh} = \\rho Q`."""
+ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda x: x}
 
-    def __init__(self, hidden: int, input_dim: int, rho: float, input_scale: float, gen):
+
+class ElmanRNN(nn.Module):
+    """:math:`h_t = f(W_{hh} h_{t-1} + W_{xh} x_t + b)` with :math:`W_{hh} = \\rho Q` and
+    ``f`` tanh, ReLU or the identity (``activation``)."""
+
+    def __init__(
+        self, hidden: int, input_dim: int, rho: float, input_scale: float, gen, activation: str
+    ):
         super().__init__()
+        self.activation = ACTIVATIONS[activation]
         q, r = torch.linalg.qr(torch.randn(hidden, hidden, generator=gen, dtype=torch.float64))
         q = q * torch.sign(torch.diagonal(r))  # uniformly distributed orthogonal matrix
         self.w_hh = nn.Parameter(rho * q)
@@ -110,7 +167,7 @@ class TanhRNN(nn.Module):
         self.b = nn.Parameter(torch.zeros(hidden, dtype=torch.float64))
 
     def forward(self, x: Tensor, h: Tensor) -> Tensor:
-        return torch.tanh(h @ self.w_hh.T + x @ self.w_xh.T + self.b)
+        return self.activation(h @ self.w_hh.T + x @ self.w_xh.T + self.b)
 
 
 def _unroll(cell: nn.Module, xs: Tensor, hidden: int, kind: str) -> Tensor:
@@ -135,10 +192,11 @@ def jacobian_norms(kind: str, setting: Setting, seed: int, rho: float | None = N
     """Spectral norms ``(T,)`` of :math:`\\partial h_T / \\partial h_{T-k}`, ``k = 0 .. T-1``.
 
     Args:
-        kind: ``"tanh"`` (needs ``rho``), ``"lstm"``, ``"gru"`` or ``"attention"``.
+        kind: ``"tanh"``, ``"relu"``, ``"linear"`` (these need ``rho``), ``"lstm"``,
+            ``"gru"`` or ``"attention"``.
         setting: sizes.
         seed: seeds the weights and the inputs.
-        rho: spectral radius of the tanh RNN's recurrent matrix.
+        rho: spectral radius of the Elman RNN's recurrent matrix.
     """
     gen = seed_all(seed)
     hid, steps = setting.hidden, setting.steps
@@ -146,8 +204,8 @@ def jacobian_norms(kind: str, setting: Setting, seed: int, rho: float | None = N
         return _attention_norms(setting, gen)
     x = torch.randn(steps, 1, setting.input_dim, generator=gen, dtype=torch.float64)
     xs = x.expand(steps, hid, setting.input_dim)  # (T, B=H, I): H copies of one sequence
-    if kind == "tanh":
-        cell = TanhRNN(hid, setting.input_dim, float(rho), setting.input_scale, gen)
+    if kind in ACTIVATIONS:
+        cell = ElmanRNN(hid, setting.input_dim, float(rho), setting.input_scale, gen, kind)
     else:
         cell = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}[kind](setting.input_dim, hid).double()
     jac = _unroll(cell, xs, hid, kind)  # (T, H, H)
@@ -176,10 +234,30 @@ def _models() -> list[tuple[str, str, float | None]]:
     ]
 
 
-def measure(setting: Setting) -> dict[str, dict]:
-    """Median and quartiles over seeds of the Jacobian norm at every distance, per model."""
+def _exploding_models() -> list[tuple[str, str, float]]:
+    return [(f"{kind} ρ={rho}", kind, rho) for kind in ("linear", "relu") for rho in EXPLODE_RHOS]
+
+
+def growth_rates(runs: np.ndarray) -> np.ndarray:
+    """Per seed, the least-squares slope of ``log norm`` against ``k`` over ``k >= 1``
+    (``runs`` ``(seeds, T)``; norms that are zero or not finite are left out of the fit):
+    a norm growing as :math:`c\\,r^k` has slope :math:`\\log r`."""
+    rates = []
+    for norms in runs:
+        k = np.arange(len(norms))
+        keep = (k >= 1) & np.isfinite(norms) & (norms > 0)
+        rates.append(np.polyfit(k[keep], np.log(norms[keep]), 1)[0] if keep.sum() > 1 else np.nan)
+    return np.asarray(rates)
+
+
+def measure(
+    setting: Setting, models: list[tuple[str, str, float | None]] | None = None
+) -> dict[str, dict]:
+    """Median and quartiles over seeds of the Jacobian norm at every distance, per model
+    (default: the tanh sweep, LSTM, GRU and self-attention); for the Elman RNNs also the
+    growth rate per seed (:func:`growth_rates`) with its mean and 95% interval."""
     results = {}
-    models = _models()
+    models = _models() if models is None else models
     with steps_bar("Jacobians", len(models) * len(setting.seeds)) as advance:
         for label, kind, rho in models:
             runs = []
@@ -187,6 +265,11 @@ def measure(setting: Setting) -> dict[str, dict]:
                 runs.append(jacobian_norms(kind, setting, seed, rho).numpy())
                 advance()
             results[label] = _quartiles(np.stack(runs), kind, rho, setting.steps)
+            if rho is not None:
+                rates = growth_rates(np.stack(runs))
+                results[label]["rate_per_seed"] = rates
+                results[label]["rate"] = t_interval(rates).as_dict()
+                results[label]["log_rho"] = math.log(rho)
             k = reported_distance(setting.steps)
             log.info("%s: median norm at k=%d %.3g", label, k, results[label]["median"][k])
     return results
@@ -225,6 +308,116 @@ def _summary(results: dict[str, dict], steps: int) -> dict[str, dict]:
         )
         out[label] = row
     return out
+
+
+def _toy_examples(training: Training) -> tuple[list, object]:
+    """Word-tokenised training pairs of the toy corpus and the target tokenizer."""
+    splits = make_splits(
+        training.pairs, 1, 1, seed=training.seed, min_len=training.min_len, max_len=training.max_len
+    )
+    pairs = splits["train"]
+    src, tgt = train_tokenizers("word", [p.ko for p in pairs], [p.en for p in pairs], joint=False)
+    examples = [(src.encode(p.ko), tgt.encode(p.en)) for p in pairs]
+    return examples, (src.vocab_size, tgt)
+
+
+def _train_once(training: Training, examples: list, vocab, clip: float | None) -> dict:
+    """One SGD training of the no-attention GRU; per step the total gradient norm before
+    and after clipping (``clip`` None: no clipping) and the loss. Stops at a loss that is
+    not finite (the run diverged)."""
+    src_vocab, tgt = vocab
+    seed_all(training.seed)
+    config = RNNSeq2SeqConfig(
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=tgt.vocab_size,
+        embed_dim=training.embed,
+        hidden_dim=training.hidden,
+        cell="gru",
+        attention="none",
+        pad_id=tgt.pad_id,
+        bos_id=tgt.bos_id,
+        eos_id=tgt.eos_id,
+    )
+    model = RNNSeq2Seq(config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=training.lr)
+    batches = TokenBatcher(
+        examples,
+        training.max_tokens,
+        seed=training.seed,
+        pad_id=tgt.pad_id,
+        bos_id=tgt.bos_id,
+        eos_id=tgt.eos_id,
+    )
+    params = list(model.parameters())
+    norms, clipped, losses, epoch = [], [], [], 0
+    while len(norms) < training.steps:
+        for batch in batches.epoch(epoch):
+            logits, _ = model(batch.src, batch.tgt_in)  # (B, T, V)
+            loss = nn.functional.cross_entropy(
+                logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=tgt.pad_id
+            )
+            if not torch.isfinite(loss):
+                return _run_summary(norms, clipped, losses, clip, diverged_at=len(norms))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = nn.utils.clip_grad_norm_(params, math.inf if clip is None else clip)
+            after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+            norms.append(float(norm))
+            clipped.append(float(after))
+            losses.append(loss.item())
+            optimizer.step()
+            if len(norms) == training.steps:
+                break
+        epoch += 1
+    return _run_summary(norms, clipped, losses, clip, diverged_at=None)
+
+
+def spikes(norms: list[float]) -> list[int]:
+    """Steps whose norm exceeds :data:`SPIKE` times the median of the
+    :data:`SPIKE_WINDOW` steps before it (the first ``SPIKE_WINDOW`` steps have none)."""
+    found = []
+    for step in range(SPIKE_WINDOW, len(norms)):
+        if norms[step] > SPIKE * float(np.median(norms[step - SPIKE_WINDOW : step])):
+            found.append(step)
+    return found
+
+
+def _run_summary(norms, clipped, losses, clip, diverged_at: int | None) -> dict:
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "clip": clip,
+        "steps": len(norms),
+        "diverged_at": diverged_at,
+        "norm": norms,
+        "norm_after_clipping": clipped,
+        "loss": losses,
+        "median_norm": float(np.median(norms)) if norms else math.nan,
+        "max_norm": max(norms, default=math.nan),
+        "steps_over_threshold": None,  # filled by training_norms: the threshold of the pair
+        "spikes": spikes(norms),
+        "first_loss": losses[0] if losses else math.nan,
+        "final_loss": float(np.mean(tail)) if losses else math.nan,
+    }
+
+
+def training_norms(training: Training) -> dict:
+    """The no-attention GRU trained twice with SGD from the same start on the same batches:
+    without clipping, and clipping the total gradient norm at ``training.clip``."""
+    examples, vocab = _toy_examples(training)
+    runs = {}
+    with steps_bar("GRU training (no clipping, clipping)", 2) as advance:
+        for label, clip in (("no clipping", None), ("clipping", training.clip)):
+            runs[label] = _train_once(training, examples, vocab, clip)
+            over = sum(n > training.clip for n in runs[label]["norm"])
+            runs[label]["steps_over_threshold"] = over
+            log.info(
+                "%s: max norm %.3g, final loss %.3g",
+                label,
+                runs[label]["max_norm"],
+                runs[label]["final_loss"],
+            )
+            advance()
+    return {"threshold": training.clip, "runs": runs}
 
 
 def _figure(results: dict[str, dict], out: Path) -> str:
@@ -268,40 +461,156 @@ def _distance_effect(far_over_near: float) -> str:
     return "it decays with distance" if far_over_near < 0.5 else "it grows with distance"
 
 
-def run(out: Path, *, quick: bool = False, setting: Setting | None = None) -> LabRun:
-    """Measure, draw ``gradient-norms.png`` and return every number.
+def _explosion_figure(curves: dict[str, dict], out: Path) -> str:
+    fig = new_figure(11, 4.6)
+    ax_n, ax_r = fig.subplots(1, 2)
+    colors = dict(zip(EXPLODE_RHOS, ["#2ca02c", "#ff7f0e", "#d62728"], strict=True))
+    for label, r in curves.items():
+        k = np.arange(len(r["median"]))
+        color, linear = colors[r["rho"]], r["kind"] == "linear"
+        ax_n.plot(k, r["median"], color=color, ls="--" if linear else "-", lw=1.6, label=label)
+        ax_n.fill_between(k, r["q25"], r["q75"], color=color, alpha=0.15, lw=0)
+        if linear:
+            ax_n.plot(k, r["rho"] ** k, color=color, ls=":", lw=1)
+    ax_n.set_yscale("log")
+    ax_n.set_xlabel("distance k = T − t (steps back)")
+    ax_n.set_ylabel(r"$\Vert\partial h_T / \partial h_{T-k}\Vert$ (spectral norm)")
+    ax_n.set_title("linear (dashed) and ReLU (solid) recurrences; dotted: $\\rho^k$", fontsize=10)
+    ax_n.legend(fontsize=8, ncol=2)
+    ax_n.grid(True, which="major", alpha=0.3)
+    for kind, marker in (("linear", "s"), ("relu", "o")):
+        rows = [r for r in curves.values() if r["kind"] == kind]
+        x = [r["log_rho"] for r in rows]
+        y = [r["rate"]["mean"] for r in rows]
+        err = [[r["rate"]["mean"] - r["rate"]["low"] for r in rows]]
+        err.append([r["rate"]["high"] - r["rate"]["mean"] for r in rows])
+        ax_r.errorbar(x, y, yerr=np.nan_to_num(err, posinf=0.0), fmt=marker, capsize=3, label=kind)
+    span = np.array([0.0, max(math.log(r) for r in EXPLODE_RHOS)])
+    ax_r.plot(span, span, color="grey", lw=1, ls=":", label="rate = log ρ")
+    ax_r.axhline(0.0, color="black", lw=0.6)
+    ax_r.set_xlabel("log ρ")
+    ax_r.set_ylabel("growth rate: slope of log norm against k")
+    ax_r.set_title("growth rate per step (mean, 95% interval over seeds)", fontsize=10)
+    ax_r.legend(fontsize=8)
+    ax_r.grid(True, alpha=0.3)
+    fig.suptitle("Explosion without a saturating nonlinearity")
+    return save_figure(fig, out / "gradient-explosion.png")
+
+
+def _training_figure(training: dict, out: Path) -> str:
+    fig = new_figure(11, 4.4)
+    ax_n, ax_l = fig.subplots(1, 2)
+    for (label, r), color in zip(training["runs"].items(), ["#d62728", "#1f77b4"], strict=True):
+        steps = np.arange(r["steps"])
+        ax_n.plot(steps, r["norm"], color=color, lw=1.2, label=f"{label} (norm before clipping)")
+        ax_n.plot(r["spikes"], [r["norm"][i] for i in r["spikes"]], "x", color=color, ms=6)
+        ax_l.plot(steps, r["loss"], color=color, lw=1.2, label=label)
+    ax_n.axhline(training["threshold"], color="black", ls="--", lw=1, label="clipping threshold")
+    ax_n.set_yscale("log")
+    ax_n.set_ylabel("total gradient norm")
+    ax_n.set_title(f"x: spikes (> {SPIKE:g}× the median of the {SPIKE_WINDOW} steps before)")
+    ax_l.set_yscale("log")
+    ax_l.set_ylabel("training loss (cross-entropy per token)")
+    for ax in (ax_n, ax_l):
+        ax.set_xlabel("SGD step")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Training the no-attention GRU encoder–decoder on the toy corpus (plain SGD)")
+    return save_figure(fig, out / "gradient-training.png")
+
+
+def run(
+    out: Path,
+    *,
+    quick: bool = False,
+    setting: Setting | None = None,
+    training: Training | None = None,
+) -> LabRun:
+    """Measure, draw ``gradient-norms.png``, ``gradient-explosion.png`` and
+    ``gradient-training.png``, and return every number.
 
     Args:
-        out: the folder of the figure.
-        quick: :data:`QUICK` rather than :data:`FULL`.
+        out: the folder of the figures.
+        quick: :data:`QUICK` and :data:`QUICK_TRAINING` rather than :data:`FULL` and
+            :data:`FULL_TRAINING`.
         setting: any other sizes (``quick`` is then only recorded). With fewer than 51
             steps the verdict reports the longest distance measured, not 50, and says so.
+        training: any other training (``quick`` is then only recorded for it).
     """
     if setting is None:
         setting = QUICK if quick else FULL
+    if training is None:
+        training = QUICK_TRAINING if quick else FULL_TRAINING
     with num_threads(1):  # tiny matrices: threads only add synchronisation
         results = measure(setting)
+        exploding = measure(setting, _exploding_models())
+        trained = training_norms(training)
     summary = _summary(results, setting.steps)
-    figure = _figure(results, out)
+    explosion = {"summary": _summary(exploding, setting.steps), "curves": exploding}
+    figures = [
+        _figure(results, out),
+        _explosion_figure(exploding, out),
+        _training_figure(trained, out),
+    ]
+    config = {**asdict(setting), "rhos": list(RHOS), "dtype": "float64"}
+    config.update(explode_rhos=list(EXPLODE_RHOS), training=asdict(training))
+    config.update(spike=SPIKE, spike_window=SPIKE_WINDOW)
     return LabRun(
         name="gradients",
         quick=quick,
-        config={**asdict(setting), "rhos": list(RHOS), "dtype": "float64"},
+        config=config,
         seeds=list(setting.seeds),
-        results={"summary": summary, "curves": results},
-        figures=[figure],
-        verdict=_verdict(summary, setting.steps),
+        results={
+            "summary": summary,
+            "curves": results,
+            "explosion": explosion,
+            "training": trained,
+        },
+        figures=figures,
+        verdict=_verdict(summary, setting.steps, exploding, trained),
     )
 
 
-def _verdict(summary: dict[str, dict], steps: int) -> str:
-    """One line: what tanh RNNs keep at the reported distance, and attention's far/near."""
+def _explosion_verdict(curves: dict[str, dict]) -> str:
+    """The growth rates of the largest ρ against log ρ, linear and ReLU."""
+    rho = EXPLODE_RHOS[-1]
+    linear, relu = curves[f"linear ρ={rho}"], curves[f"relu ρ={rho}"]
+    return (
+        f"without saturation the gradient explodes: at ρ={rho} (log ρ = {math.log(rho):.3f}) "
+        f"the norm grows by e^{linear['rate']['mean']:.3f} per step through a linear recurrence "
+        f"and e^{relu['rate']['mean']:.3f} through a ReLU one "
+        f"(ReLU ρ={EXPLODE_RHOS[0]}: e^{curves[f'relu ρ={EXPLODE_RHOS[0]}']['rate']['mean']:.3f})"
+    )
+
+
+def _training_verdict(trained: dict) -> str:
+    """The norms and losses of the unclipped and the clipped GRU training."""
+    free, clipped = trained["runs"]["no clipping"], trained["runs"]["clipping"]
+    threshold = trained["threshold"]
+    if free["diverged_at"] is not None:
+        ended = f"the loss stopped being finite at step {free['diverged_at']}"
+    else:
+        ended = f"final loss {free['final_loss']:.2f}"
+    return (
+        f"training the no-attention GRU with SGD: without clipping the gradient norm reaches "
+        f"{free['max_norm']:.3g} ({free['max_norm'] / threshold:.3g}× the threshold "
+        f"{threshold:g}; median {free['median_norm']:.3g}, {len(free['spikes'])} spikes), "
+        f"{ended}; clipped at {threshold:g}: max {clipped['max_norm']:.3g}, median "
+        f"{clipped['median_norm']:.3g}, {len(clipped['spikes'])} spikes, final loss "
+        f"{clipped['final_loss']:.2f}"
+    )
+
+
+def _verdict(summary: dict[str, dict], steps: int, exploding: dict, trained: dict) -> str:
+    """What tanh RNNs keep at the reported distance, attention's far/near, the growth rates
+    of the linear and ReLU recurrences, and the two GRU trainings."""
     k = reported_distance(steps)
     far_near = summary["self-attention"]["far_over_near"]
     verdict = (
         f"tanh ρ=0.5 keeps {summary['tanh ρ=0.5'][f'k={k}']:.1e} of the gradient after {k} "
         f"steps, ρ=1.5 keeps {summary['tanh ρ=1.5'][f'k={k}']:.1e}; self-attention's "
-        f"far/near ratio is {far_near:.2f} ({_distance_effect(far_near)})"
+        f"far/near ratio is {far_near:.2f} ({_distance_effect(far_near)}); "
+        f"{_explosion_verdict(exploding)}; {_training_verdict(trained)}"
     )
     near_ks, far_ks = _windows(steps)
     if k == CLAIM_K and len(near_ks) == NEAR and len(far_ks) == FAR:
@@ -313,11 +622,12 @@ def _verdict(summary: dict[str, dict], steps: int) -> str:
 
 
 def table(run: LabRun) -> Table:
-    """Median gradient norm at a few distances, per model."""
-    summary = run.results["summary"]
+    """Median gradient norm at a few distances, per model (tanh sweep, gated cells,
+    attention, then the linear and ReLU recurrences)."""
+    summary = {**run.results["summary"], **run.results["explosion"]["summary"]}
     ks = [c for c in next(iter(summary.values())) if c.startswith("k=")]
     rows = [
-        [label, *(f"{row[k]:.1e}" for k in ks), f"{row['far_over_near']:.2f}"]
+        [label, *(f"{row[k]:.1e}" for k in ks), f"{row['far_over_near']:.3g}"]
         for label, row in summary.items()
     ]
     return Table("‖∂h_T/∂h_{T−k}‖, median over seeds", ["model", *ks, "far/near"], rows)

@@ -1,17 +1,35 @@
-"""Quick ``gradients``: vanishing through tanh RNNs, none through self-attention."""
+"""Quick ``gradients``: vanishing through tanh RNNs, none through self-attention; explosion
+through linear and ReLU recurrences with ρ > 1 and in SGD training without clipping."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
+from qkv.lab.gradients import (
+    EXPLODE_RHOS,
+    QUICK,
+    SPIKE,
+    SPIKE_WINDOW,
+    Setting,
+    Training,
+    growth_rates,
+    jacobian_norms,
+    spikes,
+)
 from tests.lab.conftest import quick_result
 
 
 @pytest.fixture(scope="module")
 def result(lab_out):
     return quick_result("gradients", lab_out)
+
+
+TINY_TRAINING = Training(
+    pairs=60, min_len=2, max_len=6, embed=8, hidden=8, max_tokens=100, lr=1.0, clip=1.0, steps=3
+)
 
 
 def test_rho_half_loses_three_orders_of_magnitude_in_50_steps(result):
@@ -86,7 +104,7 @@ def test_a_short_custom_setting_reports_the_distances_it_has(tmp_path, steps, ne
     from qkv.lab.gradients import Setting, run, table
 
     setting = Setting(steps=steps, hidden=8, input_dim=4, input_scale=0.5, heads=2, seeds=(0, 1))
-    lab = run(tmp_path, setting=setting)
+    lab = run(tmp_path, setting=setting, training=TINY_TRAINING)
     summary, curves = lab.results["summary"], lab.results["curves"]
     k = steps - 1
     for label, row in summary.items():
@@ -112,3 +130,96 @@ def test_a_setting_too_short_for_a_near_and_a_far_distance_is_refused(steps):
 
     with pytest.raises(ValueError, match=f"Setting.steps: must be >= 3, got {steps}"):
         Setting(steps=steps, hidden=8, input_dim=4, input_scale=0.5, heads=2, seeds=(0,))
+
+
+# --- explosion: linear and ReLU recurrences ------------------------------------------------
+
+
+@pytest.mark.parametrize("rho", [1.1, 1.7], ids=["rho-1.1", "rho-1.7"])
+def test_the_jacobian_of_a_linear_recurrence_is_rho_to_the_k(rho):
+    """W_hh = ρQ with Q orthogonal: ∂h_T/∂h_{T−k} = W_hh^k, whose spectral norm is ρ^k."""
+    setting = Setting(steps=25, hidden=6, input_dim=3, input_scale=0.5, heads=2, seeds=(0,))
+    norms = jacobian_norms("linear", setting, seed=np.random.randint(1000), rho=rho).numpy()
+    assert norms == pytest.approx(rho ** np.arange(25), rel=1e-9)
+
+
+def test_growth_rates_recover_the_rate_of_a_geometric_sequence():
+    rng = np.random.default_rng()
+    rates = rng.uniform(-1, 1, size=4)
+    runs = rng.uniform(0.1, 10, size=(4, 1)) * np.exp(np.outer(rates, np.arange(30)))
+    runs[1, 7] = 0.0  # an underflow is left out of the fit
+    assert growth_rates(runs) == pytest.approx(rates, abs=1e-9)
+
+
+def test_a_linear_recurrence_grows_exactly_as_log_rho_per_step(result):
+    curves = result["results"]["explosion"]["curves"]
+    for rho in EXPLODE_RHOS:
+        r = curves[f"linear ρ={rho}"]
+        assert r["rate_per_seed"] == pytest.approx([math.log(rho)] * len(QUICK.seeds), abs=1e-9)
+        assert r["log_rho"] == pytest.approx(math.log(rho))
+
+
+def test_a_relu_recurrence_grows_with_log_rho_and_explodes_at_rho_2(result):
+    """The ReLU zeroes about half the coordinates at each step: the rate is log ρ less a
+    constant, so its slope against log ρ is near 1, and ρ = 2 explodes (interval above 0)."""
+    curves = result["results"]["explosion"]["curves"]
+    rows = [curves[f"relu ρ={rho}"] for rho in EXPLODE_RHOS]
+    slope = np.polyfit([r["log_rho"] for r in rows], [r["rate"]["mean"] for r in rows], 1)[0]
+    assert 0.7 <= slope <= 1.4
+    assert rows[-1]["rate"]["low"] > 0
+    assert all(r["rate"]["mean"] < r["log_rho"] for r in rows)
+
+
+def test_the_verdict_gives_the_growth_rates(result):
+    curves = result["results"]["explosion"]["curves"]
+    rho = EXPLODE_RHOS[-1]
+    for kind in ("linear", "relu"):
+        assert f"e^{curves[f'{kind} ρ={rho}']['rate']['mean']:.3f}" in result["verdict"]
+
+
+# --- explosion in training: the no-attention GRU with and without clipping -------------------
+
+
+def test_both_trainings_match_until_the_first_clipped_step(result):
+    runs = result["results"]["training"]["runs"]
+    threshold = result["results"]["training"]["threshold"]
+    free, clipped = runs["no clipping"], runs["clipping"]
+    first = next((i for i, n in enumerate(clipped["norm"]) if n > threshold), None)
+    assert first is not None  # the clipped run was clipped at least once
+    assert free["norm"][: first + 1] == pytest.approx(clipped["norm"][: first + 1], rel=1e-6)
+    assert free["loss"][: first + 1] == pytest.approx(clipped["loss"][: first + 1], rel=1e-6)
+
+
+def test_clipping_bounds_the_norm_applied_and_only_when_over(result):
+    training = result["results"]["training"]
+    threshold = training["threshold"]
+    free, clipped = training["runs"]["no clipping"], training["runs"]["clipping"]
+    assert free["norm_after_clipping"] == pytest.approx(free["norm"], rel=1e-6)
+    for before, after in zip(clipped["norm"], clipped["norm_after_clipping"], strict=True):
+        assert after == pytest.approx(min(before, threshold), rel=1e-5)
+    for r in (free, clipped):
+        assert r["max_norm"] == max(r["norm"])
+        assert r["steps_over_threshold"] == sum(n > threshold for n in r["norm"])
+        assert r["spikes"] == spikes(r["norm"])
+
+
+def test_without_clipping_the_norm_grows_past_the_clipped_runs(result):
+    runs = result["results"]["training"]["runs"]
+    assert runs["no clipping"]["max_norm"] > 2 * runs["clipping"]["max_norm"]
+    assert runs["no clipping"]["final_loss"] > runs["clipping"]["final_loss"]
+
+
+def test_a_spike_is_a_norm_over_five_times_the_recent_median():
+    rng = np.random.default_rng()
+    norms = list(rng.uniform(1.0, 1.5, size=SPIKE_WINDOW + 10))
+    at = SPIKE_WINDOW + rng.integers(0, 10)
+    norms[at] = SPIKE * 1.5 + 0.1  # over 5x any median of values <= 1.5
+    assert spikes(norms) == [at]
+    norms[at] = SPIKE * 0.99  # under 5x any median of values >= 1
+    assert spikes(norms) == []
+
+
+def test_the_explosion_and_training_figures_are_written(result, lab_out):
+    for name in ("gradient-explosion.png", "gradient-training.png"):
+        assert (lab_out / "gradients" / name).stat().st_size > 10_000
+    assert set(result["figures"]) >= {"gradient-explosion.png", "gradient-training.png"}
