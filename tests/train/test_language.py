@@ -212,3 +212,36 @@ def test_read_text_files_joins_files_with_a_line_break(tmp_path):
         read_text_files([tmp_path])
     with pytest.raises(ConfigError):
         recipe_from_dict({**tiny_lm(tmp_path), "data": {"kind": "text", "files": ["a"], "seed": 1}})
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_and_resume_exactly(tmp_path):
+    """Under torchrun each of 2 processes reads half of every batch's windows: the losses
+    are those of one process reading whole batches, and a resumed run continues them."""
+    from tests.train.test_distributed import _train
+
+    config = tmp_path / "lm.yaml"
+    d = tiny_lm(tmp_path, steps=6, save_every=100, sample_tokens=0)
+    d["model"]["dropout"] = 0.0  # one process draws other masks than two
+    config.write_text(yaml.safe_dump(d))
+    _train(config, tmp_path / "one")
+    _train(config, tmp_path / "two", processes=2)
+    _train(config, tmp_path / "resumed", "train.steps=3", processes=2)
+    _train(config, tmp_path / "resumed", processes=2, resume=True)
+    one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 7))
+    for step in one:
+        assert one[step] == pytest.approx(two[step], rel=1e-5)
+    assert logged_losses(tmp_path / "resumed") == two
+
+
+def test_bf16_autocast_trains_close_to_float32(tmp_path):
+    losses = {}
+    for bf16 in (False, True):
+        d = tiny_lm(tmp_path, steps=3, bf16=bf16, sample_tokens=0)
+        d["out"] = str(tmp_path / f"bf16-{bf16}")
+        result = train(recipe_from_dict(d), progress=False)
+        assert result.bf16 is bf16
+        losses[bf16] = logged_losses(tmp_path / f"bf16-{bf16}")
+    for step, loss in losses[False].items():  # bf16 keeps 8 bits of mantissa
+        assert losses[True][step] == pytest.approx(loss, rel=2e-2)
