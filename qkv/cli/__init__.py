@@ -153,8 +153,10 @@ def _add_evaluate(sub) -> None:
 
 
 def _add_show(sub) -> None:
-    s = sub.add_parser("show", help="attention of a pretrained encoder or decoder, HTML or PNG")
-    s.add_argument("text", help="the text to run the model on")
+    s = sub.add_parser(
+        "show", help="attention of a pretrained encoder or decoder, or of a ViT on an image"
+    )
+    s.add_argument("text", nargs="?", default=None, help="the text to run the model on")
     s.add_argument(
         "text_b",
         nargs="?",
@@ -164,8 +166,23 @@ def _add_show(sub) -> None:
     s.add_argument(
         "--model",
         default=None,
-        help="a Hugging Face BERT-family or GPT-2 folder (default all-MiniLM-L6-v2), or a "
-        "language model of qkv train (its checkpoint or run folder)",
+        help="a Hugging Face BERT-family or GPT-2 folder (default all-MiniLM-L6-v2), a "
+        "language model of qkv train (its checkpoint or run folder); with "
+        "--image or --digit, a ViT checkpoint of qkv train",
+    )
+    s.add_argument(
+        "--image",
+        default=None,
+        metavar="FILE.png",
+        help="show where a ViT --model looks on this PNG (made grey, ink high, resized to "
+        "the model's side)",
+    )
+    s.add_argument(
+        "--digit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="show where a ViT --model looks on test image N (from 0) of its recipe's split",
     )
     s.add_argument("--layer", type=int, default=None, help="layer to show or open at (from 0)")
     s.add_argument("--head", type=int, default=None, help="head to show or open at (from 0)")

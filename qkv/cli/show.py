@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkv.cli import show_image
 from qkv.data.text import utf8_problem
 from qkv.errors import UserError
 from qkv.models import GPT, BertConfig, BertModel, GPTConfig, load_tokenizer, minilm_path
@@ -304,6 +305,12 @@ def run_cli(args: argparse.Namespace) -> int:
             out of range, unknown output suffix.
     """
 
+    if getattr(args, "image", None) is not None or getattr(args, "digit", None) is not None:
+        return show_image.run_cli(args)
+    if args.text is None:
+        raise UserError(
+            "give the TEXT to show, or --image FILE.png or --digit N with a ViT --model"
+        )
     out = Path(args.out)
     language = language_checkpoint(args.model) if args.model is not None else None
     if language is not None:  # a GPT or LLaMA-style model trained by qkv train
