@@ -14,6 +14,7 @@ gradients      gradients vanish/explode through a recurrence, not through attent
 parallelism    recurrence is sequential in the length; self-attention is not
 word-order     without positions self-attention ignores word order
 heads          different heads look at different things
+decoder-heads  a decoder LLM's heads: attention sinks, previous-token heads
 alignment      a decoder query finds the related source words
 vision         attention relates distant parts of an image (ViT against a CNN)
 =============  ==============================================================
@@ -46,6 +47,7 @@ EXPERIMENTS: dict[str, str] = {
     "parallelism": "qkv.lab.parallelism",
     "word-order": "qkv.lab.word_order",
     "heads": "qkv.lab.heads",
+    "decoder-heads": "qkv.lab.decoder_heads",
     "alignment": "qkv.lab.alignment",
     "vision": "qkv.lab.vision",
 }
