@@ -120,3 +120,45 @@ def test_a_prompt_longer_than_the_context_exits_2(tiny, tmp_path, monkeypatch, c
         monkeypatch, capsys, "show", "--model", tiny[0], "tok " * 80, "--generate", "2"
     )
     one_line_error(code, err, "context is 64")
+
+
+def _word_tokenizer(folder, vocab: int) -> None:
+    """A word-level tokenizer.json whose ids are the model's whole vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_a_hugging_face_folder_generates_transformers_tokens_and_attention(
+    tmp_path, monkeypatch, capsys
+):
+    """A random LLaMA folder written by transformers (with a word-level tokenizer): the
+    page's generated tokens are transformers' greedy ``generate``, and its maps are
+    transformers' eager attention over prompt + generated tokens."""
+    pytest.importorskip("transformers", reason="needs transformers (qkv[parity])")
+    from tests.models.pretrained.llama_helpers import VOCAB, load_peer, random_llama_folder
+
+    torch.manual_seed(11)
+    folder = random_llama_folder(tmp_path / "llama", "llama")
+    _word_tokenizer(folder, VOCAB)
+    prompt = "w5 w17 w3 w60 w8"
+    out = tmp_path / "gen.html"
+    code, _, err = run_main(
+        monkeypatch, capsys, "show", "--model", folder, prompt, "--generate", 6, "--out", out
+    )
+    assert code == 0, err
+    payload = extract_payload(out.read_text(encoding="utf-8"))
+    ids = torch.tensor([[5, 17, 3, 60, 8]])
+    peer = load_peer(folder)
+    with torch.no_grad():
+        theirs = peer.generate(
+            ids, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(ids)
+        )
+        attn = peer(theirs, output_attentions=True).attentions  # L x (1, H, T, T)
+    generated = [t.rstrip("*") for t in payload["queryTokens"][5:]]
+    assert generated == [f"w{i}" for i in theirs[0, 5:].tolist()]
+    reference = torch.stack([a[0] for a in attn]).double().numpy()
+    np.testing.assert_allclose(decode_payload(payload), reference, atol=1e-4)  # uint16 steps
