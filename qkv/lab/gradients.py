@@ -80,6 +80,7 @@ log = logging.getLogger(__name__)
 RHOS = (0.5, 0.9, 1.0, 1.1, 1.5)
 EXPLODE_RHOS = (1.1, 1.5, 2.0)  # linear and ReLU recurrences: no saturation to stop growth
 SPIKE, SPIKE_WINDOW = 5.0, 20  # a spike: a norm over 5x the median of the 20 steps before
+SPIKE_FIRST = 5  # the first step that can be a spike (it has 5 steps before it)
 
 
 @dataclass(frozen=True)
@@ -373,11 +374,13 @@ def _train_once(training: Training, examples: list, vocab, clip: float | None) -
 
 
 def spikes(norms: list[float]) -> list[int]:
-    """Steps whose norm exceeds :data:`SPIKE` times the median of the
-    :data:`SPIKE_WINDOW` steps before it (the first ``SPIKE_WINDOW`` steps have none)."""
+    """Steps whose norm exceeds :data:`SPIKE` times the median of the (up to)
+    :data:`SPIKE_WINDOW` steps before it, from step :data:`SPIKE_FIRST` on (an explosion
+    in the first steps counts: the steps before it are the model at initialisation)."""
     found = []
-    for step in range(SPIKE_WINDOW, len(norms)):
-        if norms[step] > SPIKE * float(np.median(norms[step - SPIKE_WINDOW : step])):
+    for step in range(SPIKE_FIRST, len(norms)):
+        before = norms[max(0, step - SPIKE_WINDOW) : step]
+        if norms[step] > SPIKE * float(np.median(before)):
             found.append(step)
     return found
 
@@ -508,7 +511,7 @@ def _training_figure(training: dict, out: Path) -> str:
     ax_n.axhline(training["threshold"], color="black", ls="--", lw=1, label="clipping threshold")
     ax_n.set_yscale("log")
     ax_n.set_ylabel("total gradient norm")
-    ax_n.set_title(f"x: spikes (> {SPIKE:g}× the median of the {SPIKE_WINDOW} steps before)")
+    ax_n.set_title(f"x: spikes (> {SPIKE:g}× the median of up to {SPIKE_WINDOW} steps before)")
     ax_l.set_yscale("log")
     ax_l.set_ylabel("training loss (cross-entropy per token)")
     for ax in (ax_n, ax_l):
@@ -594,11 +597,15 @@ def _training_verdict(trained: dict) -> str:
     return (
         f"training the no-attention GRU with SGD: without clipping the gradient norm reaches "
         f"{free['max_norm']:.3g} ({free['max_norm'] / threshold:.3g}× the threshold "
-        f"{threshold:g}; median {free['median_norm']:.3g}, {len(free['spikes'])} spikes), "
+        f"{threshold:g}; median {free['median_norm']:.3g}, {_count(free['spikes'], 'spike')}), "
         f"{ended}; clipped at {threshold:g}: max {clipped['max_norm']:.3g}, median "
-        f"{clipped['median_norm']:.3g}, {len(clipped['spikes'])} spikes, final loss "
+        f"{clipped['median_norm']:.3g}, {_count(clipped['spikes'], 'spike')}, final loss "
         f"{clipped['final_loss']:.2f}"
     )
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'s' * (len(items) != 1)}"
 
 
 def _verdict(summary: dict[str, dict], steps: int, exploding: dict, trained: dict) -> str:

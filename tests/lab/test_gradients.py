@@ -12,6 +12,7 @@ from qkv.lab.gradients import (
     EXPLODE_RHOS,
     QUICK,
     SPIKE,
+    SPIKE_FIRST,
     SPIKE_WINDOW,
     Setting,
     Training,
@@ -217,6 +218,9 @@ def test_a_spike_is_a_norm_over_five_times_the_recent_median():
     assert spikes(norms) == [at]
     norms[at] = SPIKE * 0.99  # under 5x any median of values >= 1
     assert spikes(norms) == []
+    norms[SPIKE_FIRST] = SPIKE * 1.5 + 0.1  # early: the median of the steps so far
+    norms[SPIKE_FIRST - 1] = 100.0  # too early to be measured against anything
+    assert spikes(norms) == [SPIKE_FIRST]
 
 
 def test_the_explosion_and_training_figures_are_written(result, lab_out):
