@@ -33,7 +33,8 @@ Method:
     link when exactly one word on each side matches an entry): the fraction of those
     links whose target word's strongest source word (attention averaged over the target
     word's BPE pieces, summed over each source word's pieces) is the dictionary
-    translation, with its bootstrap interval over pairs and seeds.
+    translation, with its bootstrap interval over pairs and seeds; content words (nouns,
+    places, 사랑) and pronouns (:data:`PRONOUNS`) are counted apart.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from qkv.viz import plot_alignment
 
 __all__ = [
     "DICTIONARY",
+    "PRONOUNS",
     "STORY",
     "Setting",
     "TatoebaSetting",
@@ -119,6 +121,7 @@ _PRONOUNS = {
     "그들": ("they", "them", "their"),
     "사랑-": ("love", "loves", "loved"),
 }
+PRONOUNS = frozenset(k for k in _PRONOUNS if not k.endswith("-"))
 DICTIONARY: dict[str, tuple[str, ...]] = {
     **{n.ko: tuple(w.replace("_", " ") for w in n.en) for n in NOUNS + PLACES},
     **_PRONOUNS,
@@ -456,21 +459,23 @@ def _word_links(trained, src: str, tgt: str) -> tuple[np.ndarray, list[int]]:
 
 
 def _dictionary_hits(trained, pairs, direction: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per held-out pair: dictionary links whose target word attends most to the linked
-    source word, and the number of links."""
-    hits, totals = [], []
-    for src, tgt in pairs:
+    """Per held-out pair ``(N, 2)``: dictionary links whose target word attends most to
+    the linked source word, and the number of links; column 0 content words (nouns,
+    places, 사랑), column 1 pronouns."""
+    hits, totals = np.zeros((len(pairs), 2)), np.zeros((len(pairs), 2))
+    for n, (src, tgt) in enumerate(pairs):
         ko, en = (src, tgt) if direction == "ko-en" else (tgt, src)
         links = dictionary_links(ko, en)
         if not links:
-            hits.append(0.0)
-            totals.append(0.0)
             continue
         _, argmax = _word_links(trained, src, tgt)
-        pairs_st = [(k, e) if direction == "ko-en" else (e, k) for k, e in links]
-        hits.append(float(sum(argmax[t] == s for s, t in pairs_st if t < len(argmax))))
-        totals.append(float(len(links)))
-    return np.array(hits), np.array(totals)
+        ko_words = ko.split()
+        for k, e in links:
+            s, t = (k, e) if direction == "ko-en" else (e, k)
+            kind = int(_ko_entry(ko_words[k]) in PRONOUNS)
+            totals[n, kind] += 1
+            hits[n, kind] += t < len(argmax) and argmax[t] == s
+    return hits, totals
 
 
 def _tatoeba_data(t: TatoebaSetting, direction: str) -> dict[str, Any]:
@@ -568,10 +573,15 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
         ]
         counts = [_dictionary_hits(tr, test, direction) for tr in trained[name]]
         hits, totals = np.stack([c[0] for c in counts]), np.stack([c[1] for c in counts])
+        aligned = [
+            bootstrap_ratio(hits[..., k], totals[..., k], resamples=t.resamples) for k in (0, 1)
+        ]
         results[name] = {
             "bleu": bootstrap_bleu(hyps, refs, resamples=t.resamples).as_dict(),
-            "dictionary_aligned": bootstrap_ratio(hits, totals, resamples=t.resamples).as_dict(),
-            "dictionary_links": int(totals[0].sum()),
+            "dictionary_aligned": aligned[0].as_dict(),  # content words
+            "dictionary_links": int(totals[0, :, 0].sum()),
+            "pronouns_aligned": aligned[1].as_dict(),
+            "pronoun_links": int(totals[0, :, 1].sum()),
             "trainings": [tr.record() for tr in trained[name]],
             "examples": [
                 {"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps[0])
@@ -735,7 +745,9 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         for direction, part in tatoeba["directions"].items():
             text += f"; Tatoeba {direction}: " + ", ".join(
                 f"{n} BLEU {Interval(**r['bleu']).format(1)}, content words on their "
-                f"dictionary translation {Interval(**r['dictionary_aligned']).format(0, 100)}%"
+                f"dictionary translation {Interval(**r['dictionary_aligned']).format(0, 100)}% "
+                f"of {r['dictionary_links']} links (pronouns "
+                f"{Interval(**r['pronouns_aligned']).format(0, 100)}% of {r['pronoun_links']})"
                 for n, r in part["models"].items()
             )
     else:

@@ -427,26 +427,37 @@ def verdict(results: dict[str, dict]) -> str:
 
     It holds for an attention model when the no-attention model's drop is larger and
     their intervals are apart; "holds" when it holds for every attention model, "does not
-    hold" for none, "holds for X, not for Y" otherwise.
+    hold" for none, "holds for X, not for Y" otherwise. A model whose drop is undefined
+    (no BLEU in the shortest bucket) is named undecided.
     """
     if "rnn-none" not in results or len(results) < 2:
         return "no comparison (the no-attention model and another are needed)"
     none = Interval(**results["rnn-none"]["relative_drop"])
-    holds, fails = [], []
+    holds, fails, undecided = [], [], []
     for name, r in results.items():
         if name == "rnn-none":
             continue
         other = Interval(**r["relative_drop"])
-        (holds if none.mean > other.mean and apart(none, other) else fails).append(name)
+        if math.isnan(none.mean) or math.isnan(other.mean):
+            undecided.append(name)  # no BLEU in the shortest bucket: no drop to compare
+        elif none.mean > other.mean and apart(none, other):
+            holds.append(name)
+        else:
+            fails.append(name)
     drops = ", ".join(
-        f"{n} {Interval(**r['relative_drop']).format(0, 100)}%" for n, r in results.items()
+        f"{n} {Interval(**r['relative_drop']).format(0, 100)}%".replace("n/a%", "n/a")
+        for n, r in results.items()
     )
-    if not fails:
+    if holds and not fails:
         head = "holds"
-    elif not holds:
+    elif fails and not holds:
         head = "does not hold"
-    else:
+    elif holds:
         head = f"holds for {', '.join(holds)}, not for {', '.join(fails)}"
+    else:
+        head = "undecided"
+    if undecided:
+        head += f" (undecided for {', '.join(undecided)}: no BLEU in the shortest bucket)"
     return f"{head} (relative BLEU drop, shortest to longest bucket, 95% interval: {drops})"
 
 

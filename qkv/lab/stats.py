@@ -147,6 +147,8 @@ def bootstrap(
     scores = np.array([[statistic(sums[s, r]) for r in range(resamples)] for s in range(n_seeds)])
     drawn = rng.integers(0, n_seeds, size=(resamples, n_seeds))  # (R, S) seeds per replicate
     replicates = scores[drawn, np.arange(resamples)[:, None]].mean(1)  # (R,)
+    if np.isnan(replicates).all():  # nothing to score in any replicate (no links at all)
+        return Interval(mean, math.nan, math.nan)
     tail = 100 * (1 - level) / 2
     low, high = np.nanpercentile(replicates, [tail, 100 - tail])
     return Interval(mean, float(low), float(high))

@@ -115,6 +115,25 @@ def test_dictionary_links_match_a_noun_with_its_particle_and_a_stem_with_its_end
     assert dictionary_links("고양이들", "cats") == []  # 들 is not a particle of the list
 
 
+def test_dictionary_hits_count_content_words_and_pronouns_apart(monkeypatch):
+    """A model whose attention is the identity (target word j attends to source word j):
+    on "나는 너를 사랑해" -> "I you love" every link is hit; on -> "I love you" only 나/I."""
+    from qkv.lab import alignment
+
+    class Identity:
+        pass
+
+    def links(trained, src, tgt):
+        n = len(tgt.split())
+        return np.eye(n), list(range(n))
+
+    pairs = [("나는 너를 사랑해", "I you love"), ("나는 너를 사랑해", "I love you")]
+    monkeypatch.setattr(alignment, "_word_links", links)
+    hits, totals = alignment._dictionary_hits(Identity(), pairs, "ko-en")
+    np.testing.assert_array_equal(totals, [[1, 2], [1, 2]])  # 사랑 | 나, 너
+    np.testing.assert_array_equal(hits, [[1, 2], [0, 1]])
+
+
 def test_word_attention_averages_target_pieces_and_sums_source_pieces():
     rng = np.random.default_rng(0)
     weights = rng.random((3, 4))
@@ -180,6 +199,7 @@ def test_tatoeba_part_trains_both_directions_and_reads_the_story(tmp_path):
         r = en_ko["models"][name]
         assert len(r["trainings"]) == 2 and all(t["steps"] <= 4 for t in r["trainings"])
         assert r["bleu"]["low"] <= r["bleu"]["mean"] <= r["bleu"]["high"]
+        assert {"dictionary_aligned", "pronouns_aligned", "pronoun_links"} <= set(r)
         story = en_ko["story"][name]["strongest source word"]
         assert len(story) == 2 and set(story[0]) == {"나는", "너를", "사랑해"}
         assert set(story[0].values()) <= {"I", "love", "you"}

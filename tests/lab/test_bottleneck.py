@@ -94,6 +94,10 @@ def test_the_verdict_reads_the_intervals():
     assert verdict({"rnn-none": none, "transformer": overlapping}).startswith("does not hold")
     mixed = verdict({"rnn-none": none, "rnn-luong": apart_, "transformer": overlapping})
     assert mixed.startswith("holds for rnn-luong, not for transformer")
+    nan = _with_drop(float("nan"), float("nan"), float("nan"))
+    assert verdict({"rnn-none": none, "rnn-luong": apart_, "transformer": nan}).startswith(
+        "holds (undecided for transformer: no BLEU in the shortest bucket)"
+    )
     # a larger drop of the attention model, intervals apart: the claim does not hold
     assert verdict({"rnn-none": none, "x": _with_drop(0.9, 0.8, 1.0)}).startswith("does not")
 

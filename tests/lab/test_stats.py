@@ -126,3 +126,13 @@ def test_separated_names_the_pairs_outside_each_others_intervals():
         "luong": Interval(31.0, 29.0, 34.0),
     }
     assert separated(named) == ["luong higher than none", "bahdanau higher than none"]
+
+
+def test_a_ratio_with_nothing_counted_is_nan_without_a_warning():
+    import warnings
+
+    zeros = np.zeros((2, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        iv = bootstrap_ratio(zeros, zeros, resamples=50)
+    assert math.isnan(iv.mean) and math.isnan(iv.low) and math.isnan(iv.high)
