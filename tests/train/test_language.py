@@ -235,10 +235,11 @@ def test_two_processes_match_one_process_and_resume_exactly(tmp_path):
     assert logged_losses(tmp_path / "resumed") == two
 
 
-def test_bf16_autocast_trains_close_to_float32(tmp_path):
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_bf16_autocast_trains_close_to_float32(tmp_path, model):
     losses = {}
     for bf16 in (False, True):
-        d = tiny_lm(tmp_path, steps=3, bf16=bf16, sample_tokens=0)
+        d = tiny_lm(tmp_path, model, steps=3, bf16=bf16, sample_tokens=0)
         d["out"] = str(tmp_path / f"bf16-{bf16}")
         result = train(recipe_from_dict(d), progress=False)
         assert result.bf16 is bf16

@@ -335,7 +335,11 @@ class Llama(CausalLM):
         check_token_ids(input_ids, self.config.vocab_size)
 
         x = self.tok_emb(input_ids)  # (B, T, E)
-        cos, sin = self.rope.cos_sin(position_ids, x.dtype)  # (B, 1, T, D): shared by the layers
+        rotary = x.dtype  # under autocast, that of the projected q and k (else the rotated
+        # q and k come out float32 beside a bfloat16 v)
+        if torch.is_autocast_enabled(x.device.type):
+            rotary = torch.get_autocast_dtype(x.device.type)
+        cos, sin = self.rope.cos_sin(position_ids, rotary)  # (B, 1, T, D): shared by the layers
         attentions = []
         for i, layer in enumerate(self.layers):
             x, weights = layer(
