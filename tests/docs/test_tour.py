@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 
 from qkv.cli import main
+from qkv.errors import UserError
+from qkv.models import minilm_path, smollm2_path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOUR = ROOT / "docs" / "tour.md"
@@ -221,7 +223,24 @@ def run_command(command: Command) -> int:
         return done.code if isinstance(done.code, int) else 1
 
 
+def skip_without_what_the_tour_uses() -> None:
+    """Skip, saying why, when a package or model that the tour's commands run is missing."""
+    for module, package in [
+        ("gguf", "qkv[llm]"),
+        ("tokenizers", "qkv[hf]"),
+        ("sacrebleu", "qkv[hf]"),
+        ("sklearn", "scikit-learn"),
+    ]:
+        pytest.importorskip(module, reason=f"the tour runs {module}: pip install '{package}'")
+    for model in (minilm_path, smollm2_path):  # all-MiniLM-L6-v2, SmolLM2-135M (GGUF)
+        try:
+            model()
+        except (ImportError, FileNotFoundError, UserError) as err:
+            pytest.skip(f"the tour runs a model that is not installed: {err}")
+
+
 def test_every_command_runs_and_prints_what_the_tour_quotes(page, tmp_path, monkeypatch, capfd):
+    skip_without_what_the_tour_uses()
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
     outputs: dict[str, str] = {}
