@@ -201,7 +201,11 @@ def run_cli(args: argparse.Namespace) -> int:
     else:
         pixels, truth, source = read_png(args.image, side), None, Path(args.image).name
     att = image_attention_of(model, pixels, labels, truth=truth, source=source)
-    title = f"{Path(args.model).name}: {source}"
+    model_path = Path(args.model)  # runs/digits-vit/best.safetensors: "digits-vit/best..."
+    title = (
+        f"{model_path.parent.name}/{model_path.name}" if model_path.parent.name else model_path.name
+    )
+    title += f": {source}"
     if out.suffix.lower() in HTML_SUFFIXES:
         save_image_html(out, att, title=title)
     else:
