@@ -468,18 +468,26 @@ def table(run: LabRun) -> Table:
     """Per length: the chain, the FLOPs, the 1-thread times and the 2-thread speed-ups."""
     timing = run.results["timing"]
     one = timing["runs"]["cpu-1thread"]["rows"]
+    gpu = timing["runs"].get("cuda", {}).get("rows")
     rows = []
-    for s, t, sp in zip(run.results["structure"]["rows"], one, timing["speedup"], strict=True):
+    structure_rows = run.results["structure"]["rows"]
+    for i, (s, t, sp) in enumerate(zip(structure_rows, one, timing["speedup"], strict=True)):
         rows.append(
             [
                 str(s["length"]),
                 f"{s['gru_chain_products']} / {s['attention_chain_products']}",
                 f"{(s['gru_flops_forward'] + s['gru_flops_backward']) / 1e9:.3g} / "
                 f"{(s['attention_flops_forward'] + s['attention_flops_backward']) / 1e9:.3g}",
-                f"{1e3 * t['gru_seconds']:.1f} / {1e3 * t['attention_seconds']:.1f}",
+                _milliseconds(t),
                 f"{sp['gru']:.2f} / {sp['attention']:.2f}",
+                *([_milliseconds(gpu[i])] if gpu else []),
             ]
         )
     columns = ["T", "chain (products)", "GFLOPs fwd+bwd", "1-thread ms", "2-thread speed-up"]
+    columns += ["GPU ms"] if gpu else []
     trust = "" if timing["machine"]["trustworthy"] else " (timings NOT trustworthy: busy machine)"
     return Table(f"GRU / self-attention, matched parameters{trust}", columns, rows)
+
+
+def _milliseconds(row: dict[str, Any]) -> str:
+    return f"{1e3 * row['gru_seconds']:.1f} / {1e3 * row['attention_seconds']:.1f}"

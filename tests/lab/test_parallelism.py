@@ -167,6 +167,19 @@ def test_a_gpu_run_is_reported(result):
     row = runs["cuda"]["rows"][-1]
     ratio = row["gru_seconds"] / row["attention_seconds"]
     assert verdict.endswith(f"GPU at T={row['length']}: GRU/attention time {ratio:.2f}")
+    from qkv.lab.common import LabRun
+    from qkv.lab.parallelism import table
+
+    lab = LabRun("parallelism", True, {}, [0], with_gpu)
+    shown = table(lab)
+    assert (
+        shown.columns[-1] == "GPU ms"
+        and len(table(LabRun("p", True, {}, [0], result["results"])).columns) == 5
+    )
+    assert (
+        shown.rows[-1][-1]
+        == f"{1e3 * row['gru_seconds']:.1f} / {1e3 * row['attention_seconds']:.1f}"
+    )
 
 
 def test_build_pair_outputs_keep_shape():
