@@ -385,6 +385,7 @@ def _ink_figure(per_seed: dict[str, list[dict[str, Any]]], out: Path) -> str:
     left.legend(fontsize=7, loc="upper left")
     even = per_seed["vit"][0]["looks"]["even_distance"]
     right.axhline(even, color="grey", ls="--", label="even attention")
+    right.set_xticks(range(layers))
     right.set_xlabel("layer")
     right.set_ylabel("mean attention distance (pixels)")
     right.set_ylim(0, None)
@@ -414,8 +415,8 @@ def _accuracy_figure(summary: dict[str, Any], svc: float | None, out: Path) -> s
         left.axhline(svc, color="grey", ls="--", label=f"SVC() {svc:.1f}%")
     left.set_xticks(x, names)
     left.set_ylabel("test accuracy (%)")
-    left.set_ylim(0, 100)
-    left.legend(fontsize=8, loc="lower left")
+    left.set_ylim(0, 118)  # room for the legend above the bars
+    left.legend(fontsize=8, loc="upper center", ncols=3)
     seconds = [summary[n]["seconds"]["mean"] for n in names]
     halves = [summary[n]["seconds"]["half_width"] for n in names]
     right.bar(x, seconds, 0.5, yerr=halves, capsize=3, color="C2")
