@@ -67,6 +67,7 @@ __all__ = [
     "dependency_chain",
     "count_flops",
     "machine_load",
+    "measure",
     "time_step",
     "timing_worker",
     "run",
@@ -268,16 +269,24 @@ def timing_worker(setting: dict[str, Any], threads: int, device: str) -> dict[st
     """
     torch.set_num_threads(threads)
     s = Setting(**{k: tuple(v) if isinstance(v, list) else v for k, v in setting.items()})
-    gen = seed_all(s.seed)
-    models = [m.to(device) for m in build_pair(s)]
+    return {"threads": torch.get_num_threads(), "device": device, **measure(s, device)}
+
+
+def measure(setting: Setting, device: str) -> dict[str, Any]:
+    """Both encoders timed at every length on ``device``, in this process, with its
+    current thread count: ``{"rows": [{"length", "gru_seconds", "attention_seconds"}]}``."""
+    gen = seed_all(setting.seed)
+    models = [m.to(device) for m in build_pair(setting)]
     rows = []
-    for length in s.lengths:
-        x = torch.randn(s.batch, length, s.width, generator=gen).to(device)
-        row = {"length": length}
-        for name, model in zip(MODELS, models, strict=True):
-            row[f"{name}_seconds"] = time_step(model, x, s.repeats)
-        rows.append(row)
-    return {"threads": torch.get_num_threads(), "device": device, "rows": rows}
+    with steps_bar(f"timing on {device}", len(MODELS) * len(setting.lengths)) as advance:
+        for length in setting.lengths:
+            x = torch.randn(setting.batch, length, setting.width, generator=gen).to(device)
+            row = {"length": length}
+            for name, model in zip(MODELS, models, strict=True):
+                row[f"{name}_seconds"] = time_step(model, x, setting.repeats)
+                advance()
+            rows.append(row)
+    return {"rows": rows}
 
 
 def _timed_in_subprocess(setting: Setting, threads: int, device: str) -> dict[str, Any]:
