@@ -357,7 +357,9 @@ class _Ring:
         the previous one; ``accumulators`` keeps these transfers apart (their own tags)
         from the key/value ones in flight at the same time."""
         tag = len(tensors) if accumulators else 0
-        arriving = [torch.empty_like(x) for x in tensors]
+        # contiguous, whatever the layout sent: gloo receives into contiguous buffers only
+        # (keys split from a (B, T, Hkv, D) projection are a transposed view)
+        arriving = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in tensors]
         ops = []
         for i, (x, into) in enumerate(zip(tensors, arriving, strict=True)):
             x = x.contiguous()

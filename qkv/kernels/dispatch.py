@@ -15,10 +15,12 @@ precision under autograd (its flash backward has a fixed cost per batch and head
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
+from qkv.errors import ConfigError
 from qkv.kernels.base import AttentionRequest, AttentionResult, Backend
 from qkv.kernels.chunked import ChunkedBackend
 from qkv.kernels.cpu import vml
@@ -32,7 +34,9 @@ __all__ = [
     "Backend",
     "Dispatch",
     "PREFERENCE",
+    "BUDGET_VARIABLE",
     "available_backends",
+    "check_attention_budget",
     "choose",
     "explain",
     "get_backend",
@@ -67,6 +71,47 @@ SHORT_HALF_SCORES = 128 * 128
 # With dropout, SDPA's CPU kernels step aside for torch's explicit math, which takes more
 # passes than the reference backend, so `auto` takes the reference, in every dtype. Without
 # dropout, float32 gains nothing reliable (measured: BENCHMARKS.md, 'Dispatch thresholds').
+
+
+# A memory budget for one attention call's score matrix, in MiB (unset: none). It stands
+# for a smaller machine, so that "this length does not fit one process" is reproducible:
+# a call whose (B, H, Tq, Tk) scores, as the formula holds them, pass it is refused before
+# any backend runs, whichever would run. Ring attention's blocks are calls of their own,
+# so a length that does not fit one process fits P processes that each hold T/P of it.
+BUDGET_VARIABLE = "QKV_ATTENTION_BUDGET_MB"
+
+
+def check_attention_budget(q: torch.Tensor, k: torch.Tensor) -> None:
+    """Refuse attention of queries ``q`` ``(B, H, Tq, D)`` over keys ``k`` ``(B, Hkv, Tk, D)``
+    whose score matrix would pass ``QKV_ATTENTION_BUDGET_MB``; nothing when it is unset.
+
+    The scores count ``B * H * Tq * Tk`` elements of the queries' dtype (at least 4 bytes:
+    half-precision scores are computed in float32), as :func:`qkv.attention.attention`
+    holds them.
+
+    Raises:
+        ConfigError: the score matrix passes the budget (the message names the sizes), or
+            the variable is not a positive number.
+    """
+    setting = os.environ.get(BUDGET_VARIABLE)
+    if not setting:
+        return
+    try:
+        budget = float(setting)
+    except ValueError:
+        budget = float("nan")
+    if not budget > 0:
+        raise ConfigError(f"{BUDGET_VARIABLE}={setting!r}: expected a positive number of MiB")
+    b, h, tq, _ = q.shape
+    tk = k.shape[-2]
+    size = max(q.element_size(), 4)
+    mib = b * h * tq * tk * size / 2**20
+    if mib > budget:
+        raise ConfigError(
+            f"attention's score matrix B x H x Tq x Tk = {b} x {h} x {tq} x {tk} x {size} "
+            f"bytes = {mib:.4g} MiB is over the budget {BUDGET_VARIABLE}={setting} MiB: "
+            "shorten the sequence or split it across processes (sequence parallel)"
+        )
 
 
 def register_backend(backend: Backend) -> None:
@@ -147,7 +192,13 @@ def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:
 def choose(req: AttentionRequest) -> str:
     """The backend ``auto`` runs for ``req``: ``explain(req, complete=False).chosen``,
     remembered for requests without a mask, weights or lse (their choice depends only on
-    the signature: device, dtype, shapes, causal, dropout, autograd)."""
+    the signature: device, dtype, shapes, causal, dropout, autograd).
+
+    Raises:
+        ConfigError: the score matrix passes ``QKV_ATTENTION_BUDGET_MB``
+            (:func:`check_attention_budget`).
+    """
+    check_attention_budget(req.q, req.k)
     key = _signature(req)
     if key is None:
         return explain(req, complete=False).chosen

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.distributed import ring_attention
 from qkv.functional import causal_mask, combine_masks, scaled_dot_product_attention
-from qkv.kernels.dispatch import get_backend
+from qkv.kernels.dispatch import check_attention_budget, get_backend
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.positional import AttentionPositional
 from qkv.modules.sizes import is_size
@@ -45,6 +47,14 @@ class MultiHeadAttention(nn.Module):
             Both as in ``torch.nn.MultiheadAttention``: every query may attend to these
             extra keys whatever the masks say, and the weights have a column for each.
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"reference"``, ...).
+        sequence_group: sequence parallelism: a ``torch.distributed`` process group whose
+            processes each hold a part of the sequence (zig-zag for causal attention:
+            :func:`qkv.distributed.sequence_shard`); self-attention then runs through
+            :func:`qkv.distributed.ring_attention` and returns this process's rows.
+            ``None`` (the default) is off; a settable attribute too
+            (:func:`qkv.distributed.set_sequence_group`). It takes no mask, cache,
+            weights, dropout, positional module or extra keys: positions belong to the
+            model, which knows the global positions of its part.
 
     Shape:
         query ``(B, Tq, E)``, key ``(B, Tk, kdim)``, value ``(B, Tk, vdim)``;
@@ -70,6 +80,7 @@ class MultiHeadAttention(nn.Module):
         add_bias_kv: bool = False,
         add_zero_attn: bool = False,
         backend: str = "auto",
+        sequence_group: dist.ProcessGroup | None = None,
     ):
         super().__init__()
         _check_sizes(embed_dim=embed_dim, num_heads=num_heads, kdim=kdim, vdim=vdim)
@@ -98,6 +109,7 @@ class MultiHeadAttention(nn.Module):
         if backend != "auto":
             get_backend(backend)  # an unknown name is refused here, not at the first call
         self.backend = backend
+        self.sequence_group = sequence_group
 
     def forward(
         self,
@@ -140,8 +152,15 @@ class MultiHeadAttention(nn.Module):
         tq = q.shape[-2]
         k, v = self._extra_keys(k, v)
 
-        # 3) attend in every head at once
+        # 3) attend in every head at once (across the processes of a split sequence: the ring)
         dropout_p = self.dropout if self.training else 0.0
+        if self.sequence_group is not None:
+            self._check_ring(self_attn, full, layer, need_weights, dropout_p)
+            out = ring_attention(q, k, v, causal, self.sequence_group, scale=self.scale)
+            out = out.transpose(1, 2).reshape(query.shape[0], tq, self.embed_dim)
+            return self.out_proj(out), None
+        if self.backend != "auto":  # auto checks the budget where it dispatches
+            check_attention_budget(q, k)
         result = scaled_dot_product_attention(
             q,
             k,
@@ -188,6 +207,24 @@ class MultiHeadAttention(nn.Module):
                 full, causal = combine_masks(full, causal_mask(tq, tk, device=q.device)), False
             full = _visible(full, tk, extra)
         return full, causal
+
+    def _check_ring(self, self_attn, mask, layer, need_weights, dropout_p: float) -> None:
+        """``ValueError`` naming what ring attention (``sequence_group``) cannot take."""
+        refused = [
+            (not self_attn, "cross-attention"),
+            (mask is not None, "a mask or key_mask"),
+            (layer is not None, "a KV cache"),
+            (bool(need_weights), "need_weights"),
+            (dropout_p > 0, f"dropout {dropout_p}"),
+            (self.positional is not None, "a positional module (give the model positions)"),
+            (self.bias_k is not None or self.add_zero_attn, "add_bias_kv or add_zero_attn"),
+        ]
+        named = [what for bad, what in refused if bad]
+        if named:
+            raise ValueError(
+                "MultiHeadAttention with a sequence_group (ring attention over a split "
+                f"sequence) takes self-attention only, without {', '.join(named)}"
+            )
 
     def _extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append the learned and the zero key/value (``add_bias_kv``, ``add_zero_attn``)."""

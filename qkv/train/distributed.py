@@ -4,6 +4,10 @@ Started by ``torchrun --nproc_per_node N``, each process reads ``RANK`` and ``WO
 from the environment, joins a process group (gloo on CPU, NCCL on GPU) and wraps the
 model in ``DistributedDataParallel``, which averages gradients over processes. Without
 torchrun everything here is a no-op.
+
+With sequence parallelism (:func:`parallel_groups`) the processes form a grid: the world
+of ``DP x SP`` processes holds ``DP`` data shards, and each shard's sequences are split
+across ``SP`` processes that attend through the ring.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from qkv.errors import DeviceError, LaunchError
 
-__all__ = ["DeviceError", "Dist", "LaunchError", "native_bf16", "uses_bf16"]
+__all__ = [
+    "DeviceError",
+    "Dist",
+    "LaunchError",
+    "ParallelGroups",
+    "native_bf16",
+    "parallel_groups",
+    "uses_bf16",
+]
 
 
 _TORCHRUN = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -100,6 +112,77 @@ class Dist:
         t = torch.tensor(int(flag), device=self.device)
         td.broadcast(t, 0)
         return bool(t)
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """This process's place in the grid of data parallel x sequence parallel.
+
+    Ranks ``d * SP .. d * SP + SP - 1`` share the sequences of data shard ``d`` (they are
+    neighbours, as the ring wants: on one machine when a machine holds a multiple of SP
+    processes); ranks ``s, s + SP, s + 2 SP, ...`` hold the same part of different data.
+
+    Every process's loss is the mean over as many tokens, so averaging the gradients over
+    every process (``DistributedDataParallel`` over the whole world) averages them over
+    the sequence group and the data shards at once: ``data`` is for drawing the batches
+    (every process of a sequence group draws the same windows), ``sequence`` for the ring
+    (:func:`qkv.distributed.set_sequence_group`).
+
+    Attributes:
+        sequence: the processes that share this process's sequences (``None``: SP = 1).
+        data: the processes that hold the same part of other shards (``None``: DP = 1).
+        sequence_rank, sequence_size: this process's place in ``sequence`` (0 and SP).
+        data_rank, data_size: the data shard this process holds, of how many (DP).
+    """
+
+    sequence: td.ProcessGroup | None
+    data: td.ProcessGroup | None
+    sequence_rank: int
+    sequence_size: int
+    data_rank: int
+    data_size: int
+
+
+def parallel_groups(
+    sequence_parallel: int, world_size: int | None = None, rank: int | None = None
+) -> ParallelGroups:
+    """The process groups of ``world_size = DP x sequence_parallel`` processes.
+
+    Every process calls it (it creates every group, in the same order everywhere). Without
+    a process group (one process) both groups are ``None``.
+
+    Args:
+        sequence_parallel: SP, the processes that split one sequence.
+        world_size, rank: default: those of the initialised process group (1 and 0
+            without one).
+
+    Raises:
+        LaunchError: SP is not a positive whole number or does not divide the world size.
+    """
+    initialised = td.is_available() and td.is_initialized()
+    if world_size is None:
+        world_size = td.get_world_size() if initialised else 1
+    if rank is None:
+        rank = td.get_rank() if initialised else 0
+    sp = sequence_parallel
+    if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1 or world_size % sp:
+        raise LaunchError(
+            f"sequence_parallel {sp!r} must be a positive number of processes that divides "
+            f"the {world_size} processes started (WORLD_SIZE = data parallel x sequence "
+            f"parallel): start a multiple of it with 'torchrun --nproc_per_node N'"
+        )
+    dp = world_size // sp
+    sequence = data = None
+    if world_size > 1:
+        for d in range(dp):  # every process creates every group, in one order
+            group = td.new_group(list(range(d * sp, (d + 1) * sp)))
+            if d == rank // sp:
+                sequence = group if sp > 1 else None
+        for s in range(sp):
+            group = td.new_group(list(range(s, world_size, sp)))
+            if s == rank % sp:
+                data = group if dp > 1 else None
+    return ParallelGroups(sequence, data, rank % sp, sp, rank // sp, dp)
 
 
 def native_bf16(device: torch.device) -> bool:

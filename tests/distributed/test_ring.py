@@ -2,20 +2,17 @@
 float64 attention of the whole sequence in one process, forward and backward; the zig-zag
 layout; refusals of parts that do not fit; one process is plain attention.
 
-Each world size spawns its processes once; every case runs inside them, each process
-writes its largest errors to a file, and the test asserts on them here.
+The 4 processes are the folder's pool (conftest.py), spawned once; every case runs inside
+them, each process writes its largest errors to a file, and the test asserts on them here.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import qkv.distributed.ring as ring_module
 from qkv.attention import attention
@@ -103,17 +100,13 @@ def _refusals(rank, group) -> list[str]:
 RINGS = {2: [1, 3], 3: [0, 1, 2], 4: None}
 
 
-def _worker(rank, port, seed, folder):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
-    try:
-        groups = {world: ranks and dist.new_group(ranks) for world, ranks in RINGS.items()}
-        for world, ranks in RINGS.items():
-            if ranks is None or rank in ranks:
-                _ring(world, groups[world], seed, folder)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def ring_job(rank, seed, folder):
+    """Run by every process of the pool (conftest.py): each ring's cases."""
+    groups = {world: ranks and dist.new_group(ranks) for world, ranks in RINGS.items()}
+    for world, ranks in RINGS.items():
+        if ranks is None or rank in ranks:
+            _ring(world, groups[world], seed, folder)
+        dist.barrier()
 
 
 def _ring(world, group, seed, folder):
@@ -133,18 +126,10 @@ def _ring(world, group, seed, folder):
         json.dump(result, f)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def rings(tmp_path_factory):
-    """``(seed, {world: [each process's result]})`` of one spawn of 4 gloo processes."""
-    folder = tmp_path_factory.mktemp("rings")
-    seed = random.SystemRandom().randrange(2**31)
-    mp.spawn(_worker, args=(_free_port(), seed, str(folder)), nprocs=4)
+def rings(gloo_pool):
+    """``(seed, {world: [each process's result]})`` from the pool of 4 gloo processes."""
+    seed, folder = gloo_pool
     return seed, {
         world: [
             json.loads((folder / f"world{world}-rank{r}.json").read_text()) for r in range(world)

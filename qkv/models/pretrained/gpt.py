@@ -209,7 +209,9 @@ class GPT(CausalLM):
             need_weights: also return every layer's attention weights.
             position_ids: ``(B, T)`` or ``(1, T)`` (shared by the rows), the position of
                 each token of ``input_ids`` in ``0 .. max_len - 1``, as Hugging Face
-                ``GPT2LMHeadModel`` takes them.
+                ``GPT2LMHeadModel`` takes them. With sequence parallelism (the attention's
+                ``sequence_group``), the global positions of this process's part:
+                :func:`qkv.distributed.sequence_shard` gives both.
         """
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
+from qkv.distributed import ring_attention
 from qkv.errors import ConfigError
 from qkv.functional import combine_masks, scaled_dot_product_attention
 from qkv.models.inputs import check_position_ids, check_token_ids
@@ -180,6 +182,13 @@ class LlamaAttention(nn.Module):
     Args:
         config: the model's :class:`LlamaConfig`.
         layer: this layer's index (it decides the sliding window).
+        sequence_group: sequence parallelism: a ``torch.distributed`` process group whose
+            processes each hold the zig-zag part of the sequence
+            (:func:`qkv.distributed.sequence_shard`; the model rotates each token by its
+            global position, ``position_ids``) and attend through
+            :func:`qkv.distributed.ring_attention`. ``None`` (the default) is off; a
+            settable attribute too (:func:`qkv.distributed.set_sequence_group`). It takes
+            no padding mask, cache, weights, dropout or sliding window.
 
     Shape:
         x ``(B, T, E)``; cos and sin ``(B, 1, T, D)`` (:meth:`RotaryPositionalEncoding.cos_sin`);
@@ -187,9 +196,12 @@ class LlamaAttention(nn.Module):
         Returns ``(B, T, E)`` and the weights ``(B, H, T, Tk)`` or ``None``.
     """
 
-    def __init__(self, config: LlamaConfig, layer: int):
+    def __init__(
+        self, config: LlamaConfig, layer: int, sequence_group: dist.ProcessGroup | None = None
+    ):
         super().__init__()
         c = config
+        self.sequence_group = sequence_group
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.kv_heads, c.head_size
         self.window = c.window(layer)
         self.dropout = c.attention_dropout
@@ -221,12 +233,17 @@ class LlamaAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)  # (B, Hkv, Tk, D): every position so far
 
-        # 4) attend: causal, minus padding, within the window; K/V heads shared (GQA)
+        # 4) attend: causal, minus padding, within the window; K/V heads shared (GQA);
+        # across the processes of a split sequence, the ring
+        dropout_p = self.dropout if self.training else 0.0
+        if self.sequence_group is not None:
+            self._check_ring(key_mask, cache, need_weights, dropout_p)
+            out = ring_attention(q, k, v, causal=True, group=self.sequence_group)
+            return self.out_proj(out.transpose(1, 2).reshape(b, t, h * d)), None
         tk = k.shape[-2]
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
         if self.window is not None and tk > self.window:
             mask = combine_masks(mask, _band(t, tk, self.window, x.device))
-        dropout_p = self.dropout if self.training else 0.0
         result = scaled_dot_product_attention(
             q, k, v, mask, causal=True, dropout_p=dropout_p, need_weights=need_weights
         )
@@ -234,6 +251,22 @@ class LlamaAttention(nn.Module):
 
         # 5) concatenate heads and project: (B, H, T, D) -> (B, T, E)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h * d)), weights
+
+    def _check_ring(self, key_mask, cache, need_weights, dropout_p: float) -> None:
+        """``ValueError`` naming what ring attention (``sequence_group``) cannot take."""
+        refused = [
+            (key_mask is not None, "an attention_mask"),
+            (cache is not None, "a KV cache"),
+            (bool(need_weights), "need_weights"),
+            (dropout_p > 0, f"attention dropout {dropout_p}"),
+            (self.window is not None, f"a sliding window of {self.window}"),
+        ]
+        named = [what for bad, what in refused if bad]
+        if named:
+            raise ValueError(
+                "LlamaAttention with a sequence_group (ring attention over a split sequence) "
+                f"takes causal self-attention only, without {', '.join(named)}"
+            )
 
 
 def _band(tq: int, tk: int, window: int, device: torch.device) -> Tensor:
@@ -316,7 +349,10 @@ class Llama(CausalLM):
             attention_mask: ``(B, cache.length + T)``, 1/True for real tokens.
             cache: from :meth:`new_cache`; updated in place and returned.
             need_weights: also return every layer's attention weights.
-            position_ids: ``(B, T)`` or ``(1, T)``, each token's position (>= 0).
+            position_ids: ``(B, T)`` or ``(1, T)``, each token's position (>= 0). With
+                sequence parallelism (the attention's ``sequence_group``), the global
+                positions of this process's part: :func:`qkv.distributed.sequence_shard`
+                gives both.
         """
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
