@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.data.batching import TokenBatcher
-from qkv.data.tokenizers import train_tokenizers
+from qkv.data.tokenizers import Tokenizer, train_tokenizers
 from qkv.data.toy import make_splits
 from qkv.lab.common import (
     LabRun,
@@ -311,8 +311,12 @@ def _summary(results: dict[str, dict], steps: int) -> dict[str, dict]:
     return out
 
 
-def _toy_examples(training: Training) -> tuple[list, object]:
-    """Word-tokenised training pairs of the toy corpus and the target tokenizer."""
+Example = tuple[list[int], list[int]]
+
+
+def _toy_examples(training: Training) -> tuple[list[Example], tuple[int, Tokenizer]]:
+    """Word-tokenised training pairs of the toy corpus; the source vocabulary size and the
+    target tokenizer."""
     splits = make_splits(
         training.pairs, 1, 1, seed=training.seed, min_len=training.min_len, max_len=training.max_len
     )
@@ -322,7 +326,9 @@ def _toy_examples(training: Training) -> tuple[list, object]:
     return examples, (src.vocab_size, tgt)
 
 
-def _train_once(training: Training, examples: list, vocab, clip: float | None) -> dict:
+def _train_once(
+    training: Training, examples: list[Example], vocab: tuple[int, Tokenizer], clip: float | None
+) -> dict:
     """One SGD training of the no-attention GRU; per step the total gradient norm before
     and after clipping (``clip`` None: no clipping) and the loss. Stops at a loss that is
     not finite (the run diverged)."""
@@ -385,7 +391,14 @@ def spikes(norms: list[float]) -> list[int]:
     return found
 
 
-def _run_summary(norms, clipped, losses, clip, diverged_at: int | None) -> dict:
+def _run_summary(
+    norms: list[float],
+    clipped: list[float],
+    losses: list[float],
+    clip: float | None,
+    diverged_at: int | None,
+) -> dict:
+    """The per-step lists and what they add up to (median, max, spikes, losses)."""
     tail = losses[-max(1, len(losses) // 10) :]
     return {
         "clip": clip,
