@@ -38,7 +38,17 @@ HANDLERS = {
 
 # names listed in --help (kept here so that the parser imports no torch)
 _LABS = ("bottleneck", "gradients", "parallelism", "word-order", "heads", "alignment", "vision")
-_BENCHMARKS = ("attention", "weights", "masks", "models", "search", "training", "ring", "gpu")
+_BENCHMARKS = (
+    "attention",
+    "weights",
+    "masks",
+    "models",
+    "search",
+    "training",
+    "ring",
+    "gpu",
+    "nanogpt",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,281 @@
+"""nanoGPT's Shakespeare-by-character CPU recipe against ``qkv train`` on the same model,
+side by side on one machine: tokens per second, final validation loss, and the wall clock
+to reach validation loss 1.88 (the figure nanoGPT's README gives for this recipe).
+
+nanoGPT runs unmodified from a temporary copy of ``../shared/peers/nanogpt`` (its
+``prepare.py`` reads ``../shared/data/tinyshakespeare/input.txt`` copied beside it and
+writes the 90/10 split), with the CPU recipe of its README. qkv runs
+``qkv train configs/shakespeare-char-gpt.yaml``: the same model (4 layers, 4 heads, width
+128, block 64), batch 12, 2,000 steps, the same learning-rate schedule, the last 10% of
+the text for validation and 20 evaluation batches. Each side runs alone, one after the
+other, with the same number of threads (``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for both,
+and ``train.threads`` for qkv's ``torch.set_num_threads``), for 1 and 2 threads.
+
+Figures, for each side:
+
+- tokens/s: 768 tokens per step (12 x 64) over the median step time, steps right after an
+  evaluation left out (nanoGPT's ``iter`` lines; differences of the ``seconds`` of qkv's
+  ``log.jsonl`` training rows);
+- final validation loss: each side's own evaluation at the last step;
+- time to 1.88: the loop's wall clock (evaluations and checkpoints included on both sides)
+  when the first evaluation at or below 1.88 starts (nanoGPT: the sum of its iteration
+  times before that step; qkv: the ``seconds`` of that step's training row);
+- qkv's validation loss at nanoGPT's whole loop time: its last evaluation that started
+  within it (capped by its own 2,000 steps).
+
+Run on a quiet machine: ``qkv bench nanogpt`` (about 2 x (3 + 3) minutes with a quiet
+core per thread). ``--quick`` trains 20 steps per side, for a smoke test only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ROOT, cli, report, result  # noqa: E402
+
+SHARED = Path(os.environ.get("QKV_SHARED", ROOT.parent / "shared"))
+PEER = SHARED / "peers" / "nanogpt"
+TEXT = SHARED / "data" / "tinyshakespeare" / "input.txt"
+CONFIG = ROOT / "configs" / "shakespeare-char-gpt.yaml"
+BATCH, BLOCK = 12, 64
+TOKENS_PER_STEP = BATCH * BLOCK
+TARGET_LOSS = 1.88  # nanoGPT's README, for this recipe
+THREADS = (1, 2)
+
+# nanoGPT's README: "python train.py config/train_shakespeare_char.py --device=cpu ..."
+RECIPE = [
+    "--device=cpu",
+    "--compile=False",
+    "--log_interval=1",
+    f"--block_size={BLOCK}",
+    f"--batch_size={BATCH}",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--dropout=0.0",
+]
+
+_ITER = re.compile(r"^iter (\d+): loss ([0-9.naninf]+), time ([0-9.]+)ms")
+_EVAL = re.compile(r"^step (\d+): train loss ([0-9.naninf]+), val loss ([0-9.naninf]+)")
+
+
+def _schedule(quick: bool) -> dict:
+    """Steps, evaluation interval and batches, warmup: the recipe's or a smoke run's."""
+    if quick:
+        return {"steps": 20, "eval_every": 10, "eval_batches": 4, "warmup": 5}
+    return {"steps": 2000, "eval_every": 250, "eval_batches": 20, "warmup": 100}
+
+
+def _env(threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _check_inputs() -> None:
+    missing = [str(p) for p in (PEER / "train.py", TEXT, CONFIG) if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"nanogpt benchmark: missing {', '.join(missing)}")
+
+
+def run_nanogpt(threads: int, schedule: dict, work: Path) -> dict:
+    """nanoGPT's recipe in a copy of the peer under ``work``; its parsed output."""
+    peer = work / "nanogpt"
+    shutil.copytree(PEER, peer)
+    data = peer / "data" / "shakespeare_char"
+    shutil.copy(TEXT, data / "input.txt")  # prepare.py downloads it otherwise
+    subprocess.run(
+        [sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True, text=True
+    )
+    command = [
+        sys.executable,
+        "train.py",
+        "config/train_shakespeare_char.py",
+        *RECIPE,
+        f"--eval_iters={schedule['eval_batches']}",
+        f"--eval_interval={schedule['eval_every']}",
+        f"--warmup_iters={schedule['warmup']}",
+        f"--max_iters={schedule['steps']}",
+        f"--lr_decay_iters={schedule['steps']}",
+        f"--out_dir={work / 'nanogpt-out'}",
+    ]
+    done = subprocess.run(command, cwd=peer, env=_env(threads), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nanoGPT failed: {done.stderr.strip()[-2000:]}")
+    return parse_nanogpt(done.stdout, schedule["eval_every"])
+
+
+def parse_nanogpt(stdout: str, eval_every: int) -> dict:
+    """Step times and evaluations from nanoGPT's ``iter``/``step`` lines.
+
+    Its iteration ``s`` times the training step and, when ``s`` is a multiple of the
+    evaluation interval, the evaluation before it: the loop's clock when the evaluation
+    of step ``s`` starts is the sum of the iteration times before ``s``.
+    """
+    times: dict[int, float] = {}
+    evals: list[tuple[int, float]] = []
+    for line in stdout.splitlines():
+        if m := _ITER.match(line):
+            times[int(m[1])] = float(m[3]) / 1e3
+        elif m := _EVAL.match(line):
+            evals.append((int(m[1]), float(m[3])))
+    if not times or not evals:
+        raise RuntimeError(f"no iteration or evaluation lines in nanoGPT's output: {stdout[-500:]}")
+    clock = [0.0]
+    for step in range(max(times) + 1):
+        clock.append(clock[-1] + times.get(step, 0.0))
+    steps = [t for s, t in sorted(times.items()) if s > 0 and s % eval_every]
+    return {
+        "step_s": statistics.median(steps),
+        "evals": [(s, loss, clock[min(s, len(clock) - 1)]) for s, loss in evals],
+        "loop_s": clock[-1],
+    }
+
+
+def run_qkv(threads: int, schedule: dict, work: Path) -> dict:
+    """``qkv train`` of the recipe into ``work/qkv``; its parsed ``log.jsonl``."""
+    out = work / "qkv"
+    settings = {
+        "train.threads": threads,
+        "out": out,
+        "train.steps": schedule["steps"],
+        "train.eval_every": schedule["eval_every"],
+        "train.eval_batches": schedule["eval_batches"],
+        "train.warmup": schedule["warmup"],
+    }
+    command = [sys.executable, "-m", "qkv", "train", str(CONFIG)]
+    for key, value in settings.items():
+        command += ["--set", f"{key}={value}"]
+    done = subprocess.run(command, cwd=ROOT, env=_env(threads), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"qkv train failed: {done.stderr.strip()[-2000:]}")
+    return parse_qkv_log((out / "log.jsonl").read_text(), schedule["eval_every"])
+
+
+def parse_qkv_log(text: str, eval_every: int) -> dict:
+    """Step times and evaluations from a run folder's ``log.jsonl``: training rows
+    (``step``, ``loss``, ``seconds``, ...) and evaluation rows (``step``, ``valid_loss``)."""
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    seconds = {r["step"]: r["seconds"] for r in rows if "seconds" in r and "loss" in r}
+    evals = [(r["step"], r["valid_loss"]) for r in rows if "valid_loss" in r]
+    if not seconds or not evals:
+        raise RuntimeError("qkv's log.jsonl holds no training or evaluation rows")
+    # a step's time: its seconds minus the previous step's, unless an evaluation (or a
+    # checkpoint) ran in between
+    steps = [
+        seconds[s] - seconds[s - 1]
+        for s in sorted(seconds)
+        if s - 1 in seconds and s > 1 and (s - 1) % eval_every
+    ]
+    return {
+        "step_s": statistics.median(steps),
+        "evals": [(s, loss, seconds.get(s, 0.0)) for s, loss in evals],
+        "loop_s": max(seconds.values()),
+    }
+
+
+def time_to(evals: list, target: float) -> float:
+    """The loop's clock when the first evaluation at or below ``target`` started (NaN:
+    never reached)."""
+    return next((clock for _, loss, clock in evals if loss <= target), math.nan)
+
+
+def loss_within(evals: list, seconds: float) -> float:
+    """The last validation loss whose evaluation started within ``seconds``."""
+    losses = [loss for _, loss, clock in evals if clock <= seconds]
+    return losses[-1] if losses else math.nan
+
+
+def rows_for(threads: int, peer: dict, ours: dict, batches: int) -> list[dict]:
+    name = f"{threads} thread{'s' if threads > 1 else ''}"
+    ours_rate, peer_rate = TOKENS_PER_STEP / ours["step_s"], TOKENS_PER_STEP / peer["step_s"]
+    ours_loss, peer_loss = ours["evals"][-1][1], peer["evals"][-1][1]
+    ours_time, peer_time = time_to(ours["evals"], TARGET_LOSS), time_to(peer["evals"], TARGET_LOSS)
+    in_peer_time = loss_within(ours["evals"], peer["loop_s"])
+    return [
+        result(
+            f"{name}: tokens/s (median step)",
+            ours_rate,
+            "nanoGPT",
+            peer_rate,
+            unit="tok/s",
+            target="≥ 1.5×",
+            met=ours_rate >= 1.5 * peer_rate,
+        ),
+        result(
+            f"{name}: final val loss ({batches} batches)",
+            ours_loss,
+            "nanoGPT",
+            peer_loss,
+            unit="",
+            target="≤ nanoGPT",
+            met=ours_loss <= peer_loss,
+        ),
+        result(
+            f"{name}: loop seconds to val loss ≤ {TARGET_LOSS}",
+            ours_time,
+            "nanoGPT",
+            peer_time,
+            target="≤ 0.5×",
+            met=ours_time <= 0.5 * peer_time,  # False when either never got there (NaN)
+        ),
+        result(
+            f"{name}: qkv val loss within nanoGPT's loop time",
+            in_peer_time,
+            "nanoGPT's final",
+            peer_loss,
+            unit="",
+            target="≤ 1.70",
+            met=in_peer_time <= 1.70,
+            peer_loop_s=peer["loop_s"],
+            qkv_loop_s=ours["loop_s"],
+        ),
+    ]
+
+
+def _evals(side: dict) -> str:
+    return ", ".join(f"({s}, {loss:.4f}, {clock:.1f})" for s, loss, clock in side["evals"])
+
+
+def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict:
+    """Both sides for 1 and 2 threads, one after the other; ``out_dir/nanogpt.json``."""
+    _check_inputs()
+    schedule = _schedule(quick)
+    rows, raw = [], {}
+    for threads in THREADS:
+        with tempfile.TemporaryDirectory(prefix="qkv-nanogpt-") as tmp:
+            start = time.perf_counter()
+            peer = run_nanogpt(threads, schedule, Path(tmp))
+            ours = run_qkv(threads, schedule, Path(tmp))
+            print(f"{threads} thread(s): both sides in {time.perf_counter() - start:.0f} s")
+        raw[threads] = {"nanogpt": peer, "qkv": ours}
+        rows += rows_for(threads, peer, ours, schedule["eval_batches"])
+    load = os.getloadavg()
+    notes = (
+        f"nanoGPT (unmodified, ../shared/peers/nanogpt) and `qkv train "
+        f"configs/shakespeare-char-gpt.yaml`, one after the other, {schedule['steps']} steps "
+        f"of {BATCH} x {BLOCK} tokens, evaluation every {schedule['eval_every']} steps on "
+        f"{schedule['eval_batches']} batches of the last 10% of the text; threads pinned "
+        "(OMP_NUM_THREADS, MKL_NUM_THREADS; qkv: train.threads). tokens/s: median step, "
+        "steps after an evaluation left out; loop seconds: evaluations and checkpoints "
+        f"included, NaN when never reached. Load average at the end: {load[0]:.1f} / "
+        f"{load[1]:.1f} / {load[2]:.1f}. Evaluations (step, val loss, loop s): "
+        + "; ".join(f"{t} thread(s) {side} {_evals(r[side])}" for t, r in raw.items() for side in r)
+    )
+    return report(out_dir, "nanogpt", rows, notes=notes)
+
+
+if __name__ == "__main__":
+    cli(run, __doc__)

@@ -1,0 +1,80 @@
+"""benchmarks/nanogpt.py: how it reads nanoGPT's output and qkv's log.jsonl, and how it
+judges the rows. The benchmark itself (nanoGPT and qkv training side by side, minutes) is
+not run here: ``qkv bench nanogpt --quick`` is its smoke run."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+
+from benchmarks.nanogpt import (
+    TOKENS_PER_STEP,
+    loss_within,
+    parse_nanogpt,
+    parse_qkv_log,
+    rows_for,
+    time_to,
+)
+
+
+def _nanogpt_output(times_ms: list[float], evals: dict[int, float]) -> str:
+    """Lines as nanoGPT's train.py prints them (its f-strings), with other lines between."""
+    lines = ["tokens per iteration will be: 768", "found vocab_size = 65"]
+    for step, ms in enumerate(times_ms):
+        if step in evals:
+            lines.append(
+                f"step {step}: train loss {evals[step] + 0.1:.4f}, val loss {evals[step]:.4f}"
+            )
+        lines.append(f"iter {step}: loss {2.5:.4f}, time {ms:.2f}ms, mfu {-100.0:.2f}%")
+    return "\n".join(lines)
+
+
+def test_nanogpt_step_times_leave_out_evaluations_and_its_clock_adds_them_up():
+    rng = random.Random()
+    times = [rng.uniform(40, 60) for _ in range(21)]
+    times[0] += 500  # iteration 0 evaluates first
+    times[10] += 500
+    times[20] += 500
+    out = parse_nanogpt(_nanogpt_output(times, {0: 4.2, 10: 2.9, 20: 2.6}), eval_every=10)
+    plain = sorted(t / 1e3 for s, t in enumerate(times) if s % 10)
+    assert math.isclose(out["step_s"], (plain[8] + plain[9]) / 2, rel_tol=1e-4)
+    clocks = [clock for _, _, clock in out["evals"]]
+    assert clocks[0] == 0.0  # step 0's evaluation starts the loop
+    assert math.isclose(clocks[1], sum(round(t, 2) for t in times[:10]) / 1e3, rel_tol=1e-6)
+    assert [(s, v) for s, v, _ in out["evals"]] == [(0, 4.2), (10, 2.9), (20, 2.6)]
+
+
+def test_qkv_log_gives_step_times_without_the_evaluations_and_the_clock_of_each():
+    rng = random.Random()
+    rows, seconds = [], 0.0
+    for step in range(1, 21):
+        seconds += rng.uniform(0.03, 0.05) + (0.5 if step == 11 else 0.0)  # evaluated at 10
+        rows.append({"step": step, "loss": 2.0, "tokens": TOKENS_PER_STEP, "seconds": seconds})
+        if step % 10 == 0:
+            rows.append({"step": step, "valid_loss": 3.0 - step / 20, "valid_perplexity": 1.0})
+    out = parse_qkv_log("\n".join(json.dumps(r) for r in rows), eval_every=10)
+    by_step = {r["step"]: r["seconds"] for r in rows if "seconds" in r}
+    gaps = sorted(by_step[s] - by_step[s - 1] for s in range(2, 21) if (s - 1) % 10)
+    assert len(gaps) == 18 and out["step_s"] == statistics.median(gaps)
+    assert out["step_s"] < 0.1  # the step after the evaluation (0.5 s more) is left out
+    assert out["evals"] == [(10, 2.5, by_step[10]), (20, 2.0, by_step[20])]
+    assert out["loop_s"] == by_step[20]
+
+
+def test_rows_judge_the_targets_and_never_reached_is_not_met():
+    peer = {"step_s": 0.05, "evals": [(0, 4.2, 0.0), (250, 1.95, 20.0), (500, 1.87, 40.0)]}
+    peer["loop_s"] = 45.0
+    ours = {"step_s": 0.03, "evals": [(0, 4.2, 0.0), (250, 1.86, 9.0), (500, 1.65, 18.0)]}
+    ours["loop_s"] = 20.0
+    rows = rows_for(1, peer, ours, 20)
+    rate, final, reach, within = rows
+    assert math.isclose(rate["ratio"], 0.05 / 0.03) and rate["met"]
+    assert final["qkv"] == 1.65 and final["peer_value"] == 1.87 and final["met"]
+    assert reach["qkv"] == 9.0 and reach["peer_value"] == 40.0 and reach["met"]
+    assert within["qkv"] == 1.65 and within["met"]
+    assert time_to(peer["evals"], 1.5) != time_to(peer["evals"], 1.5)  # NaN: never reached
+    slow = dict(ours, evals=[(0, 4.2, 0.0), (500, 1.9, 18.0)])
+    assert rows_for(1, peer, slow, 20)[2]["met"] is False
+    assert loss_within(ours["evals"], 10.0) == 1.86
