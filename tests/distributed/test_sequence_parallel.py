@@ -2,9 +2,10 @@
 MultiHeadAttention and LlamaAttention, qkv.train.distributed.parallel_groups): tiny GPT and
 Llama models on rings of 2, 3 and 4 gloo processes (causal, fp32) give the logits of their
 part and, once averaged over the ring, the parameter gradients of one process holding the
-whole sequence; a group of one is plain attention; a length that does not split is refused
-in one line; and a sequence whose attention passes QKV_ATTENTION_BUDGET_MB in one process
-fits two.
+whole sequence; a group of one is plain attention; 2 data shards x 2 parts under
+DistributedDataParallel (over all 4) give the gradients of one process holding both
+shards; a length that does not split is refused in one line; and a sequence whose
+attention passes QKV_ATTENTION_BUDGET_MB in one process fits two.
 
 Every case runs in the folder's pool of 4 processes (conftest.py); each process writes what
 it measured to a file and the tests assert on it here.
@@ -19,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from qkv.distributed import sequence_shard, set_sequence_group
 from qkv.errors import ConfigError, LaunchError
@@ -77,6 +79,24 @@ def _case(kind: str, group, world: int, seed: int) -> dict:
         "top_grad": max(g.abs().max().item() for g in grads.values()),
         "tokens": shard.ids.shape[1],
     }
+
+
+def _data_x_sequence(kind: str, grid, seed: int) -> float:
+    """4 processes as 2 data shards x 2 sequence parts, gradients averaged over all 4 by
+    DistributedDataParallel: the largest difference from one process holding both shards'
+    whole windows (4 x T, the mean loss over every token)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(VOCAB, (grid.data_size * B, T + 1), generator=gen)
+    ids, targets = tokens[:, :-1], tokens[:, 1:]
+    model = _model(kind, seed)
+    _, _, grads = _loss_and_grads(model, ids, targets)  # one process, every window
+
+    rows = slice(grid.data_rank * B, (grid.data_rank + 1) * B)  # this data shard's windows
+    shard = sequence_shard(ids[rows], targets[rows], grid.sequence)
+    set_sequence_group(model, grid.sequence)
+    wrapped = DistributedDataParallel(model)
+    _, _, part_grads = _loss_and_grads(wrapped, shard.ids, shard.targets, shard.position_ids)
+    return max((part_grads[f"module.{n}"] - grads[n]).abs().max().item() for n in grads)
 
 
 def _budget(group, rank: int, seed: int) -> dict:
@@ -146,6 +166,7 @@ def model_job(rank: int, seed: int, folder: str) -> None:
             continue
         for kind in MODELS:
             result["cases"][f"{kind}-{world}"] = _case(kind, groups[world], world, seed)
+    result["ddp"] = {kind: _data_x_sequence(kind, grid[2], seed) for kind in MODELS}
     result["budget"] = _budget(grid[2].sequence, rank, seed)
     result["refusals"] = _refusals(grid[2].sequence)
     with open(os.path.join(folder, f"models-rank{rank}.json"), "w") as f:
@@ -170,6 +191,12 @@ def test_a_split_sequence_gives_the_logits_and_gradients_of_one_process(kind, wo
     assert worst["logits"] <= 1e-5, f"seed {seed}: {worst}"
     assert worst["loss"] <= 1e-6, f"seed {seed}: {worst}"
     assert worst["grads"] <= 1e-5 + 1.3e-6 * top, f"seed {seed}: {worst}"
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_data_parallel_over_every_process_averages_the_sequence_parts_too(kind, results):
+    worst = max(rank["ddp"][kind] for rank in results[1])
+    assert worst <= 1e-5, f"seed {results[0]}: {worst}"
 
 
 def test_the_grid_puts_neighbours_in_a_sequence_group(results):
