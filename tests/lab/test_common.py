@@ -42,6 +42,7 @@ def test_every_registered_experiment_has_run_and_table():
         "parallelism",
         "word-order",
         "heads",
+        "decoder-heads",
         "alignment",
         "vision",
     }
