@@ -38,6 +38,10 @@ def load_translator(path: str):
         ckpt = load_checkpoint(path)
     except CheckpointError as err:
         raise UserError(str(err)) from None
+    if ckpt.model_type not in ("transformer", "rnn"):
+        reader = {"gpt": "qkv sample", "llama": "qkv sample"}.get(ckpt.model_type)
+        hint = f"; `{reader} {path}` reads it" if reader else ""
+        raise UserError(f"{path}: a {ckpt.model_type} checkpoint, not a translator{hint}")
     if set(ckpt.tokenizers) != {"src", "tgt"}:
         raise UserError(f"{path}: the checkpoint holds no tokenizers")
     tokenizers = {}

@@ -93,3 +93,11 @@ def test_a_translator_or_missing_checkpoint_is_one_line_exit_2(ckpt, tmp_path, m
     one_line_error(code, err, "no such checkpoint file")
     code, _, err = run_main(monkeypatch, capsys, "sample", tmp_path)
     one_line_error(code, err, "without best.safetensors or last.safetensors")
+
+
+def test_translate_and_evaluate_point_a_language_model_to_sample(run, monkeypatch, capsys):
+    ckpt = run / "best.safetensors"
+    code, _, err = run_main(monkeypatch, capsys, "translate", ckpt, "the cat")
+    one_line_error(code, err, f"a gpt checkpoint, not a translator; `qkv sample {ckpt}`")
+    code, _, err = run_main(monkeypatch, capsys, "evaluate", ckpt, "--split", "test")
+    one_line_error(code, err, "not a translator")
