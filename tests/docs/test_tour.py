@@ -239,7 +239,7 @@ def skip_without_what_the_tour_uses() -> None:
             pytest.skip(f"the tour runs a model that is not installed: {err}")
 
 
-@pytest.mark.slow  # about 35 CPU-seconds: two trainings, MiniLM and SmolLM2
+@pytest.mark.slow  # about 40 CPU-seconds: two short trainings, MiniLM and SmolLM2
 def test_every_command_runs_and_prints_what_the_tour_quotes(page, tmp_path, monkeypatch, capfd):
     skip_without_what_the_tour_uses()
     monkeypatch.chdir(tmp_path)
