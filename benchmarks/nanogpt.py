@@ -43,7 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from benchmarks.common import ROOT, cli, report, result  # noqa: E402
+from qkv.train.distributed import native_bf16  # noqa: E402
 
 SHARED = Path(os.environ.get("QKV_SHARED", ROOT.parent / "shared"))
 PEER = SHARED / "peers" / "nanogpt"
@@ -268,7 +271,9 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
         f"configs/shakespeare-char-gpt.yaml`, one after the other, {schedule['steps']} steps "
         f"of {BATCH} x {BLOCK} tokens, evaluation every {schedule['eval_every']} steps on "
         f"{schedule['eval_batches']} batches of the last 10% of the text; threads pinned "
-        "(OMP_NUM_THREADS, MKL_NUM_THREADS; qkv: train.threads). tokens/s: median step, "
+        "(OMP_NUM_THREADS, MKL_NUM_THREADS; qkv: train.threads). nanoGPT trains in float32; "
+        "qkv's recipe says bf16: auto (bf16 autocast where the CPU multiplies bf16 natively: "
+        f"{'yes' if native_bf16(torch.device('cpu')) else 'no'} here). tokens/s: median step, "
         "steps after an evaluation left out; loop seconds: evaluations and checkpoints "
         f"included, NaN when never reached. Load average at the end: {load[0]:.1f} / "
         f"{load[1]:.1f} / {load[2]:.1f}. Evaluations (step, val loss, loop s): "
