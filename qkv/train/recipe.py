@@ -36,7 +36,8 @@ plain-text ``data.files`` (:mod:`qkv.data.text_lm`): ``tokenizer.kind`` ``char``
 default here) or ``bpe`` (byte-level, ``tokenizer.vocab_size`` ids), the last
 ``data.valid_fraction`` of the text held out (0.1: nanoGPT's 90/10), batches of
 ``train.batch_size`` random windows of ``data.block_size`` tokens, and validation on
-``train.eval_batches`` fixed batches of validation windows. ``train.label_smoothing``
+``train.eval_batches`` fixed batches of validation windows with a sample of
+``train.sample_tokens`` tokens (:mod:`qkv.train.language`). ``train.label_smoothing``
 defaults to 0 here. A GPT's ``model.max_len`` (its learned positions) defaults to
 ``data.block_size``.
 """
