@@ -239,7 +239,8 @@ def _warn_order_change(path: Path, saved: Any, recipe: Recipe) -> None:
     before = saved.get("train") if isinstance(saved, dict) else None
     if not isinstance(before, dict):
         return
-    changed = [k for k in ("seed", "max_tokens") if before.get(k) != getattr(recipe.train, k)]
+    keys = ("seed", "max_tokens", "batch_size")  # batch_size: images' and text windows' batches
+    changed = [k for k in keys if before.get(k) != getattr(recipe.train, k)]
     if changed:
         names = " and ".join(f"train.{k}" for k in changed)
         log.warning(

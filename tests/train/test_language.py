@@ -246,3 +246,12 @@ def test_bf16_autocast_trains_close_to_float32(tmp_path, model):
         losses[bf16] = logged_losses(tmp_path / f"bf16-{bf16}")
     for step, loss in losses[False].items():  # bf16 keeps 8 bits of mantissa
         assert losses[True][step] == pytest.approx(loss, rel=2e-2)
+
+
+def test_resuming_with_another_batch_size_warns(tmp_path, caplog):
+    train(recipe_from_dict(tiny_lm(tmp_path, steps=2)), progress=False)
+    with caplog.at_level("WARNING"):
+        train(
+            recipe_from_dict(tiny_lm(tmp_path, steps=3, batch_size=2)), resume=True, progress=False
+        )
+    assert "train.batch_size differs from the checkpoint's" in caplog.text
