@@ -27,6 +27,7 @@ from qkv.errors import ConfigError, LaunchError
 from qkv.kernels.dispatch import BUDGET_VARIABLE
 from qkv.models import GPT, GPTConfig, Llama, LlamaConfig
 from qkv.modules import MultiHeadAttention
+from qkv.modules.positional import DynamicRopeScaling
 from qkv.train.distributed import ParallelGroups, parallel_groups
 
 B, T, VOCAB = 2, 24, 50  # T divides into 2 x 2, 2 x 3 and 2 x 4 zig-zag chunks
@@ -127,11 +128,17 @@ def _refusals(group) -> dict:
     said = {}
     gpt = _model("gpt", 0)
     set_sequence_group(gpt, group)
+    scaled = DynamicRopeScaling(factor=2.0, max_len=16)
+    dynamic = Llama(
+        LlamaConfig(vocab_size=VOCAB, num_layers=1, num_heads=2, dim=8, rope_scaling=scaled)
+    )
+    set_sequence_group(dynamic, group)
     for name, call in {
         "odd_length": lambda: sequence_shard(torch.zeros(1, 10, dtype=torch.long), group=group),
         "padding": lambda: gpt(torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8)),
         "weights": lambda: gpt(torch.zeros(1, 8, dtype=torch.long), need_weights=True),
         "grid": lambda: parallel_groups(3),
+        "dynamic_rope": lambda: dynamic(torch.zeros(1, 8, dtype=torch.long)),
     }.items():
         try:
             call()
@@ -225,6 +232,7 @@ def test_what_a_split_cannot_take_is_refused_in_one_line(results):
         assert "without need_weights" in said["weights"]
         assert said["grid"].startswith("LaunchError: sequence_parallel 3 must be")
         assert "divides the 4 processes" in said["grid"]
+        assert said["dynamic_rope"].startswith("ValueError: dynamic RoPE scaling chooses")
         assert all("\n" not in message for message in said.values())
 
 

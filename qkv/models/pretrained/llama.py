@@ -40,7 +40,12 @@ from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights, r
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.feedforward import SwiGLU
 from qkv.modules.norms import RMSNorm
-from qkv.modules.positional import RopeScaling, RotaryPositionalEncoding, apply_rotary
+from qkv.modules.positional import (
+    DynamicRopeScaling,
+    RopeScaling,
+    RotaryPositionalEncoding,
+    apply_rotary,
+)
 
 __all__ = ["Llama", "LlamaAttention", "LlamaConfig", "LlamaLayer", "LlamaOutput"]
 
@@ -369,6 +374,13 @@ class Llama(CausalLM):
         else:
             check_position_ids(position_ids, b, t, _NO_LIMIT)
         check_token_ids(input_ids, self.config.vocab_size)
+        split = any(layer.self_attn.sequence_group is not None for layer in self.layers)
+        if split and isinstance(self.config.rope_scaling, DynamicRopeScaling):
+            raise ValueError(
+                "dynamic RoPE scaling chooses its base from the last position a call holds, "
+                "which differs between the parts of a split sequence (sequence_group): "
+                "train without it, or in one process"
+            )
 
         x = self.tok_emb(input_ids)  # (B, T, E)
         rotary = x.dtype  # under autocast, that of the projected q and k (else the rotated
