@@ -221,8 +221,9 @@ def decode(
 ) -> Tensor:
     """Greedy or sampled decoding of a causal language model (see :meth:`GPT.generate`).
 
-    ``model(ids, attention_mask, cache=...)`` must return an object with ``logits``
-    ``(B, T, V)``, and ``model.new_cache()`` an empty key/value cache. With sampling,
+    ``model(ids, attention_mask, cache=..., logits_to_keep=1)`` must return an object
+    with ``logits`` ``(B, 1, V)`` (those of the last position), and ``model.new_cache()``
+    an empty key/value cache. With sampling,
     ``num_return_sequences`` draws continue each prompt: ``(B * num_return_sequences, ...)``
     rows, each prompt's together (transformers' order).
     """
@@ -246,7 +247,8 @@ def decode(
     cache = model.new_cache() if use_cache else None
     ids = step_ids = input_ids
     for step in range(max_new_tokens):
-        logits = model(step_ids if use_cache else ids, mask, cache=cache).logits[:, -1]
+        out = model(step_ids if use_cache else ids, mask, cache=cache, logits_to_keep=1)
+        logits = out.logits[:, -1]
         if step == 0 and len(ends) and not 0 <= rules.padding < logits.shape[-1]:
             raise ValueError(  # finished rows feed it to the model: say so before they do
                 f"pad_token_id {rules.padding} is outside the vocabulary "

@@ -194,6 +194,7 @@ class GPT(CausalLM):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
         position_ids: Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> GPTOutput:
         """Next-token logits for every position.
 
@@ -212,6 +213,8 @@ class GPT(CausalLM):
                 ``GPT2LMHeadModel`` takes them. With sequence parallelism (the attention's
                 ``sequence_group``), the global positions of this process's part:
                 :func:`qkv.distributed.sequence_shard` gives both.
+            logits_to_keep: the logits of the last this many positions only (0: all), as
+                in transformers; generation needs the last one.
         """
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
@@ -235,7 +238,8 @@ class GPT(CausalLM):
 
         x = self.tok_emb(input_ids) + F.embedding(position_ids, self.pos_emb.weight)  # (B, T, E)
         out = self.decoder(self.drop(x), key_mask=key_mask, need_weights=need_weights, cache=cache)
-        logits = self.lm_head(out.hidden)  # (B, T, V)
+        hidden = out.hidden[:, -logits_to_keep:] if logits_to_keep else out.hidden
+        logits = self.lm_head(hidden)  # (B, T or logits_to_keep, V)
         return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
 
     @classmethod

@@ -39,6 +39,7 @@ from qkv.models.pretrained.hf import check_values, load_checked, load_into
 from qkv.models.pretrained.llama_hf import llama_config_values, llama_weights, read_llama_config
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.feedforward import SwiGLU
+from qkv.modules.linear import Linear
 from qkv.modules.norms import RMSNorm
 from qkv.modules.positional import (
     DynamicRopeScaling,
@@ -210,10 +211,10 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.kv_heads, c.head_size
         self.window = c.window(layer)
         self.dropout = c.attention_dropout
-        self.q_proj = nn.Linear(c.dim, c.num_heads * c.head_size, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(c.dim, c.kv_heads * c.head_size, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(c.dim, c.kv_heads * c.head_size, bias=c.qkv_bias)
-        self.out_proj = nn.Linear(c.num_heads * c.head_size, c.dim, bias=c.out_bias)
+        self.q_proj = Linear(c.dim, c.num_heads * c.head_size, bias=c.qkv_bias)
+        self.k_proj = Linear(c.dim, c.kv_heads * c.head_size, bias=c.qkv_bias)
+        self.v_proj = Linear(c.dim, c.kv_heads * c.head_size, bias=c.qkv_bias)
+        self.out_proj = Linear(c.num_heads * c.head_size, c.dim, bias=c.out_bias)
 
     def forward(
         self,
@@ -322,7 +323,7 @@ class Llama(CausalLM):
         self.rope = RotaryPositionalEncoding(c.head_size, c.rope_base, c.rope_scaling)
         self.layers = nn.ModuleList(LlamaLayer(c, i) for i in range(c.num_layers))
         self.final_norm = RMSNorm(c.dim, c.norm_eps)
-        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.dim, c.vocab_size, bias=False)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -342,6 +343,7 @@ class Llama(CausalLM):
         cache: KVCache | None = None,
         need_weights: bool = False,
         position_ids: Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> LlamaOutput:
         """Next-token logits for every position (as :meth:`GPT.forward`).
 
@@ -358,6 +360,8 @@ class Llama(CausalLM):
                 sequence parallelism (the attention's ``sequence_group``), the global
                 positions of this process's part: :func:`qkv.distributed.sequence_shard`
                 gives both.
+            logits_to_keep: the logits of the last this many positions only (0: all), as
+                in transformers; generation needs the last one.
         """
         b, t = input_ids.shape
         past = cache.length if cache is not None else 0
@@ -400,6 +404,7 @@ class Llama(CausalLM):
             )
             if need_weights:
                 attentions.append(weights)
+        x = x[:, -logits_to_keep:] if logits_to_keep else x  # (B, T or logits_to_keep, E)
         logits = self.lm_head(self.final_norm(x))  # (B, T, V)
         return LlamaOutput(logits=logits, attentions=attentions, cache=cache)
 
