@@ -37,7 +37,16 @@ HANDLERS = {
 
 
 # names listed in --help (kept here so that the parser imports no torch)
-_LABS = ("bottleneck", "gradients", "parallelism", "word-order", "heads", "alignment", "vision")
+_LABS = (
+    "bottleneck",
+    "gradients",
+    "parallelism",
+    "word-order",
+    "heads",
+    "decoder-heads",
+    "alignment",
+    "vision",
+)
 _BENCHMARKS = (
     "attention",
     "weights",
@@ -48,6 +57,7 @@ _BENCHMARKS = (
     "ring",
     "gpu",
     "nanogpt",
+    "llama",
 )
 
 
