@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from qkv.models.pretrained.gguf_tokenizer import (
 )
 from qkv.models.pretrained.hf import read_json
 
-__all__ = ["DTYPES", "LoadedModel", "load_model", "run_cli", "stream_tokens"]
+__all__ = ["DTYPES", "LoadedModel", "load_model", "run_cli", "stream_tokens", "write_text"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,26 @@ def _prompt_and_model(args: argparse.Namespace) -> tuple[str, Path]:
     return prompt, Path(model) if model is not None else smollm2_path()
 
 
+def write_text(tokens: Iterator[int], decode: Callable[[list[int]], str]) -> list[int]:
+    """Write the text of ``tokens`` to stdout as they come, then a line end; the tokens.
+
+    The whole text so far is decoded at each token and its new part written, so a
+    character split over byte tokens is written once it is complete (until then the
+    text ends in U+FFFD).
+    """
+    made: list[int] = []
+    shown = ""
+    for token in tokens:
+        made.append(token)
+        text = decode(made)
+        if not text.endswith("\ufffd"):  # a byte token in the middle of a UTF-8 character
+            sys.stdout.write(text[len(shown) :])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write("\n")
+    return made
+
+
 def run_cli(args: argparse.Namespace) -> int:
     _check_args(args)
     prompt, path = _prompt_and_model(args)
@@ -167,7 +187,7 @@ def run_cli(args: argparse.Namespace) -> int:
     defaults = loaded.model.generation_defaults
     eos = tuple(defaults.eos_token_id) if defaults is not None else ()
 
-    start, made, shown = time.perf_counter(), [], ""
+    start = time.perf_counter()
     tokens = stream_tokens(
         loaded.model,
         torch.tensor([ids]),
@@ -178,14 +198,7 @@ def run_cli(args: argparse.Namespace) -> int:
         args.seed,
         eos,
     )
-    for token in tokens:
-        made.append(token)
-        text = loaded.tokenizer.decode(made, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):  # a byte token in the middle of a UTF-8 character
-            sys.stdout.write(text[len(shown) :])
-            sys.stdout.flush()
-            shown = text
-    sys.stdout.write("\n")
+    made = write_text(tokens, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True))
     seconds = time.perf_counter() - start
     print(
         f"{len(made)} tokens in {seconds:.2f} s: {len(made) / max(seconds, 1e-9):.1f} tokens/s "

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from qkv.cli.generate import write_text
 from qkv.data.text import utf8_problem
 from qkv.errors import UserError
 from qkv.train.language import load_language_model, model_positions, stream_sample
@@ -67,18 +68,11 @@ def run_cli(args: argparse.Namespace) -> int:
         sys.stdout.reconfigure(encoding="utf-8")
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
-    start, made, shown = time.perf_counter(), [], ""
+    start = time.perf_counter()
     tokens = stream_sample(
         loaded.model, prompt, args.tokens, args.temperature, args.top_k, args.seed
     )
-    for token in tokens:
-        made.append(token)
-        text = tokenizer.decode(made)
-        if not text.endswith("\ufffd"):  # a byte token in the middle of a UTF-8 character
-            sys.stdout.write(text[len(shown) :])
-            sys.stdout.flush()
-            shown = text
-    sys.stdout.write("\n")
+    made = write_text(tokens, tokenizer.decode)
     seconds = time.perf_counter() - start
     print(
         f"{len(made)} tokens in {seconds:.2f} s: {len(made) / max(seconds, 1e-9):.1f} tokens/s "
