@@ -17,6 +17,20 @@ held-out tail, the same windows at every evaluation (nanoGPT draws new ones each
 and reports their mean loss and its exponential, the perplexity. A sample of
 ``train.sample_tokens`` tokens follows the first validation token, from a generator of its
 own (the training's random state is untouched).
+
+With ``train.sequence_parallel: P`` under ``torchrun`` the processes form a grid of
+``DP x P`` (:func:`~qkv.train.distributed.parallel_groups`): the P neighbouring processes
+of a sequence group draw the same windows (their data shard's), each feeds its part of
+every window (:func:`~qkv.distributed.sequence_shard`: the zig-zag chunks and their
+global positions) to a model whose attention runs through the ring
+(:func:`~qkv.distributed.set_sequence_group`), and its loss is the mean over its part.
+The parts hold as many tokens, so ``DistributedDataParallel``'s average over all
+``DP x P`` processes is the gradient of the mean over every whole window, as one process
+computes it. Validation runs on every process the same way (the batches split between
+the data shards, the sums added over all processes). The sample is drawn on rank 0 alone
+with the group unset for it: generation feeds one token a step through a key/value
+cache, which the ring refuses, and a token's attention over the cache is small. In one
+process ``sequence_parallel`` does nothing: the whole window attends at once.
 """
 
 from __future__ import annotations
@@ -30,16 +44,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as td
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.data.text_lm import TextSplits, text_splits, window_starts, windows
 from qkv.data.tokenizers import BPETokenizer, Tokenizer, tokenizer_from_json
+from qkv.distributed import sequence_shard, set_sequence_group
 from qkv.errors import CheckpointError, ConfigError
 from qkv.files import parse_json
+from qkv.kernels.dispatch import check_attention_budget
 from qkv.models.checkpoint import build_model, load_checkpoint
 from qkv.models.pretrained.generation import sample_next
 from qkv.models.tensor_file import TensorFile
+from qkv.train.distributed import ParallelGroups
 from qkv.train.recipe import Recipe
 
 __all__ = [
@@ -64,10 +82,13 @@ LANGUAGE_MODELS = ("gpt", "llama")  # the checkpoint model types of text recipes
 
 @dataclass
 class TextBatch:
-    """``inputs`` and ``targets`` ``(B, T)``: targets are the inputs moved by one token."""
+    """``inputs`` and ``targets`` ``(B, T)``: targets are the inputs moved by one token.
+    Under sequence parallelism they are this process's part ``(B, T/P)`` of each window and
+    ``position_ids`` ``(1, T/P)`` their places in it (``None``: the whole window)."""
 
     inputs: Tensor
     targets: Tensor
+    position_ids: Tensor | None = None
 
 
 def language_splits(recipe: Recipe) -> TextSplits:
@@ -95,6 +116,9 @@ class LanguageTask:
         recipe: a recipe with text data (``recipe.language``).
         data: its splits (:func:`language_splits`).
         rank, world_size: this process's share of each batch under ``torchrun``.
+        groups: sequence parallelism (``train.sequence_parallel`` > 1 under ``torchrun``):
+            the sequence group splits each window, the data shard picks the windows (and
+            ``rank``, ``world_size`` then only name this process's place in the world).
 
     Raises:
         ConfigError: a split shorter than a window (``data.block_size`` + 1 tokens).
@@ -104,9 +128,21 @@ class LanguageTask:
     unit = "tok"  # what the progress bar's rate counts
     score_name = "validation loss"  # what picks the best checkpoint, in messages
 
-    def __init__(self, recipe: Recipe, data: TextSplits, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        recipe: Recipe,
+        data: TextSplits,
+        rank: int = 0,
+        world_size: int = 1,
+        groups: ParallelGroups | None = None,
+    ):
         self.recipe, self.data = recipe, data
         self.rank, self.world_size = rank, world_size
+        self.groups = groups if groups is not None and groups.sequence is not None else None
+        # the windows' share: this process's data shard (its rank without sequence groups)
+        self.shard, self.shards = (
+            (self.groups.data_rank, self.groups.data_size) if self.groups else (rank, world_size)
+        )
         self.block = recipe.data.block_size
         for name, ids in (("training", data.train), ("validation", data.valid)):
             if len(ids) <= self.block:
@@ -120,22 +156,42 @@ class LanguageTask:
         count = recipe.train.eval_batches * recipe.train.batch_size
         self.valid_starts = window_starts(len(data.valid), self.block, count, generator)
 
+    @property
+    def sequence_group(self) -> td.ProcessGroup | None:
+        """The processes that split each window (``None``: this one holds it whole)."""
+        return self.groups.sequence if self.groups else None
+
+    @property
+    def validates_together(self) -> bool:
+        """Whether every process takes part in validation (the ring needs its group)."""
+        return self.groups is not None
+
     def build_model(self) -> nn.Module:
         """The recipe's model, sized for the tokenizer (a GPT's positions: one window's
-        unless ``model.max_len`` says more)."""
+        unless ``model.max_len`` says more), its attention on the sequence group's ring."""
         fields: dict[str, Any] = {k: v for k, v in self.recipe.model.items() if k != "type"}
         fields["vocab_size"] = self.data.tokenizer.vocab_size
         fields.setdefault("max_len", self.block)
-        return build_model(self.recipe.model["type"], fields)
+        model = build_model(self.recipe.model["type"], fields)
+        set_sequence_group(model, self.sequence_group)
+        return model
 
     def check(self, model: nn.Module) -> None:
-        """A window fits the model's positions (the recipe checked a given ``max_len``)."""
+        """A window fits the model's positions (the recipe checked a given ``max_len``), and
+        its attention fits ``QKV_ATTENTION_BUDGET_MB`` (``train.attention_budget_mb``): the
+        score matrix of this process's windows, or of the ring's blocks of ``T/P`` queries
+        over ``T/P`` keys, is refused before the first step rather than inside it."""
         positions = model_positions(model)
         if positions is not None and positions < self.block:
             raise ConfigError(
                 f"data.block_size: {self.block} tokens, more than the model's {positions} "
                 "positions (model.max_len)"
             )
+        heads = model.config.num_heads
+        rows = -(-self.recipe.train.batch_size // self.shards)  # this process's windows
+        part = self.block // (self.groups.sequence_size if self.groups else 1)
+        scores = torch.empty(rows, heads, part, 1, device="meta")  # (B, H, T/P, D)
+        check_attention_budget(scores, scores)
 
     @property
     def train_count(self) -> str:
@@ -148,23 +204,32 @@ class LanguageTask:
 
     def batch_indices(self, epoch: int) -> list[list[int]]:
         """This process's window starts of each batch of ``epoch``, drawn from
-        ``train.seed`` and the epoch alone. A batch smaller than the processes gives none."""
+        ``train.seed`` and the epoch alone: its data shard's share (the same on every
+        process of a sequence group). A batch smaller than the shards gives none."""
         size = self.recipe.train.batch_size
-        if size < self.world_size:
+        if size < self.shards:
             return []
         generator = torch.Generator().manual_seed(_seed(self.recipe.train.seed, "epoch", epoch))
         count = self.batches_per_epoch() * size
         starts = window_starts(len(self.data.train), self.block, count, generator).tolist()
         batches = [starts[i : i + size] for i in range(0, count, size)]
-        return [b[self.rank :: self.world_size] for b in batches]
+        return [b[self.shard :: self.shards] for b in batches]
 
     def batch(self, starts: list[int], device: torch.device) -> TextBatch:
         inputs, targets = windows(self.data.train, torch.tensor(starts), self.block)
-        return TextBatch(inputs.to(device), targets.to(device))
+        return self._part(inputs.to(device), targets.to(device))
+
+    def _part(self, inputs: Tensor, targets: Tensor) -> TextBatch:
+        """This process's part of windows ``(B, T)``: all of them without a sequence group."""
+        if self.groups is None:
+            return TextBatch(inputs, targets)
+        shard = sequence_shard(inputs, targets, self.sequence_group)
+        return TextBatch(shard.ids, shard.targets, shard.position_ids)
 
     def loss(self, model: nn.Module, batch: TextBatch, smoothing: float) -> tuple[Tensor, int]:
-        """Summed (label-smoothed) cross-entropy of every next token, and their count."""
-        logits = model(batch.inputs).logits  # (B, T, V)
+        """Summed (label-smoothed) cross-entropy of every next token, and their count (of
+        this process's part of the windows under sequence parallelism)."""
+        logits = model(batch.inputs, position_ids=batch.position_ids).logits  # (B, T, V)
         loss = F.cross_entropy(
             logits.float().flatten(0, 1),
             batch.targets.flatten(),
@@ -176,19 +241,26 @@ class LanguageTask:
     @torch.no_grad()
     def validate(self, model: nn.Module, device: torch.device) -> tuple[float, float]:
         """Per-token loss on the fixed validation windows (no smoothing); the score is 0
-        (the lowest loss picks the best checkpoint)."""
+        (the lowest loss picks the best checkpoint). With sequence groups every process
+        calls it: each data shard reads every ``shards``-th batch, each process its part of
+        those windows, and the sums are added over all processes."""
         model.eval()
-        total, count = 0.0, 0
+        sums = torch.zeros(2, dtype=torch.float64)  # summed loss, tokens
         size = self.recipe.train.batch_size
-        for i in range(0, len(self.valid_starts), size):
+        first, step = (self.shard * size, self.shards * size) if self.groups else (0, size)
+        for i in range(first, len(self.valid_starts), step):
             inputs, targets = windows(self.data.valid, self.valid_starts[i : i + size], self.block)
-            logits = model(inputs.to(device)).logits.float()  # (B, T, V)
-            total += F.cross_entropy(
-                logits.flatten(0, 1), targets.to(device).flatten(), reduction="sum"
+            batch = self._part(inputs.to(device), targets.to(device))
+            logits = model(batch.inputs, position_ids=batch.position_ids).logits  # (B, T, V)
+            sums[0] += F.cross_entropy(
+                logits.float().flatten(0, 1), batch.targets.flatten(), reduction="sum"
             ).item()
-            count += targets.numel()
+            sums[1] += batch.targets.numel()
+        if self.groups is not None:
+            sums = sums.to(device)
+            td.all_reduce(sums)  # every process of every group: the whole validation set
         model.train()
-        return total / max(count, 1), 0.0
+        return float(sums[0] / max(float(sums[1]), 1.0)), 0.0
 
     def evaluation_extras(self, model: nn.Module, loss: float, step: int) -> dict[str, Any]:
         """The perplexity of the validation loss and a sample, logged with it."""
@@ -197,16 +269,20 @@ class LanguageTask:
             prompt = self.data.valid[:1].tolist()
             was_training = model.training
             model.eval()
-            new = list(
-                stream_sample(
-                    model,
-                    prompt,
-                    self.recipe.train.sample_tokens,
-                    temperature=SAMPLE_TEMPERATURE,
-                    seed=_seed(self.recipe.train.seed, "sample", step),
+            set_sequence_group(model, None)  # rank 0 alone: the ring refuses the cache
+            try:
+                new = list(
+                    stream_sample(
+                        model,
+                        prompt,
+                        self.recipe.train.sample_tokens,
+                        temperature=SAMPLE_TEMPERATURE,
+                        seed=_seed(self.recipe.train.seed, "sample", step),
+                    )
                 )
-            )
-            model.train(was_training)
+            finally:
+                set_sequence_group(model, self.sequence_group)
+                model.train(was_training)
             extras["sample"] = self.data.tokenizer.decode(prompt + new)
             log.info("step %d sample:\n%s", step, extras["sample"])
         return extras

@@ -38,10 +38,11 @@ from qkv.data.batching import TokenBatcher, collate
 from qkv.data.prepare import Prepared, prepare
 from qkv.errors import ConfigError, DeviceError, LaunchError
 from qkv.kernels.cpu.memory import bound_onednn_caches, reuse_freed_memory
+from qkv.kernels.dispatch import BUDGET_VARIABLE
 from qkv.models.checkpoint import build_model, rng_state, save_checkpoint
 from qkv.train.checks import check_lengths, check_loss, check_memory, finished
 from qkv.train.classify import ImageTask, image_splits
-from qkv.train.distributed import Dist, uses_bf16
+from qkv.train.distributed import Dist, ParallelGroups, parallel_groups, uses_bf16
 from qkv.train.language import LanguageTask, language_splits
 from qkv.train.progress import StepTimes, TrainingProgress, usable_cores
 from qkv.train.recipe import Recipe
@@ -297,12 +298,21 @@ def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> Tra
     ``train.threads`` holds only while it trains: torch's thread count is restored after.
     ``train.threads: 0`` (the default) chooses it when the run starts, from the cores
     other work leaves idle (:func:`automatic_threads`), and logs the choice at INFO.
+    ``train.attention_budget_mb`` sets ``QKV_ATTENTION_BUDGET_MB`` while it trains
+    (:func:`qkv.kernels.dispatch.check_attention_budget`); the variable is restored after.
     """
     before = torch.get_num_threads()
+    budget = os.environ.get(BUDGET_VARIABLE)
+    if recipe.train.attention_budget_mb > 0:
+        os.environ[BUDGET_VARIABLE] = f"{recipe.train.attention_budget_mb:g}"
     try:
         return _train(recipe, resume, progress)
     finally:
         torch.set_num_threads(before)
+        if budget is None:
+            os.environ.pop(BUDGET_VARIABLE, None)
+        else:
+            os.environ[BUDGET_VARIABLE] = budget
 
 
 def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
@@ -321,7 +331,8 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         task = ImageTask(recipe, data, dist.rank, dist.world_size)
     elif recipe.language:
         data = language_splits(recipe)
-        task = LanguageTask(recipe, data, dist.rank, dist.world_size)
+        groups = _sequence_groups(cfg.sequence_parallel, dist)
+        task = LanguageTask(recipe, data, dist.rank, dist.world_size, groups)
     else:
         data = prepare(recipe)
         task = TranslationTask(recipe, data, dist)
@@ -369,6 +380,20 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         prepare_out_dir(out, state.step, state.best_step)
     with reuse_freed_memory():  # each step's activations reuse the last one's pages
         return loop.run(progress and dist.is_main)
+
+
+def _sequence_groups(sequence_parallel: int, dist: Dist) -> ParallelGroups | None:
+    """The grid of data x sequence parallel processes under ``torchrun``; ``None`` in one
+    process (which holds whole windows: ``train.sequence_parallel`` changes nothing) or
+    without sequence parallelism."""
+    if sequence_parallel == 1 or dist.world_size == 1:
+        if sequence_parallel > 1:
+            log.info("train.sequence_parallel %d in one process: whole windows", sequence_parallel)
+        return None
+    try:
+        return parallel_groups(sequence_parallel)
+    except LaunchError as err:
+        raise ConfigError(f"train.sequence_parallel: {err}") from None
 
 
 class _Loop:
@@ -495,8 +520,11 @@ class _Loop:
         """Validate: ``"stop"`` when patience has run out, and whether this evaluation is
         the best so far (the caller saves it)."""
         st, improved = self.state, False
+        together = getattr(self.task, "validates_together", False)  # sequence groups: all
+        if together or self.dist.is_main:
+            valid = self.task.validate(self.model, self.dist.device)
         if self.dist.is_main:
-            st.valid_loss, score = self.task.validate(self.model, self.dist.device)
+            st.valid_loss, score = valid
             # at equal BLEU (all 0 early on, and without BLEU sentences) the lower loss; and
             # the evaluation that best.safetensors holds, made again by a run resumed from
             # an older last.safetensors (a folder of an earlier qkv), is no worse than itself

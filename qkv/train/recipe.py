@@ -247,6 +247,8 @@ class OptimConfig:
     threads: int = 0
     max_seconds: float = 0.0  # stop (and checkpoint) after this much training time, counted
     # over resumes; 0 = none
+    sequence_parallel: int = 1  # language models: processes that split each window (ring)
+    attention_budget_mb: float = 0.0  # QKV_ATTENTION_BUDGET_MB while training; 0 = none
 
     def __post_init__(self) -> None:
         for name in ("steps", "max_tokens", "batch_size", "accumulate", "eval_every", "save_every"):
@@ -259,8 +261,12 @@ class OptimConfig:
             "threads",
             "max_seconds",
             "sample_tokens",
+            "attention_budget_mb",
         ):
             _positive(self, name, allow_zero=True)
+        _positive(self, "sequence_parallel")
+        if self.attention_budget_mb == math.inf:
+            raise ConfigError("train.attention_budget_mb: must be finite (0: no budget)")
         if not 0 < self.lr < math.inf:
             raise ConfigError(f"train.lr: must be > 0 and finite, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:  # a negative rate would climb the loss
@@ -321,7 +327,7 @@ class Recipe:
     def _refuse_other_task_keys(self) -> None:
         """Keys of translators in an image recipe and back would do nothing, silently."""
         if not self.language:
-            for name in ("eval_batches", "sample_tokens"):
+            for name in ("eval_batches", "sample_tokens", "sequence_parallel"):
                 if getattr(self.train, name) != getattr(OptimConfig, name):
                     raise ConfigError(
                         f"train.{name}: read only with language models (data.kind 'text')"
@@ -362,6 +368,13 @@ class Recipe:
                     f"train.{name}: not read with language models (batches are "
                     "train.batch_size windows; validation is loss and perplexity)"
                 )
+        sp, block = self.train.sequence_parallel, self.data.block_size
+        if block % (2 * sp):
+            raise ConfigError(
+                f"train.sequence_parallel: {sp} processes split a window of data.block_size "
+                f"{block} tokens into {2 * sp} equal chunks (causal zig-zag); make "
+                f"data.block_size a multiple of {2 * sp}"
+            )
         positions = self.model.get("max_len")
         if self.model["type"] == "gpt" and positions is not None:
             if positions < self.data.block_size:
