@@ -39,7 +39,12 @@ default here) or ``bpe`` (byte-level, ``tokenizer.vocab_size`` ids), the last
 ``train.eval_batches`` fixed batches of validation windows with a sample of
 ``train.sample_tokens`` tokens (:mod:`qkv.train.language`). ``train.label_smoothing``
 defaults to 0 here. A GPT's ``model.max_len`` (its learned positions) defaults to
-``data.block_size``.
+``data.block_size``. ``train.sequence_parallel: P`` (text only) splits each window across
+P processes under ``torchrun`` (ring attention; ``data.block_size`` must divide into 2P
+equal chunks; the processes started must be a multiple of P); in one process it changes
+nothing. ``train.attention_budget_mb`` (any recipe; 0: none) sets
+``QKV_ATTENTION_BUDGET_MB``, the most one attention call's score matrix may take, while
+it trains.
 """
 
 from __future__ import annotations

@@ -31,10 +31,13 @@ def _sp_recipe(tmp_path, model: str, **train) -> dict:
     return d
 
 
-def _launch(config, out, processes: int, *sets: str) -> subprocess.CompletedProcess:
+def _launch(
+    config, out, processes: int, *sets: str, resume: bool = False
+) -> subprocess.CompletedProcess:
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     cmd = [sys.executable, *(launch if processes > 1 else []), "-m", "qkv", "train"]
     cmd += [str(config), "--out", str(out), *(a for s in sets for a in ("--set", s))]
+    cmd += ["--resume"] if resume else []
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
@@ -48,7 +51,8 @@ def _rows(out, key: str) -> dict[int, float]:
 @pytest.mark.parametrize("model", ["gpt", "llama"])
 def test_two_sequence_parts_train_as_one_process(tmp_path, model):
     """30 steps: the ring of 2 gives one process's training losses within 1e-5 at every
-    step, the same validation losses, and (rank 0 writes it) the same weights."""
+    step, the same validation losses, and (rank 0 writes it) the same weights; (Llama) a
+    run stopped at step 15 and resumed on the ring continues with the same losses."""
     config = tmp_path / "lm.yaml"
     d = _sp_recipe(tmp_path, model, steps=30, eval_every=10, save_every=100, sample_tokens=4)
     config.write_text(yaml.safe_dump(d))
@@ -74,6 +78,11 @@ def test_two_sequence_parts_train_as_one_process(tmp_path, model):
     ]
     for key, value in weights[0].items():
         assert (weights[1][key] - value).abs().max() < 1e-4, key
+    if model == "llama":
+        for sets in (("train.steps=15",), ()):
+            proc = _launch(config, tmp_path / "resumed", 2, *sets, resume=bool(not sets))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        assert logged_losses(tmp_path / "resumed") == two
 
 
 @pytest.mark.slow
