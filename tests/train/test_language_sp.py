@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from qkv.models.checkpoint import load_checkpoint
+from qkv.train.recipe import load_yaml
 from tests.cli.helpers import one_line_error, run_main
-from tests.train.helpers import logged_losses
+from tests.train.helpers import CONFIG_FOLDER, logged_losses, tiny_dict
 from tests.train.test_language import tiny_lm
 
 
@@ -115,8 +116,6 @@ def test_what_a_split_cannot_take_is_one_line(tmp_path, monkeypatch, capsys, cha
 
 
 def test_only_language_models_split_sequences(tmp_path, monkeypatch, capsys):
-    from tests.train.helpers import tiny_dict
-
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(tiny_dict(tmp_path, sequence_parallel=2)))
     code, _, err = run_main(monkeypatch, capsys, "train", config)
@@ -149,3 +148,13 @@ def test_two_data_shards_of_two_sequence_parts_train_as_one_process(tmp_path):
         assert four[step] == pytest.approx(one[step], abs=1e-5), step
     valid_one, valid_four = (_rows(tmp_path / n, "valid_loss") for n in ("one", "four"))
     assert valid_four == pytest.approx(valid_one, abs=1e-5)
+
+
+def test_the_long_recipe_fits_two_processes_and_not_one():
+    """configs/shakespeare-char-long.yaml: one process's B x H x T x T float32 scores pass
+    the recipe's budget, the ring's T/2 x T/2 blocks fit it."""
+    recipe = load_yaml(CONFIG_FOLDER / "shakespeare-char-long.yaml")
+    sp, budget = recipe.train.sequence_parallel, recipe.train.attention_budget_mb
+    b, h, t = recipe.train.batch_size, recipe.model["num_heads"], recipe.data.block_size
+    assert sp == 2 and recipe.language and recipe.model["type"] == "llama"
+    assert b * h * t * t * 4 / 2**20 > budget >= b * h * (t // sp) ** 2 * 4 / 2**20
