@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def run_cli(args) -> int:
         result = _train_or_say_where_to_resume(recipe, args.resume)
     except (ConfigError, CorpusError, CheckpointError) as err:
         raise UserError(str(err)) from None
-    print(summary(result, recipe))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 reports for the run
+        print(summary(result, recipe))
     return 0
 
 

@@ -20,7 +20,8 @@ from qkv.train.distributed import _TORCHRUN, native_bf16
 from tests.train.helpers import CONFIG_FOLDER, logged_losses, run_cli, tiny_dict
 
 
-def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) -> None:
+def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) -> str:
+    """Run ``qkv train`` (under torchrun with ``processes`` > 1); its stdout."""
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     cmd = [
         sys.executable,
@@ -37,6 +38,7 @@ def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) ->
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
 
 
 @pytest.mark.slow

@@ -225,9 +225,11 @@ def test_two_processes_match_one_process_and_resume_exactly(tmp_path):
     d["model"]["dropout"] = 0.0  # one process draws other masks than two
     config.write_text(yaml.safe_dump(d))
     _train(config, tmp_path / "one")
-    _train(config, tmp_path / "two", processes=2)
+    said = _train(config, tmp_path / "two", processes=2)
     _train(config, tmp_path / "resumed", "train.steps=3", processes=2)
     _train(config, tmp_path / "resumed", processes=2, resume=True)
+    summaries = [line for line in said.splitlines() if line.startswith("trained ")]
+    assert len(summaries) == 1 and "nan" not in summaries[0], said  # rank 0 reports
     one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(1, 7))
     for step in one:
