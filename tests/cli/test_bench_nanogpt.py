@@ -78,3 +78,21 @@ def test_rows_judge_the_targets_and_never_reached_is_not_met():
     slow = dict(ours, evals=[(0, 4.2, 0.0), (500, 1.9, 18.0)])
     assert rows_for(1, peer, slow, 20)[2]["met"] is False
     assert loss_within(ours["evals"], 10.0) == 1.86
+
+
+def test_the_best_recipe_rows_use_nanogpts_whole_loop_when_it_never_gets_there():
+    from benchmarks.nanogpt import best_rows
+
+    peer = {"evals": [(0, 4.2, 0.0), (1000, 2.0, 80.0), (2000, 1.8857, 150.0)], "loop_s": 155.0}
+    best = {"evals": [(500, 2.2, 30.0), (1000, 1.85, 60.0), (2000, 1.71, 120.0)], "loop_s": 121.0}
+    to_target, within = best_rows(peer, best)
+    assert to_target["qkv"] == 60.0 and to_target["peer_value"] == 155.0
+    assert "not reached" in to_target["peer"] and to_target["met"] is True  # 60 <= 77.5
+    assert within["qkv"] == 1.71 and within["met"] is False
+    peer["evals"][-1] = (2000, 1.87, 150.0)  # reached at the last evaluation
+    to_target, _ = best_rows(peer, best)
+    assert to_target["peer_value"] == 150.0 and to_target["peer"] == "nanoGPT"
+    assert to_target["met"] is True  # 60 <= 75
+    best["evals"][1] = (1000, 1.90, 60.0)  # qkv gets there at step 2000 only
+    to_target, _ = best_rows(peer, best)
+    assert to_target["qkv"] == 120.0 and to_target["met"] is False
