@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -91,8 +90,19 @@ def main(job: dict) -> dict:
         t0 = time.perf_counter()
         tokens = generate(ids, n)
         out["runs"].append({"seconds": time.perf_counter() - t0, "tokens": tokens})
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (MiB): ``VmHWM`` of ``/proc/self/status``,
+    which starts afresh at ``exec``. (``ru_maxrss`` does not: a worker started by a parent
+    that had loaded the model would report the parent's peak.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 if __name__ == "__main__":
