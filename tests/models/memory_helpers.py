@@ -26,6 +26,29 @@ ADDRESS_SPACE = 2 * GIB
 MAX_RSS = GIB
 
 
+# Run `python -m MODULE ...` or `python -c CODE ...` given as sys.argv[1:], and write the
+# peak resident memory of this process (VmHWM, KiB, which starts afresh at exec) to the file
+# named by QKV_TEST_PEAK_FILE as it exits, by an exception or sys.exit included.
+_REPORT_PEAK = """
+import atexit, os, runpy, sys
+
+def report():
+    with open("/proc/self/status") as status:
+        kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["QKV_TEST_PEAK_FILE"], "w") as out:
+        out.write(kib)
+
+atexit.register(report)
+flag, target, *rest = sys.argv[1:]
+if flag == "-m":
+    sys.argv = [target, *rest]
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+else:
+    sys.argv = ["-c", *rest]
+    exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+"""
+
+
 @dataclass
 class Bounded:
     """What :func:`run_bounded` saw: exit code, output and peak resident memory (bytes)."""
@@ -40,16 +63,22 @@ def run_bounded(
     args: list[str], *, stdin: str = "", address_space: int = ADDRESS_SPACE, timeout: float = 600
 ) -> Bounded:
     """Run ``python ARGS`` from the repository root with its address space limited to
-    ``address_space`` bytes (``ulimit -v``), and measure its peak resident memory (its own
-    ``wait4`` usage, not that of the other children of this process)."""
+    ``address_space`` bytes (``ulimit -v``), and measure its peak resident memory: the
+    ``VmHWM`` it reports as it exits (see :data:`_REPORT_PEAK`), since the ``ru_maxrss`` of
+    ``wait4`` starts from this process's resident memory at the fork, however large."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        tempfile.NamedTemporaryFile("r") as peak,
+    ):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env["QKV_TEST_PEAK_FILE"] = peak.name
         proc = subprocess.Popen(
-            [sys.executable, *args],
+            [sys.executable, "-c", _REPORT_PEAK, *args],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
@@ -64,13 +93,14 @@ def run_bounded(
             with contextlib.suppress(BrokenPipeError):  # it may exit before reading
                 proc.stdin.write(stdin)
                 proc.stdin.close()
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         finally:
             killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Bounded(proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024)
+        reported = peak.read().strip()  # empty when the process was killed
+        max_rss = int(reported) * 1024 if reported else 2**63
+        return Bounded(proc.returncode, out.read(), err.read(), max_rss)
 
 
 _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
