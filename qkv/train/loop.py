@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ from qkv.train.classify import ImageTask, image_splits
 from qkv.train.distributed import Dist, ParallelGroups, parallel_groups, uses_bf16
 from qkv.train.language import LanguageTask, language_splits
 from qkv.train.progress import StepTimes, TrainingProgress, usable_cores
-from qkv.train.recipe import Recipe
+from qkv.train.recipe import OptimConfig, Recipe
 from qkv.train.resume import restore
 from qkv.train.run_folder import best_from_last, check_out_dir, prepare_out_dir
 from qkv.train.schedule import make_schedule
@@ -288,6 +289,19 @@ class TranslationTask:
         return {"src": self.data.src_tok.to_json(), "tgt": self.data.tgt_tok.to_json()}
 
 
+def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: one, with the recipe's weight decay; or, with
+    ``train.decay_matrices_only``, the parameters of two or more dimensions (weight
+    matrices, embeddings) with it and the rest (biases, norms' gains) without."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not cfg.decay_matrices_only:
+        return [{"params": params, "weight_decay": cfg.weight_decay}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
 def train(recipe: Recipe, *, resume: bool = False, progress: bool = True) -> TrainResult:
     """Train the model a recipe describes; checkpoints and logs go to ``recipe.out_dir``.
 
@@ -341,11 +355,10 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
     model = task.build_model().to(dist.device)
     task.check(model)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        parameter_groups(model, cfg),
         lr=cfg.lr,
         betas=tuple(cfg.betas),
         eps=1e-9,
-        weight_decay=cfg.weight_decay,
         # one kernel for all parameters (measured: BENCHMARKS.md, 'training')
         fused=dist.device.type in ("cpu", "cuda"),
     )

@@ -237,6 +237,7 @@ class OptimConfig:
     schedule: str = "inverse_sqrt"
     min_lr: float = 0.0
     weight_decay: float = 0.0
+    decay_matrices_only: bool = False  # no decay on biases and norms' gains (nanoGPT's rule)
     betas: tuple[float, float] = (0.9, 0.98)
     label_smoothing: float = 0.1
     clip_norm: float = 1.0

@@ -86,7 +86,7 @@ def restore(
             for group, settings in zip(optimizer.param_groups, ours):
                 for key, value in settings.items():  # what the file left out: this run's
                     group.setdefault(key, value)
-            _use_config_settings(optimizer, recipe)
+            _use_config_settings(optimizer, recipe, ours)
         if ckpt.rng is not None:
             restore_rng(ckpt.rng)
         return saved
@@ -252,14 +252,19 @@ def _warn_order_change(path: Path, saved: Any, recipe: Recipe) -> None:
         )
 
 
-def _use_config_settings(optimizer, recipe: Recipe) -> None:
+def _use_config_settings(optimizer, recipe: Recipe, ours: list[dict[str, Any]]) -> None:
     """The config's lr, betas and weight decay, not the checkpoint's: loading the
     optimiser's state also loads the settings it was saved with, which would silently
-    override ``--set train.lr=...`` on resume (the schedule starts from ``initial_lr``)."""
+    override ``--set train.lr=...`` on resume (the schedule starts from ``initial_lr``).
+    Each group's weight decay is the one this run built it with (``ours``): the config's,
+    or none for the biases and gains of ``train.decay_matrices_only``."""
     cfg = recipe.train
-    for group in optimizer.param_groups:
+    for group, settings in zip(optimizer.param_groups, ours):
         group.update(
-            lr=cfg.lr, initial_lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+            lr=cfg.lr,
+            initial_lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            weight_decay=settings["weight_decay"],
         )
 
 

@@ -16,7 +16,7 @@ from qkv.data.text_lm import read_text_files, split_text, text_splits, windows
 from qkv.errors import ConfigError, CorpusError
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.language import LanguageTask, language_splits, stream_sample
-from qkv.train.loop import train
+from qkv.train.loop import parameter_groups, train
 from qkv.train.recipe import load_yaml, recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
 from tests.train.helpers import CONFIG_FOLDER, logged_losses, train_until_interrupted
@@ -136,7 +136,12 @@ def test_the_loss_is_the_float64_next_token_cross_entropy(tmp_path, model):
 def test_a_stopped_run_resumes_to_the_uninterrupted_losses(tmp_path, model):
     for name in ("full", "stopped"):
         (tmp_path / name).mkdir()
-    full, stopped = tiny_lm(tmp_path / "full", model), tiny_lm(tmp_path / "stopped", model)
+    # nanoGPT's settings: decay on matrices only (a resume that decayed the other group
+    # too would change the losses) and, for GPT, no biases
+    decay = {"weight_decay": 0.1, "decay_matrices_only": True}
+    full, stopped = (tiny_lm(tmp_path / name, model, **decay) for name in ("full", "stopped"))
+    if model == "gpt":
+        full["model"]["bias"] = stopped["model"]["bias"] = False
     train(recipe_from_dict(full), progress=False)
     train_until_interrupted(recipe_from_dict(stopped), 5)  # last saved: step 4
     assert load_checkpoint(tmp_path / "stopped/run/last.safetensors").extra["train"]["step"] == 4
@@ -153,6 +158,36 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_losses(tmp_path, model):
     assert [r for r in again if "valid_loss" in r][-1] == evaluations[-1]  # the sample too
     ckpt = load_checkpoint(runs[1] / "last.safetensors")
     assert ckpt.model_type == model and json.loads(ckpt.tokenizers["tgt"])["type"] == "char"
+
+
+def test_decay_matrices_only_leaves_biases_and_gains_alone(tmp_path):
+    """A step of AdamW on zero gradients: the matrices and embeddings shrink by
+    ``lr * weight_decay``, the biases and norms' gains keep their values."""
+    recipe = recipe_from_dict(tiny_lm(tmp_path, weight_decay=0.5, decay_matrices_only=True))
+    model = LanguageTask(recipe, language_splits(recipe)).build_model()
+    groups = parameter_groups(model, recipe.train)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    torch.optim.AdamW(groups, lr=0.1).step()
+    for name, p in model.named_parameters():
+        factor = 1 - 0.1 * 0.5 if p.dim() >= 2 else 1.0
+        torch.testing.assert_close(p.detach(), before[name] * factor, rtol=0, atol=1e-7)
+    assert any(p.dim() < 2 for p in groups[1]["params"]) and "tok_emb.weight" in before
+
+
+def test_gpt_without_biases_has_none(tmp_path):
+    recipe = recipe_from_dict(tiny_lm(tmp_path))
+    biased = LanguageTask(recipe, language_splits(recipe)).build_model()
+    config = tiny_lm(tmp_path)
+    config["model"]["bias"] = False
+    recipe = recipe_from_dict(config)
+    plain = LanguageTask(recipe, language_splits(recipe)).build_model()
+    names = {n for n, _ in plain.named_parameters()}
+    assert names == {n for n, _ in biased.named_parameters() if not n.endswith(".bias")}
+    assert any(n.endswith(".bias") for n, _ in biased.named_parameters())
+    assert plain.config.to_dict()["bias"] is False
 
 
 def test_sampling_past_the_positions_crops_the_context(tmp_path):

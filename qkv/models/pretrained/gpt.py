@@ -33,6 +33,7 @@ from qkv.models.pretrained.gen_defaults import (
 from qkv.models.pretrained.generation import CausalLMOutput
 from qkv.models.pretrained.gpt_hf import gpt2_config_values, gpt2_weights
 from qkv.models.pretrained.hf import check_values, config_errors, load_checked, read_config
+from qkv.modules.feedforward import layer_norm
 from qkv.modules.positional import LearnedPositionalEncoding
 from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
@@ -58,6 +59,8 @@ class GPTConfig:
             ``scale_attn_weights``; ``False`` leaves them unscaled).
         scale_by_layer: scores of layer ``l`` (from 0) are also divided by ``l + 1``
             (``scale_attn_by_inverse_layer_idx``, used by Stanford's Mistral GPT-2 runs).
+        bias: biases in the projections, the feed-forward block and the layer norms
+            (GPT-2 has them; nanoGPT's recipes train without).
     """
 
     vocab_size: int = 50257
@@ -72,6 +75,7 @@ class GPTConfig:
     tie_embeddings: bool = True
     scale_by_head_dim: bool = True
     scale_by_layer: bool = False
+    bias: bool = True
 
     def __post_init__(self) -> None:
         kinds = dict.fromkeys(("vocab_size", "max_len", "num_layers", "num_heads", "dim"), "count")
@@ -83,6 +87,7 @@ class GPTConfig:
             tie_embeddings="flag",
             scale_by_head_dim="flag",
             scale_by_layer="flag",
+            bias="flag",
         )
         try:
             check_values(vars(self), kinds)
@@ -154,6 +159,7 @@ class GPT(CausalLM):
                 norm_first=True,
                 layer_norm_eps=c.layer_norm_eps,
                 cross=False,
+                bias=c.bias,
             )
             new.ff.dropout.p = 0.0  # GPT-2 has no dropout inside the feed-forward block
             return new
@@ -162,7 +168,7 @@ class GPT(CausalLM):
         self.pos_emb = LearnedPositionalEncoding(c.max_len, c.dim)
         self.drop = nn.Dropout(c.dropout)
         self.decoder = Decoder(
-            layer, c.num_layers, final_norm=nn.LayerNorm(c.dim, c.layer_norm_eps)
+            layer, c.num_layers, final_norm=layer_norm(c.dim, c.layer_norm_eps, c.bias)
         )
         for i, layer in enumerate(self.decoder.layers):
             layer.self_attn.scale = c.attention_scale(i)
