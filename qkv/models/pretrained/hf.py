@@ -382,12 +382,16 @@ def load_into(
     what: str,
     dtype: torch.dtype | str | None = None,
     config: Mapping[str, Any] | None = None,
+    assign: bool = False,
 ) -> None:
     """Check ``state`` against ``model`` (names, tied weights once; shapes), load it, cast it.
 
     ``dtype``: ``None`` for float32, ``"auto"`` for the checkpoint's own floating type (the
     ``dtype``/``torch_dtype`` of its ``config``, else its first floating weight's, as
     transformers decides), or a floating ``torch.dtype`` or its name (``"bfloat16"``).
+    ``assign``: the tensors of ``state`` become the model's parameters (contiguous) instead
+    of being copied into them, for a model built on the meta device, so that the weights
+    are held once; the caller ties shared weights again.
     """
     target = _load_dtype(dtype, state, config or {})
     names = set(dict(model.named_parameters()))  # tied parameters appear once
@@ -411,7 +415,9 @@ def load_into(
             f"{tuple(state[n].shape)} in the checkpoint, {tuple(own[n].shape)} in the model"
             + (f" ({len(wrong) - 1} more)" if len(wrong) > 1 else "")
         )
-    model.load_state_dict(state, strict=False)
+    if assign:
+        state = {name: tensor.contiguous() for name, tensor in state.items()}
+    model.load_state_dict(state, strict=False, assign=assign)
     model.to(target)
 
 

@@ -422,10 +422,16 @@ class Llama(CausalLM):
 
         ``dtype``: float32 (``None``), the tensors' own type (``"auto"``) or a floating
         ``torch.dtype``. Missing, unknown or misshapen weights are an error that names
-        them (``source`` names the weights there). Returns the model in eval mode.
+        them (``source`` names the weights there). The tensors become the model's weights
+        (a model built on the meta device takes them), so that they are held once.
+        Returns the model in eval mode.
         """
-        model = cls(config)
-        load_into(model, llama_weights(tensors, config.tie_embeddings), what=source, dtype=dtype)
+        with torch.device("meta"):
+            model = cls(config)
+        state = llama_weights(tensors, config.tie_embeddings)
+        load_into(model, state, what=source, dtype=dtype, assign=True)
+        if config.tie_embeddings:
+            model.lm_head.weight = model.tok_emb.weight
         return model.eval()
 
     @classmethod

@@ -32,6 +32,11 @@ def test_a_gguf_file_loads_the_model_of_its_weights(tmp_path, untied):
         assert torch.equal(ours(ids).logits, reference(ids).logits)
     assert ours.generation_defaults.eos_token_id == (1,)
     assert ours.generate(ids[:1], 3).shape[1] <= 12
+    # the file's tensors became the weights (built on the meta device): none is left
+    # there, each is held once, and tied embeddings are one tensor
+    assert not any(p.is_meta for p in ours.parameters())
+    assert (ours.lm_head.weight is ours.tok_emb.weight) is not untied
+    assert all(p.is_contiguous() for p in ours.parameters())
 
 
 def test_a_gguf_file_with_a_rope_scaling_qkv_does_not_read_is_named(tmp_path):
