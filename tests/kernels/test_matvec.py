@@ -1,5 +1,5 @@
-"""The bfloat16 matrix-vector kernel: against float64, which products it takes, and the
-``Linear`` module and SwiGLU block that use it."""
+"""The matrix-vector kernel (float32 and bfloat16 weights): against float64, which
+products it takes, and the ``Linear`` module and SwiGLU block that use it."""
 
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ def _float64(x, w, b):
 @given(
     rows=st.integers(1, matvec.MAX_ROWS),
     out=st.integers(1, 70),
-    inp=st.integers(1, 90),
+    inp=st.integers(1, 150),
     bias=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_equals_float64_on_every_shape(rows, out, inp, bias, seed):
-    """Whole blocks of 16 inputs, a tail, outputs not a multiple of 4, one to four rows."""
+def test_bfloat16_equals_float64_on_every_shape(rows, out, inp, bias, seed):
+    """Whole blocks of 64 and 16 inputs, a tail, any number of outputs, one to four rows."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, inp, generator=g).bfloat16()
     w = torch.randn(out, inp, generator=g).bfloat16()
@@ -48,33 +48,63 @@ def test_equals_float64_on_every_shape(rows, out, inp, bias, seed):
 
 
 @needs_kernel
-def test_decoding_shapes_and_threads():
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, matvec.MAX_ROWS),
+    out=st.integers(1, 70),
+    inp=st.integers(1, 300),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_float32_equals_float64_on_every_shape(rows, out, inp, bias, seed):
+    """Float32 sums of float32 products: within what ``inp`` roundings of float32 allow
+    (a bound on the error of any order of the sums), as torch's own product is."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inp, generator=g)
+    w = torch.randn(out, inp, generator=g)
+    b = torch.randn(out, generator=g) if bias else None
+    assert matvec.supports(x, w, b)
+    y = matvec.linear(x, w, b)
+    assert y.dtype == torch.float32 and y.shape == (rows, out)
+    exact = _float64(x, w, b)
+    magnitude = F.linear(x.double().abs(), w.double().abs()) + (0 if b is None else b.abs())
+    bound = (inp + 2) * 2**-24 * magnitude
+    assert ((y.double() - exact).abs() <= bound).all()
+    assert ((F.linear(x, w, b).double() - exact).abs() <= bound).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoding_shapes_and_threads(dtype):
     """The shapes of decoding a token (batch, time, width), with two threads."""
-    x = torch.randn(2, 1, 576).bfloat16()
-    w = torch.randn(1536, 576).bfloat16()
+    x = torch.randn(2, 1, 576).to(dtype)
+    w = torch.randn(1536, 576).to(dtype)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         y = matvec.linear(x, w)
     finally:
         torch.set_num_threads(before)
-    assert y.shape == (2, 1, 1536)
+    assert y.shape == (2, 1, 1536) and y.dtype == dtype
     exact = _float64(x, w, None)
     assert ((y.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3).all()
 
 
 def test_what_goes_to_torch():
-    """Float32 weights, more rows than the kernel takes, a wanted gradient, a
-    non-contiguous weight: ``F.linear`` itself (the same result bit for bit)."""
+    """Activations of another type than the weights, half-precision weights, more rows
+    than the kernel takes, a wanted gradient, a non-contiguous weight: ``F.linear``
+    itself (the same result bit for bit)."""
     w16 = torch.randn(8, 16).bfloat16()
     cases = [
-        (torch.randn(1, 16), torch.randn(8, 16)),  # float32 weights
+        (torch.randn(1, 16), w16),  # float32 activations, bfloat16 weights
+        (torch.randn(1, 16).half(), torch.randn(8, 16).half()),  # float16
         (torch.randn(matvec.MAX_ROWS + 1, 16).bfloat16(), w16),  # a matrix product
         (torch.randn(1, 16).bfloat16(), torch.randn(16, 8).bfloat16().t()),  # transposed
     ]
     for x, w in cases:
         assert not matvec.supports(x, w)
-        assert torch.equal(matvec.linear(x, w), F.linear(x, w))
+        if x.dtype == w.dtype:
+            assert torch.equal(matvec.linear(x, w), F.linear(x, w))
     x = torch.randn(1, 16).bfloat16().requires_grad_()
     assert not matvec.supports(x, w16)
     matvec.linear(x, w16).sum().backward()  # through torch: the gradient exists
