@@ -21,10 +21,11 @@ Figures, for each side:
   when the first evaluation at or below 1.88 starts (nanoGPT: the sum of its iteration
   times before that step; qkv: the ``seconds`` of that step's training row);
 - qkv's validation loss at nanoGPT's whole loop time: its last evaluation that started
-  within it (capped by its own 2,000 steps).
+  within it (capped by its own steps).
 
 With one thread, qkv's best recipe at this size, ``configs/shakespeare-char-llama.yaml``
-(the LLaMA-style blocks, same width, depth and batch), also runs: its loop time to 1.88
+(the LLaMA-style blocks, same width, depth and batch, its own number of steps: its
+cosine schedule spans about nanoGPT's loop time), also runs: its loop time to 1.88
 against nanoGPT's (nanoGPT's whole loop when it never gets there) and its validation loss
 within nanoGPT's loop time.
 
@@ -49,6 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from benchmarks.common import ROOT, cli, report, result  # noqa: E402
 from qkv.train.distributed import native_bf16  # noqa: E402
@@ -87,6 +89,11 @@ def _schedule(quick: bool) -> dict:
     return {"steps": 2000, "eval_every": 250, "eval_batches": 20, "warmup": 100}
 
 
+def recipe_steps(config: Path) -> int:
+    """The ``train.steps`` of a recipe file."""
+    return int(yaml.safe_load(config.read_text())["train"]["steps"])
+
+
 def _env(threads: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env["PYTHONUNBUFFERED"] = "1"
@@ -119,11 +126,15 @@ def run_nanogpt(threads: int, schedule: dict, work: Path) -> dict:
         f"--max_iters={schedule['steps']}",
         f"--lr_decay_iters={schedule['steps']}",
         f"--out_dir={work / 'nanogpt-out'}",
+        "--always_save_checkpoint=True",  # the last step's model, for whole_split_loss
     ]
     done = subprocess.run(command, cwd=peer, env=_env(threads), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nanoGPT failed: {done.stderr.strip()[-2000:]}")
-    return parse_nanogpt(done.stdout, schedule["eval_every"])
+    parsed = parse_nanogpt(done.stdout, schedule["eval_every"])
+    checkpoint, ids = work / "nanogpt-out" / "ckpt.pt", data / "val.bin"
+    parsed["whole_split"] = _python(_NANOGPT_LOSS, [checkpoint, ids], peer, threads)
+    return parsed
 
 
 def parse_nanogpt(stdout: str, eval_every: int) -> dict:
@@ -170,7 +181,71 @@ def run_qkv(threads: int, schedule: dict, work: Path, config: Path = CONFIG) -> 
     done = subprocess.run(command, cwd=ROOT, env=_env(threads), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"qkv train failed: {done.stderr.strip()[-2000:]}")
-    return parse_qkv_log((out / "log.jsonl").read_text(), schedule["eval_every"])
+    parsed = parse_qkv_log((out / "log.jsonl").read_text(), schedule["eval_every"])
+    parsed["whole_split"] = _python(_QKV_LOSS, [out / "last.safetensors", config], ROOT, threads)
+    return parsed
+
+
+# The validation loss of a model over the whole held-out 10%: every window of BLOCK + 1
+# ids that starts at a multiple of WHOLE_SPLIT_STRIDE, in batches of 256, the mean of
+# every next-token loss. The same function for both sides; each reads its own model
+# (nanoGPT's ckpt.pt with its model.py, tensors only; qkv's last.safetensors) and its
+# own ids of the same characters (nanoGPT's val.bin; qkv's tokenizer on the same tail).
+WHOLE_SPLIT_STRIDE = 16
+_WINDOW_LOSS = f"""
+import sys
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def window_loss(logits_of, ids):
+    starts = torch.arange(0, len(ids) - {BLOCK}, {WHOLE_SPLIT_STRIDE})
+    total, count = 0.0, 0
+    for i in range(0, len(starts), 256):
+        rows = ids[starts[i : i + 256, None] + torch.arange({BLOCK} + 1)]
+        logits = logits_of(rows[:, :-1], rows[:, 1:])
+        targets = rows[:, 1:].flatten()
+        total += F.cross_entropy(logits.float().flatten(0, 1), targets, reduction="sum").item()
+        count += targets.numel()
+    return total / count
+"""
+_NANOGPT_LOSS = (
+    _WINDOW_LOSS
+    + """
+import numpy as np
+from model import GPT, GPTConfig
+
+torch.set_num_threads(int(sys.argv[1]))
+saved = torch.load(sys.argv[2], map_location="cpu", weights_only=True)
+model = GPT(GPTConfig(**saved["model_args"])).eval()
+model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in saved["model"].items()})
+ids = torch.from_numpy(np.fromfile(sys.argv[3], dtype=np.uint16).astype(np.int64))
+print(window_loss(lambda x, y: model(x, y)[0], ids))  # with targets: every position's logits
+"""
+)
+_QKV_LOSS = (
+    _WINDOW_LOSS
+    + """
+from qkv.models.checkpoint import load_checkpoint
+from qkv.train.language import language_splits
+from qkv.train.recipe import load_yaml
+
+torch.set_num_threads(int(sys.argv[1]))
+model = load_checkpoint(sys.argv[2]).model.eval()
+ids = language_splits(load_yaml(sys.argv[3])).valid
+print(window_loss(lambda x, y: model(x).logits, ids))
+"""
+)
+
+
+def _python(code: str, args: list, cwd: Path, threads: int) -> float:
+    """The number that ``python -c code threads *args`` prints."""
+    command = [sys.executable, "-c", code, str(threads), *map(str, args)]
+    done = subprocess.run(command, cwd=cwd, env=_env(threads), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"whole-split loss failed: {done.stderr.strip()[-2000:]}")
+    return float(done.stdout.split()[-1])
 
 
 def parse_qkv_log(text: str, eval_every: int) -> dict:
@@ -231,6 +306,15 @@ def rows_for(threads: int, peer: dict, ours: dict, batches: int) -> list[dict]:
             unit="",
             target="≤ nanoGPT",
             met=ours_loss <= peer_loss,
+        ),
+        result(
+            f"{name}: final val loss (the whole 10%, windows every {WHOLE_SPLIT_STRIDE})",
+            ours["whole_split"],
+            "nanoGPT",
+            peer["whole_split"],
+            unit="",
+            target="≤ nanoGPT",
+            met=ours["whole_split"] <= peer["whole_split"],
         ),
         result(
             f"{name}: loop seconds to val loss ≤ {TARGET_LOSS}",
@@ -302,8 +386,10 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
             peer = run_nanogpt(threads, schedule, Path(tmp))
             ours = run_qkv(threads, schedule, Path(tmp))
             raw[threads] = {"nanogpt": peer, "qkv": ours}
-            if threads == 1:
-                raw[threads]["qkv-llama"] = run_qkv(threads, schedule, Path(tmp), BEST)
+            if threads == 1:  # the best recipe with its own steps, but for a smoke run
+                steps = schedule["steps"] if quick else recipe_steps(BEST)
+                best = run_qkv(threads, {**schedule, "steps": steps}, Path(tmp), BEST)
+                raw[threads]["qkv-llama"] = best
             print(f"{threads} thread(s): the sides in {time.perf_counter() - start:.0f} s")
         rows += rows_for(threads, peer, ours, schedule["eval_batches"])
         if threads == 1:
@@ -312,7 +398,8 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     notes = (
         f"nanoGPT (unmodified, ../shared/peers/nanogpt) and `qkv train "
         f"configs/shakespeare-char-gpt.yaml` (and, with one thread, qkv's best recipe "
-        f"configs/shakespeare-char-llama.yaml), one after the other, {schedule['steps']} steps "
+        f"configs/shakespeare-char-llama.yaml, {recipe_steps(BEST)} steps unless --quick), one "
+        f"after the other, {schedule['steps']} steps "
         f"of {BATCH} x {BLOCK} tokens, evaluation every {schedule['eval_every']} steps on "
         f"{schedule['eval_batches']} batches of the last 10% of the text; threads pinned "
         "(OMP_NUM_THREADS, MKL_NUM_THREADS; qkv: train.threads). nanoGPT trains in float32; "

@@ -9,7 +9,12 @@ import math
 import random
 import statistics
 
+import pytest
+import torch
+
 from benchmarks.nanogpt import (
+    _WINDOW_LOSS,
+    BLOCK,
     TOKENS_PER_STEP,
     loss_within,
     parse_nanogpt,
@@ -65,18 +70,19 @@ def test_qkv_log_gives_step_times_without_the_evaluations_and_the_clock_of_each(
 
 def test_rows_judge_the_targets_and_never_reached_is_not_met():
     peer = {"step_s": 0.05, "evals": [(0, 4.2, 0.0), (250, 1.95, 20.0), (500, 1.87, 40.0)]}
-    peer["loop_s"] = 45.0
+    peer["loop_s"], peer["whole_split"] = 45.0, 1.88
     ours = {"step_s": 0.03, "evals": [(0, 4.2, 0.0), (250, 1.86, 9.0), (500, 1.65, 18.0)]}
-    ours["loop_s"] = 20.0
+    ours["loop_s"], ours["whole_split"] = 20.0, 1.89
     rows = rows_for(1, peer, ours, 20)
-    rate, final, reach, within = rows
+    rate, final, whole, reach, within = rows
     assert math.isclose(rate["ratio"], 0.05 / 0.03) and rate["met"]
     assert final["qkv"] == 1.65 and final["peer_value"] == 1.87 and final["met"]
+    assert whole["qkv"] == 1.89 and whole["peer_value"] == 1.88 and not whole["met"]
     assert reach["qkv"] == 9.0 and reach["peer_value"] == 40.0 and reach["met"]
     assert within["qkv"] == 1.65 and within["met"]
     assert time_to(peer["evals"], 1.5) != time_to(peer["evals"], 1.5)  # NaN: never reached
     slow = dict(ours, evals=[(0, 4.2, 0.0), (500, 1.9, 18.0)])
-    assert rows_for(1, peer, slow, 20)[2]["met"] is False
+    assert rows_for(1, peer, slow, 20)[3]["met"] is False
     assert loss_within(ours["evals"], 10.0) == 1.86
 
 
@@ -96,3 +102,18 @@ def test_the_best_recipe_rows_use_nanogpts_whole_loop_when_it_never_gets_there()
     best["evals"][1] = (1000, 1.90, 60.0)  # qkv gets there at step 2000 only
     to_target, _ = best_rows(peer, best)
     assert to_target["qkv"] == 120.0 and to_target["met"] is False
+
+
+def test_the_whole_split_loss_is_the_mean_next_token_loss_of_every_window():
+    """A model that gives every id the same score loses ln(V) on every token; one that
+    scores the next id of the text high loses nothing; one scoring the previous id loses
+    what its softmax says, on every window."""
+    scope: dict = {}
+    exec(compile(_WINDOW_LOSS, "<window_loss>", "exec"), scope, scope)  # noqa: S102
+    window_loss, vocab = scope["window_loss"], 7
+    ids = torch.randint(0, vocab, (3 * BLOCK + 5,))
+    uniform = window_loss(lambda x, y: torch.zeros(*x.shape, vocab), ids)
+    assert uniform == pytest.approx(math.log(vocab), rel=1e-6)
+    assert window_loss(lambda x, y: 50.0 * torch.nn.functional.one_hot(y, vocab), ids) < 1e-12
+    half = window_loss(lambda x, y: torch.nn.functional.one_hot(y, vocab).float(), ids)
+    assert half == pytest.approx(-math.log(math.e / (math.e + vocab - 1)), rel=1e-6)
