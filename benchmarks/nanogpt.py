@@ -204,8 +204,9 @@ def window_loss(logits_of, ids):
     total, count = 0.0, 0
     for i in range(0, len(starts), 256):
         rows = ids[starts[i : i + 256, None] + torch.arange({BLOCK} + 1)]
-        logits = logits_of(rows[:, :-1], rows[:, 1:])
-        targets = rows[:, 1:].flatten()
+        inputs, targets = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        logits = logits_of(inputs, targets)
+        targets = targets.flatten()
         total += F.cross_entropy(logits.float().flatten(0, 1), targets, reduction="sum").item()
         count += targets.numel()
     return total / count

@@ -8,14 +8,18 @@ import json
 import math
 import random
 import statistics
+import sys
 
 import pytest
 import torch
 
 from benchmarks.nanogpt import (
+    _NANOGPT_LOSS,
     _WINDOW_LOSS,
     BLOCK,
+    PEER,
     TOKENS_PER_STEP,
+    _python,
     loss_within,
     parse_nanogpt,
     parse_qkv_log,
@@ -117,3 +121,27 @@ def test_the_whole_split_loss_is_the_mean_next_token_loss_of_every_window():
     assert window_loss(lambda x, y: 50.0 * torch.nn.functional.one_hot(y, vocab), ids) < 1e-12
     half = window_loss(lambda x, y: torch.nn.functional.one_hot(y, vocab).float(), ids)
     assert half == pytest.approx(-math.log(math.e / (math.e + vocab - 1)), rel=1e-6)
+
+
+@pytest.mark.skipif(not (PEER / "model.py").is_file(), reason=f"no nanoGPT at {PEER}")
+def test_both_sides_score_their_checkpoints_on_the_same_windows(tmp_path):
+    """The two scripts of the whole-split loss run on real files: nanoGPT's ckpt.pt (its
+    own model.py, saved as its train.py saves it) and val.bin, and a qkv checkpoint with
+    its recipe; an untrained model of either loses about ln(vocabulary)."""
+    import numpy as np
+
+    sys.path.insert(0, str(PEER))
+    try:
+        from model import GPT as NanoGPT  # noqa: PLC0415
+        from model import GPTConfig as NanoConfig  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(PEER))
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=BLOCK, bias=False, vocab_size=65)
+    args["dropout"] = 0.0
+    torch.manual_seed(0)
+    nano = NanoGPT(NanoConfig(**args))
+    torch.save({"model": nano.state_dict(), "model_args": args}, tmp_path / "ckpt.pt")
+    ids = np.random.default_rng(0).integers(0, 65, 40 * BLOCK).astype(np.uint16)
+    ids.tofile(tmp_path / "val.bin")
+    code = [_NANOGPT_LOSS, [tmp_path / "ckpt.pt", tmp_path / "val.bin"], PEER, 1]
+    assert abs(_python(*code) - math.log(65)) < 0.1
