@@ -20,7 +20,17 @@ from qkv.kernels.base import (
 )
 from qkv.kernels.weights import attention_weights
 
-__all__ = ["SDPABackend"]
+__all__ = ["SDPABackend", "computes_in_float32"]
+
+
+def computes_in_float32(q: torch.Tensor) -> bool:
+    """Whether SDPA runs this request in float32 (its inputs cast, its output cast back):
+    one query row in half precision on the CPU, the query of decoding one token, where
+    SDPA's half-precision kernel takes 3-5x the time of the float32 one with the casts
+    (measured: BENCHMARKS.md, 'LLaMA-family decoding')."""
+    return (
+        q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-2] == 1
+    )
 
 
 class SDPABackend(Backend):
@@ -49,6 +59,8 @@ class SDPABackend(Backend):
             weights, out = attention_weights(req, with_output=True)  # out follows from them
             return AttentionResult(out=out, weights=weights)
         q, k, v = req.q, req.k, req.v
+        if computes_in_float32(q):
+            q, k, v = q.float(), k.float(), v.float()
         tq, tk = q.shape[-2], k.shape[-2]
         # SDPA's own causal flag is top-left aligned; it agrees with ours only when Tq == Tk.
         use_flag = req.causal and req.mask is None and tq == tk
@@ -70,7 +82,7 @@ class SDPABackend(Backend):
             is_causal=use_flag,
             scale=req.scale,
             enable_gqa=req.groups > 1,
-        )
+        ).to(req.q.dtype)
         if visible is not None:
             out = torch.where(visible, out, torch.zeros((), dtype=out.dtype))
         weights = None
