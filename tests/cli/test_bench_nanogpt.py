@@ -72,7 +72,7 @@ def test_qkv_log_gives_step_times_without_the_evaluations_and_the_clock_of_each(
     assert out["loop_s"] == by_step[20]
 
 
-def test_rows_judge_the_targets_and_never_reached_is_not_met():
+def test_rows_judge_the_targets():
     peer = {"step_s": 0.05, "evals": [(0, 4.2, 0.0), (250, 1.95, 20.0), (500, 1.87, 40.0)]}
     peer["loop_s"], peer["whole_split"] = 45.0, 1.88
     ours = {"step_s": 0.03, "evals": [(0, 4.2, 0.0), (250, 1.86, 9.0), (500, 1.65, 18.0)]}
@@ -82,11 +82,11 @@ def test_rows_judge_the_targets_and_never_reached_is_not_met():
     assert math.isclose(rate["ratio"], 0.05 / 0.03) and rate["met"]
     assert final["qkv"] == 1.65 and final["peer_value"] == 1.87 and final["met"]
     assert whole["qkv"] == 1.89 and whole["peer_value"] == 1.88 and not whole["met"]
-    assert reach["qkv"] == 9.0 and reach["peer_value"] == 40.0 and reach["met"]
-    assert within["qkv"] == 1.65 and within["met"]
+    # time to 1.88 and the loss within nanoGPT's time are figures here: their targets
+    # are the best recipe's
+    assert reach["qkv"] == 9.0 and reach["peer_value"] == 40.0 and "met" not in reach
+    assert within["qkv"] == 1.65 and "met" not in within
     assert time_to(peer["evals"], 1.5) != time_to(peer["evals"], 1.5)  # NaN: never reached
-    slow = dict(ours, evals=[(0, 4.2, 0.0), (500, 1.9, 18.0)])
-    assert rows_for(1, peer, slow, 20)[3]["met"] is False
     assert loss_within(ours["evals"], 10.0) == 1.86
 
 
