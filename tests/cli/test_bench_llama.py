@@ -26,18 +26,20 @@ def test_agreement_counts_positions_and_the_common_prefix():
     assert agreement(a, a) == {"same_position": 1.0, "before_first_difference": 1.0}
 
 
-def test_speeds_take_the_decoding_time_between_the_two_runs():
+def test_speeds_take_the_decoding_time_between_the_two_runs_and_the_best_prefill():
     answer = {
         "runs": [
             {"seconds": 0.5, "tokens": [1]},
             {"seconds": 0.5 + 255 / 20.0, "tokens": list(range(256))},
+            {"seconds": 3.4, "tokens": [7]},
             {"seconds": 3.0, "tokens": [7]},
+            {"seconds": 3.9, "tokens": [7]},
         ],
         "peak_rss_mib": 900.0,
     }
     got = speeds(answer, 256)
     assert abs(got["decode_tps"] - 20.0) < 1e-9
-    assert got["prefill_s"] == 3.0 and got["peak_rss_mib"] == 900.0
+    assert got["prefill_s"] == 3.0 and got["peak_rss_mib"] == 900.0  # the best prefill
 
 
 def test_weight_bytes_count_a_tied_matrix_once():
