@@ -52,6 +52,9 @@ def _load(job: dict):
         )
 
         def generate(ids: list[int], n: int) -> list[int]:
+            # forget the last run's tokens: generate(reset=True) alone keeps the cached
+            # keys of a common prefix, and a repeated prompt then took no time at all
+            llm.reset()
             out = []
             for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
                 out.append(token)
