@@ -74,7 +74,9 @@ def test_a_text_recipe_takes_its_own_defaults(tmp_path):
 def test_shipped_text_recipes_read(name):
     recipe = load_yaml(CONFIG_FOLDER / f"{name}.yaml")
     assert recipe.language and recipe.model["type"] == name.rsplit("-", 1)[1]
-    assert (recipe.data.block_size, recipe.train.batch_size, recipe.train.steps) == (64, 12, 2000)
+    assert (recipe.data.block_size, recipe.train.batch_size) == (64, 12)  # nanoGPT's CPU run
+    # nanoGPT's 2,000 steps; the LLaMA recipe's cosine spans about nanoGPT's loop time
+    assert recipe.train.steps == {"gpt": 2000, "llama": 2750}[recipe.model["type"]]
     assert recipe.data.files[0].endswith("tinyshakespeare/input.txt")
 
 
