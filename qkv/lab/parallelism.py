@@ -23,9 +23,13 @@ Method:
     3. **the time** (what "faster on this CPU" means): one forward + backward pass of a
        batch, median of repeats after a warm-up, in a fresh process per thread count
        (``torch.set_num_threads`` pinned to 1, then 2; and the GPU when one is present);
-       the parallel speed-up is the 1-thread time over the 2-thread time. The 1-minute
-       load average is read before and after; above half the cores the timings are
-       recorded but called untrustworthy.
+       the parallel speed-up is the 1-thread time over the 2-thread time. The machine
+       must be quiet: a 1-minute load average of at most half the cores before the
+       timings, and while they run, other processes (the machine's busy CPU time in
+       ``/proc/stat``, steal included, less this process's and its children's) at most
+       a tenth of the machine's CPU time. Otherwise the timings are recorded but called
+       untrustworthy. (The load average after the timings would count the timings
+       themselves.)
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import json
 import logging
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -97,7 +102,8 @@ FULL = Setting(
 )
 
 MODELS = ("gru", "attention")
-LOAD_SHARE = 0.5  # timings are trustworthy while the 1-minute load average <= this x cores
+LOAD_SHARE = 0.5  # quiet before the timings: 1-minute load average <= this x cores
+OTHERS_SHARE = 0.1  # quiet during them: other processes' CPU time <= this x the machine's
 
 
 class GRUEncoder(nn.Module):
@@ -311,27 +317,55 @@ def _timed_in_subprocess(setting: Setting, threads: int, device: str) -> dict[st
 
 
 def machine_load() -> dict[str, Any]:
-    """The load averages (1, 5, 15 min) and the number of cores."""
+    """The load averages (1, 5, 15 min), the number of cores, and CPU seconds so far: the
+    whole machine's busy time (``/proc/stat``: user, nice, system, irq, softirq and steal;
+    NaN where there is no such file), this process's and its finished children's, and a
+    monotonic clock."""
     try:
         load = list(os.getloadavg())
     except OSError:  # not available on this platform
         load = [float("nan")] * 3
-    return {"load_average": load, "cores": os.cpu_count() or 1}
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        busy = float("nan")
+    own = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
+    return {
+        "load_average": load,
+        "cores": os.cpu_count() or 1,
+        "busy_s": busy,
+        "own_s": own,
+        "clock_s": time.monotonic(),
+    }
 
 
 def _quiet(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Whether the machine was quiet enough for the timings to be trusted."""
+    """Whether the machine was quiet enough for the timings to be trusted: before them,
+    a 1-minute load average of at most :data:`LOAD_SHARE` x cores; while they ran, other
+    processes' CPU time at most :data:`OTHERS_SHARE` of the machine's (cores x wall)."""
     cores = before["cores"]
     limit = LOAD_SHARE * cores
-    loads = [before["load_average"][0], after["load_average"][0]]
-    worst = max(loads) if all(math.isfinite(x) for x in loads) else math.nan
+    load = before["load_average"][0]
+    machine_s = (after["clock_s"] - before["clock_s"]) * cores
+    others_s = (after["busy_s"] - before["busy_s"]) - (after["own_s"] - before["own_s"])
+    others = max(others_s, 0.0) / machine_s if machine_s > 0 else math.nan
     return {
         "cores": cores,
         "load_before": before["load_average"],
         "load_after": after["load_average"],
         "limit": limit,
-        "trustworthy": bool(worst <= limit),  # NaN (load unknown): not trusted
-        "worst_load_1min": worst,
+        "others_share": others,
+        "others_limit": OTHERS_SHARE,
+        # NaN (load or CPU time unknown): not trusted
+        "trustworthy": bool(load <= limit and others <= OTHERS_SHARE),
     }
 
 
@@ -428,7 +462,7 @@ def run(out: Path, *, quick: bool = False, setting: Setting | None = None) -> La
     return LabRun(
         name="parallelism",
         quick=quick,
-        config={**asdict(setting), "load_share": LOAD_SHARE},
+        config={**asdict(setting), "load_share": LOAD_SHARE, "others_share": OTHERS_SHARE},
         seeds=[setting.seed],
         results=result,
         figures=[figure],
@@ -460,8 +494,10 @@ def _verdict(result: dict[str, Any]) -> str:
     machine = timing["machine"]
     if not machine["trustworthy"]:
         parts.append(
-            f"timings NOT trustworthy: 1-minute load average {machine['worst_load_1min']:.2f} > "
-            f"{machine['limit']:.1f} ({LOAD_SHARE} × {machine['cores']} cores)"
+            f"timings NOT trustworthy: 1-minute load average {machine['load_before'][0]:.2f} "
+            f"before them (limit {machine['limit']:.1f}, {LOAD_SHARE} × {machine['cores']} "
+            f"cores), other processes {machine['others_share']:.0%} of the CPU time while "
+            f"they ran (limit {OTHERS_SHARE:.0%})"
         )
     if "cuda" in timing["runs"]:
         row = timing["runs"]["cuda"]["rows"][-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -118,29 +119,67 @@ def test_speedups_are_the_ratio_of_the_two_timings(result):
             assert row[name] == pytest.approx(a[f"{name}_seconds"] / b[f"{name}_seconds"])
 
 
-def test_the_load_is_recorded_and_decides_trust(result):
+def test_the_load_and_the_others_cpu_time_are_recorded_and_decide_trust(result):
     machine = result["results"]["timing"]["machine"]
     assert machine["cores"] >= 1 and len(machine["load_before"]) == 3
-    worst = max(machine["load_before"][0], machine["load_after"][0])
-    assert machine["trustworthy"] == (worst <= 0.5 * machine["cores"])
+    assert 0.0 <= machine["others_share"] <= 1.0 or math.isnan(machine["others_share"])
+    quiet = machine["load_before"][0] <= 0.5 * machine["cores"]
+    quiet = quiet and machine["others_share"] <= machine["others_limit"] == 0.1
+    assert machine["trustworthy"] == quiet
     said = "timings NOT trustworthy" in result["verdict"]
     assert said == (not machine["trustworthy"])
 
 
+def _sample(load: float, busy: float, own: float, clock: float, cores: int = 2) -> dict:
+    return {
+        "load_average": [load, 0.0, 0.0],
+        "cores": cores,
+        "busy_s": busy,
+        "own_s": own,
+        "clock_s": clock,
+    }
+
+
 @pytest.mark.parametrize(
-    "before, after, cores, trusted",
-    [(0.2, 0.9, 2, True), (0.2, 1.1, 2, False), (3.0, 0.1, 4, False), (math.nan, 0.1, 2, False)],
-    ids=["quiet", "busy-after", "busy-before", "unknown"],
+    "before, after, trusted, others",
+    [
+        # 10 s on 2 cores: the timings used 9 CPU seconds, others 1 of 20 (5%)
+        (_sample(0.2, 100.0, 5.0, 0.0), _sample(1.9, 110.0, 14.0, 10.0), True, 0.05),
+        # the same, with another job taking 3 CPU seconds (15%)
+        (_sample(0.2, 100.0, 5.0, 0.0), _sample(1.9, 112.0, 14.0, 10.0), False, 0.15),
+        # busy before the timings
+        (_sample(1.5, 100.0, 5.0, 0.0), _sample(1.9, 109.0, 14.0, 10.0), False, 0.0),
+        # unknown machine time (no /proc/stat)
+        (_sample(0.2, math.nan, 5.0, 0.0), _sample(0.2, math.nan, 14.0, 10.0), False, math.nan),
+    ],
+    ids=["quiet", "another-job", "busy-before", "unknown"],
 )
-def test_quiet_means_the_one_minute_load_at_most_half_the_cores(before, after, cores, trusted):
+def test_quiet_means_a_low_load_before_and_little_cpu_for_others_during(
+    before, after, trusted, others
+):
     from qkv.lab.parallelism import _quiet
 
-    machine = _quiet(
-        {"load_average": [before, 0.0, 0.0], "cores": cores},
-        {"load_average": [after, 0.0, 0.0], "cores": cores},
-    )
+    machine = _quiet(before, after)
     assert machine["trustworthy"] is trusted
-    assert machine["limit"] == 0.5 * cores
+    assert machine["limit"] == 0.5 * before["cores"]
+    if math.isnan(others):
+        assert math.isnan(machine["others_share"])
+    else:
+        assert machine["others_share"] == pytest.approx(others)
+
+
+def test_machine_load_reads_this_processes_cpu_time():
+    from qkv.lab.parallelism import machine_load
+
+    first = machine_load()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 s of this process's CPU
+        pass
+    second = machine_load()
+    assert second["own_s"] - first["own_s"] >= 0.19
+    assert second["clock_s"] > first["clock_s"]
+    if not math.isnan(first["busy_s"]):  # the machine was busy at least as long as this
+        assert second["busy_s"] - first["busy_s"] >= 0.15
 
 
 def test_the_verdict_separates_chain_work_and_time(result, lab_out):
