@@ -21,6 +21,15 @@ def _float64(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
+def _product(dtype, rows, out, inp, bias, seed):
+    """Fresh activations ``(rows, inp)``, weights ``(out, inp)`` and a bias or none."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inp, generator=g).to(dtype)
+    w = torch.randn(out, inp, generator=g).to(dtype)
+    b = torch.randn(out, generator=g).to(dtype) if bias else None
+    return x, w, b
+
+
 @needs_kernel
 @settings(max_examples=40, deadline=None)
 @given(
@@ -32,10 +41,7 @@ def _float64(x, w, b):
 )
 def test_bfloat16_equals_float64_on_every_shape(rows, out, inp, bias, seed):
     """Whole blocks of 64 and 16 inputs, a tail, any number of outputs, one to four rows."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, inp, generator=g).bfloat16()
-    w = torch.randn(out, inp, generator=g).bfloat16()
-    b = torch.randn(out, generator=g).bfloat16() if bias else None
+    x, w, b = _product(torch.bfloat16, rows, out, inp, bias, seed)
     assert matvec.supports(x, w, b)
     y = matvec.linear(x, w, b)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, out)
@@ -59,10 +65,7 @@ def test_bfloat16_equals_float64_on_every_shape(rows, out, inp, bias, seed):
 def test_float32_equals_float64_on_every_shape(rows, out, inp, bias, seed):
     """Float32 sums of float32 products: within what ``inp`` roundings of float32 allow
     (a bound on the error of any order of the sums), as torch's own product is."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, inp, generator=g)
-    w = torch.randn(out, inp, generator=g)
-    b = torch.randn(out, generator=g) if bias else None
+    x, w, b = _product(torch.float32, rows, out, inp, bias, seed)
     assert matvec.supports(x, w, b)
     y = matvec.linear(x, w, b)
     assert y.dtype == torch.float32 and y.shape == (rows, out)
