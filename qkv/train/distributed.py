@@ -45,6 +45,7 @@ class Dist:
     rank: int
     world_size: int
     device: torch.device
+    opened_group: bool = False  # this object joined the process group: close() leaves it
 
     @classmethod
     def from_env(cls, device: str = "auto") -> Dist:
@@ -58,9 +59,20 @@ class Dist:
             dev = torch.device("cuda", local)
         else:
             dev = torch.device("cpu")
-        if world > 1 and not td.is_initialized():
+        opened = world > 1 and not td.is_initialized()
+        if opened:
             td.init_process_group("nccl" if cuda else "gloo")
-        return cls(rank, world, dev)
+        return cls(rank, world, dev, opened)
+
+    def close(self) -> None:
+        """Leave the process group that :meth:`from_env` joined.
+
+        Left to the interpreter's exit, gloo's worker threads can still hold tensors that
+        they free after Python has begun to shut down, and the process aborts (SIGABRT).
+        """
+        if self.opened_group and td.is_initialized():
+            td.destroy_process_group()
+            self.opened_group = False
 
     @property
     def is_main(self) -> bool:

@@ -337,6 +337,14 @@ def _train(recipe: Recipe, resume: bool, progress: bool) -> TrainResult:
         raise ConfigError(f"train.device: {err}") from None
     except LaunchError as err:
         raise ConfigError(f"the environment: {err}") from None
+    try:
+        return _train_in(recipe, dist, resume, progress)
+    finally:
+        dist.close()
+
+
+def _train_in(recipe: Recipe, dist: Dist, resume: bool, progress: bool) -> TrainResult:
+    cfg = recipe.train
     check_out_dir(recipe.out_dir)
     torch.set_num_threads(cfg.threads or _threads_for_this_machine())
     out = recipe.out_dir

@@ -149,8 +149,11 @@ def test_ring_attention_matches_one_process_forward_and_backward(world, rings):
             ring = max(row["ring"][j] for row in rows)
             if case[1] == torch.float32:  # torch.testing's float32 tolerance
                 allowed = 1e-5 + 1.3e-6 * top[j]
-            else:  # twice the error of one process in the same dtype
-                allowed = 2 * single[j]
+            else:  # twice one process's error in the same dtype, or torch.testing's
+                # bfloat16 rtol of the largest value: over 480 rings (160 seeds) the ring's
+                # error reached 3.0x one process's and 1.16e-2 of the largest value,
+                # one process's own error 1.18e-2
+                allowed = max(2 * single[j], 1.6e-2 * top[j])
             if not ring <= allowed:
                 failures.append(f"{rows[0]['case']} {name}: {ring:.3g} > {allowed:.3g}")
     assert failures == [], f"seed {seed}: {failures}"

@@ -37,7 +37,8 @@ def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) ->
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the first lines hold a failed rank's own message, the last ones torchrun's summary
+    assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-1500:]
     return proc.stdout
 
 
