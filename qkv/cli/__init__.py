@@ -228,6 +228,12 @@ def _add_lab(sub) -> None:
     lab.add_argument("name", help="one of: " + ", ".join(_LABS))
     lab.add_argument("--quick", action="store_true", help="a small setting: seconds to a minute")
     lab.add_argument("--out", default=None, help="output folder (default runs/lab/NAME)")
+    lab.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="trainings at once, one process and one thread each (default 1)",
+    )
 
 
 def _add_bench(sub) -> None:

@@ -1,4 +1,8 @@
-"""``qkv lab NAME [--quick] [--out DIR]``: run one experiment and print its table."""
+"""``qkv lab NAME [--quick] [--out DIR] [--jobs N]``: run one experiment and print its table.
+
+Run again with the same ``--out``, an experiment continues its trainings where they
+stopped (:mod:`qkv.lab.training`); ``--jobs N`` trains N of them at once.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,22 @@ from pathlib import Path
 from qkv.errors import CorpusError, UserError
 from qkv.lab import EXPERIMENTS, run_experiment, table
 from qkv.lab.common import print_table, progress_bars
+from qkv.lab.training import parallel_trainings
 
 __all__ = ["run_cli"]
 
 
 def run_cli(args) -> int:
-    """``qkv lab NAME [--quick] [--out DIR]``."""
+    """``qkv lab NAME [--quick] [--out DIR] [--jobs N]``."""
     name = args.name.replace("_", "-")
     if name not in EXPERIMENTS:
         raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(EXPERIMENTS)}")
+    if args.jobs < 1:
+        raise UserError(f"--jobs: at least 1 training at a time, got {args.jobs}")
     out = Path(args.out) if args.out else Path("runs/lab") / name
     try:
-        with progress_bars():  # a bar per trained model: the full runs train for minutes
+        # a bar per trained model: the full runs train for hours
+        with progress_bars(), parallel_trainings(args.jobs):
             run = run_experiment(name, out, quick=args.quick)
     except (FileNotFoundError, CorpusError) as err:  # a corpus missing or unusable
         raise UserError(str(err)) from None

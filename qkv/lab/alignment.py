@@ -64,8 +64,10 @@ from qkv.lab.common import (
 from qkv.lab.stats import Interval, apart, bootstrap_bleu, bootstrap_ratio, separated
 from qkv.lab.training import (
     MODEL_FAMILIES,
+    TrainJob,
+    by_model,
     curve_figure,
-    train_model,
+    train_models,
     until_converged,
     write_toy_corpus,
 )
@@ -552,21 +554,24 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
         ),
     }
     sources, refs = [s for s, _ in test], [r for _, r in test]
-    models, trained, results = {}, {}, {}
+    models, results = {}, {}
     for name in t.models:
         width = t.transformer_width if name == "transformer" else t.width
         models[name] = {**MODEL_FAMILIES[name](width, t.embed), "dropout": t.dropout}
-        trained[name] = [
-            train_model(
-                f"{direction}-{name}-seed{seed}",
-                models[name],
-                data,
-                out / "models-tatoeba",
-                {**optim, "seed": seed},
-                tokenizer=tokenizer,
-            )
-            for seed in t.seeds
-        ]
+    jobs = [
+        TrainJob(
+            f"{direction}-{name}-seed{seed}",
+            models[name],
+            data,
+            out / "models-tatoeba",
+            {**optim, "seed": seed},
+            tokenizer=tokenizer,
+        )
+        for name in t.models
+        for seed in t.seeds
+    ]
+    trained = by_model(train_models(jobs), t.models, t.seeds)
+    for name in t.models:
         hyps = [
             [o[0].text for o in translate_texts(tr.model, tr.src_tok, tr.tgt_tok, sources)]
             for tr in trained[name]
@@ -662,16 +667,17 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]
             valid_bleu_sentences=setting.valid_bleu_sentences,
         ),
     }
-    models, trained, results = {}, {}, {}
+    models, results = {}, {}
     for name in setting.models:
         width = setting.transformer_width if name == "transformer" else setting.width
         models[name] = MODEL_FAMILIES[name](width, setting.embed)
-        trained[name] = [
-            train_model(
-                f"{name}-seed{seed}", models[name], data, out / "models", {**optim, "seed": seed}
-            )
-            for seed in setting.seeds
-        ]
+    jobs = [
+        TrainJob(f"{name}-seed{seed}", models[name], data, out / "models", {**optim, "seed": seed})
+        for name in setting.models
+        for seed in setting.seeds
+    ]
+    trained = by_model(train_models(jobs), setting.models, setting.seeds)
+    for name in setting.models:
         scored = [score_maps(tr, splits["valid"], splits["test"]) for tr in trained[name]]
         intervals = {
             key: _aer_interval(

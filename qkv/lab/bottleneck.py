@@ -65,10 +65,12 @@ from qkv.lab.stats import (
 )
 from qkv.lab.training import (
     MODEL_FAMILIES,
+    TrainJob,
+    by_model,
     count_parameters,
     curve_figure,
     match_width,
-    train_model,
+    train_models,
     until_converged,
     vocab_sizes,
     write_toy_corpus,
@@ -353,13 +355,15 @@ def _train_all(
     models: dict, data, out: Path, optim: dict, seeds, test, buckets, resamples: int, **kw
 ) -> dict:
     """Train each model with each seed and score its greedy translations of ``test``."""
+    jobs = [
+        TrainJob(f"{name}-seed{seed}", model, data, out, {**optim, "seed": seed}, **kw)
+        for name, model in models.items()
+        for seed in seeds
+    ]
+    trained = by_model(train_models(jobs), models, seeds)
     results = {}
-    for name, model in models.items():
-        trained = [
-            train_model(f"{name}-seed{seed}", model, data, out, {**optim, "seed": seed}, **kw)
-            for seed in seeds
-        ]
-        results[name] = _evaluate(trained, *test, buckets, resamples)
+    for name in models:
+        results[name] = _evaluate(trained[name], *test, buckets, resamples)
         log.info(
             "%s: %s steps, BLEU %s, drop %s",
             name,

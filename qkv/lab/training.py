@@ -10,6 +10,13 @@ validation BLEU (or, at equal BLEU, loss), with a generous step cap and no wall-
 budget; the best evaluation's checkpoint is the model scored. :class:`Trained` reports the
 steps, the time, why it stopped and the validation curve (from the run's ``log.jsonl``),
 which :func:`curve_figure` draws.
+
+A lab training continues what its folder holds: an experiment stopped after hours (a
+kill, a reboot) is run again with the same command and ``--out``, its finished trainings
+are loaded as they are and the interrupted one resumes from its last checkpoint (saved at
+every evaluation), exactly as the uninterrupted training would have gone on.
+:func:`train_models` trains the independent trainings of an experiment in
+``parallel_trainings(N)`` processes at once (``qkv lab NAME --jobs N``), one thread each.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +36,7 @@ from torch import nn
 
 from qkv.data.tokenizers import tokenizer_from_json, train_tokenizers
 from qkv.data.toy import ToyPair, make_splits
+from qkv.errors import CheckpointError
 from qkv.lab import common
 from qkv.lab.common import progress_bars
 from qkv.models.checkpoint import build_model, load_checkpoint
@@ -36,13 +46,18 @@ from qkv.train.recipe import recipe_from_dict
 
 __all__ = [
     "MODEL_FAMILIES",
+    "TrainJob",
     "Trained",
+    "by_model",
     "count_parameters",
     "curve_figure",
     "match_width",
+    "parallel_trainings",
     "progress_bars",
     "read_curve",
     "train_model",
+    "train_models",
+    "training_bars",
     "until_converged",
     "vocab_sizes",
     "write_toy_corpus",
@@ -53,21 +68,39 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 
 
+_PROCESSES = {"trainings": 1}  # how many trainings train_models runs at once
+
+
 @contextlib.contextmanager
-def _training_bar(name: str, out_dir: Path, max_seconds: float) -> Iterator[None]:
-    """A bar that follows the run's ``log.jsonl`` (step, loss, seconds of its time budget)
-    from a second thread while the block trains; nothing unless :func:`progress_bars`."""
+def parallel_trainings(processes: int) -> Iterator[None]:
+    """Inside this block :func:`train_models` trains up to ``processes`` models at once."""
+    if processes < 1:
+        raise ValueError(f"parallel trainings: at least 1 process, got {processes}")
+    before = _PROCESSES["trainings"]
+    _PROCESSES["trainings"] = processes
+    try:
+        yield
+    finally:
+        _PROCESSES["trainings"] = before
+
+
+@contextlib.contextmanager
+def training_bars(out_dirs: dict[str, Path]) -> Iterator[None]:
+    """A bar per run (name -> its folder) that follows its ``log.jsonl`` (step, loss,
+    seconds trained) from a second thread while the block trains; nothing unless
+    :func:`progress_bars`."""
     if not common.bars_shown():
         yield
         return
     stop = threading.Event()
-    with LogProgress({name: out_dir / "log.jsonl"}, {name: max_seconds}) as bars:
+    logs = {name: folder / "log.jsonl" for name, folder in out_dirs.items()}
+    with LogProgress(logs, dict.fromkeys(out_dirs, 0)) as bars:
 
         def follow() -> None:
             while not stop.wait(0.5):
                 bars.refresh()
 
-        thread = threading.Thread(target=follow, name=f"bar-{name}", daemon=True)
+        thread = threading.Thread(target=follow, name="training-bars", daemon=True)
         thread.start()
         try:
             yield
@@ -194,7 +227,7 @@ class Trained:
 
     Attributes:
         steps: optimiser steps trained.
-        seconds: training time (validations included).
+        seconds: training time over every resume (validations included).
         parameters: the model's parameter count.
         best_step: the step of the checkpoint loaded (the best validation).
         stopped: why training ended ("patience ...", "step cap", "time budget").
@@ -248,6 +281,8 @@ def read_curve(log_file: Path) -> list[dict[str, float]]:
 
 def _why_stopped(result, patience: int) -> str:
     if result.done_because:
+        if "train.steps" in result.done_because:  # a finished run, continued
+            return "step cap"
         if "patience" in result.done_because:
             return f"patience: {patience} evaluations without improvement"
         if "max_seconds" in result.done_because:
@@ -273,18 +308,11 @@ def curve_figure(curves: dict[str, list[dict[str, float]]], path: Path, title: s
     return common.save_figure(fig, path)
 
 
-def train_model(
-    name: str,
-    model: dict[str, Any],
-    data: Path | dict[str, Any],
-    out: Path,
-    optim: dict[str, Any],
-    *,
-    tokenizer: dict[str, Any] | None = None,
-) -> Trained:
-    """Train ``model`` with :func:`qkv.train.loop.train`; load the result.
+@dataclass(frozen=True)
+class TrainJob:
+    """One lab training: the arguments of :func:`train_model`.
 
-    Args:
+    Attributes:
         name: the run's name (its folder under ``out``).
         model: a recipe's model section.
         data: a folder with ``{train,valid,test}.{ko,en}``, or a recipe's data section.
@@ -292,26 +320,80 @@ def train_model(
         optim: the recipe's train section (threads, device and evaluation are fixed here).
         tokenizer: a recipe's tokenizer section (default ``{"kind": "word"}``).
     """
-    recipe = recipe_from_dict(
-        {
-            "name": name,
-            "out": str(out / name),
-            "data": data if isinstance(data, dict) else _data_section(data),
-            "tokenizer": tokenizer or {"kind": "word"},
-            "model": model,
-            "train": {
-                "eval_every": 1_000_000,
-                "save_every": 1_000_000,
-                "valid_bleu_sentences": 0,
-                "device": "cpu",
-                "threads": 1,
-                **optim,
-            },
-        }
-    )
-    log.info("training %s", name)
-    with _training_bar(name, recipe.out_dir, recipe.train.max_seconds):
-        result = train(recipe, progress=False)
+
+    name: str
+    model: dict[str, Any]
+    data: Path | dict[str, Any]
+    out: Path
+    optim: dict[str, Any]
+    tokenizer: dict[str, Any] | None = field(default=None)
+
+    def recipe(self):
+        return recipe_from_dict(
+            {
+                "name": self.name,
+                "out": str(self.out / self.name),
+                "data": self.data if isinstance(self.data, dict) else _data_section(self.data),
+                "tokenizer": self.tokenizer or {"kind": "word"},
+                "model": self.model,
+                "train": {
+                    "eval_every": 1_000_000,
+                    "save_every": 1_000_000,
+                    "valid_bleu_sentences": 0,
+                    "device": "cpu",
+                    "threads": 1,
+                    **self.optim,
+                },
+            }
+        )
+
+
+def _continue(recipe):
+    """Train ``recipe`` on from what its folder holds (a finished run trains nothing); a
+    folder of other data or another model (the experiment's setting changed) starts over."""
+    try:
+        return train(recipe, resume=True, progress=False)
+    except CheckpointError as err:
+        log.warning("%s; training %s from the start", err, recipe.name)
+        return train(recipe, resume=False, progress=False)
+
+
+def _train_job(job: TrainJob) -> None:
+    """A worker process's part of :func:`train_models`."""
+    logging.basicConfig(level=logging.WARNING)
+    _continue(job.recipe())
+
+
+def train_models(jobs: list[TrainJob]) -> list[Trained]:
+    """Train every job (up to ``parallel_trainings`` at once, each in its own process);
+    the trained models in the order of ``jobs``."""
+    processes = min(_PROCESSES["trainings"], len(jobs))
+    if processes > 1:
+        log.info("training %d models, %d at a time", len(jobs), processes)
+        folders = {job.name: job.out / job.name for job in jobs}
+        spawn = multiprocessing.get_context("spawn")  # no copy of this process's threads
+        with (
+            training_bars(folders),
+            ProcessPoolExecutor(processes, mp_context=spawn) as pool,
+        ):
+            list(pool.map(_train_job, jobs))  # re-raises a worker's error
+    return [train_model(job) for job in jobs]  # loads what the workers trained
+
+
+def by_model(trained: list[Trained], names, seeds) -> dict[str, list[Trained]]:
+    """The models that :func:`train_models` trained for jobs made name after name, seed
+    after seed: ``name -> [one per seed]``."""
+    it = iter(trained)
+    return {name: [next(it) for _ in seeds] for name in names}
+
+
+def train_model(job: TrainJob) -> Trained:
+    """Train ``job`` with :func:`qkv.train.loop.train`, continuing what its folder holds;
+    load the best evaluation's checkpoint."""
+    recipe = job.recipe()
+    log.info("training %s", job.name)
+    with training_bars({job.name: recipe.out_dir}):
+        result = _continue(recipe)
     best = recipe.out_dir / "best.safetensors"
     ckpt = load_checkpoint(best if best.is_file() else recipe.out_dir / "last.safetensors")
     ckpt.model.eval()
@@ -321,7 +403,7 @@ def train_model(
         tokenizer_from_json(ckpt.tokenizers["src"]),
         tokenizer_from_json(ckpt.tokenizers["tgt"]),
         result.steps,
-        result.seconds,
+        result.trained_seconds,
         n,
         best_step=result.best_step,
         stopped=_why_stopped(result, recipe.train.patience),

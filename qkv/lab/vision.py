@@ -42,7 +42,7 @@ from torch import Tensor
 
 from qkv.data.digits import Digits, load_digit_splits
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, seed_all
-from qkv.lab.training import _training_bar
+from qkv.lab.training import training_bars
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.classify import predict
 from qkv.train.loop import train
@@ -224,7 +224,7 @@ def _train(name: str, model: dict[str, Any], setting: Setting, seed: int, out: P
         }
     )
     log.info("training %s", name)
-    with _training_bar(name, folder, 0.0):
+    with training_bars({name: folder}):
         result = train(recipe, progress=False)
     ckpt = load_checkpoint(folder / "best.safetensors", training_state=False)
     model_ = ckpt.model.eval()

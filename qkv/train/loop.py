@@ -127,6 +127,7 @@ class TrainResult:
     already_done: bool = False  # resumed a finished run: nothing was trained
     done_because: str = ""  # why it was finished, or stopped before train.steps
     first_step: int = 0  # where this process started: a resumed run's checkpoint step
+    trained_seconds: float = 0.0  # the whole run's training time (every resume) at its end
 
 
 @dataclass
@@ -386,6 +387,7 @@ def _train_in(recipe: Recipe, dist: Dist, resume: bool, progress: bool) -> Train
                 0.0,
                 already_done=True,
                 done_because=done,
+                trained_seconds=state.seconds,
             )
     before, started = state.seconds, time.perf_counter()
     clock = (lambda: before + time.perf_counter() - started) if dist.world_size == 1 else None
@@ -611,4 +613,5 @@ class _Loop:
             if st.step < self.cfg.steps
             else "",
             first_step=self.first_step,
+            trained_seconds=st.seconds,  # as the last checkpoint holds it
         )

@@ -8,8 +8,12 @@ import pytest
 
 from qkv.lab.training import (
     MODEL_FAMILIES,
+    TrainJob,
+    parallel_trainings,
     progress_bars,
     train_model,
+    train_models,
+    until_converged,
     write_toy_corpus,
 )
 
@@ -19,7 +23,16 @@ def _train(tmp_path, steps: int):
     write_toy_corpus(data, (60, 10, 10), 2, 5, seed=0)
     model = MODEL_FAMILIES["rnn-none"](16, 8)
     optim = {"steps": steps, "max_tokens": 200, "lr": 1e-3, "warmup": 1, "seed": 0}
-    return train_model("rnn-none", model, data, tmp_path / "models", optim)
+    return train_model(TrainJob("rnn-none", model, data, tmp_path / "models", optim))
+
+
+def _converging(tmp_path, name: str, step_cap: int, seed: int = 0, width: int = 16) -> TrainJob:
+    data = tmp_path / "data"
+    if not data.is_dir():
+        write_toy_corpus(data, (60, 10, 10), 2, 5, seed=0)
+    optim = {"max_tokens": 200, "lr": 3e-3, "warmup": 1, "seed": seed}
+    optim |= until_converged(eval_every=2, patience=50, step_cap=step_cap, valid_bleu_sentences=5)
+    return TrainJob(name, MODEL_FAMILIES["rnn-none"](width, 8), data, tmp_path / "models", optim)
 
 
 def test_qkv_lab_shows_a_bar_per_trained_model(tmp_path, capsys):
@@ -39,19 +52,22 @@ def test_the_command_line_turns_the_bars_on(monkeypatch, tmp_path):
     import qkv.cli.lab
     import qkv.lab
     from qkv.cli import main
-    from qkv.lab import common
+    from qkv.lab import common, training
     from qkv.lab.common import LabRun
 
     seen = []
 
     def fake(name, out, *, quick):
-        seen.append(common._SHOW["bars"])
+        seen.append((common._SHOW["bars"], training._PROCESSES["trainings"]))
         return LabRun("gradients", True, {}, [0], {}, verdict="v")
 
     monkeypatch.setattr(qkv.cli.lab, "run_experiment", fake)  # the names the command calls
     monkeypatch.setattr(qkv.cli.lab, "table", lambda run: qkv.lab.Table("t", ["a"], []))
     assert main(["lab", "gradients", "--quick", "--out", str(tmp_path)]) == 0
-    assert seen == [True] and common._SHOW["bars"] is False
+    assert main(["lab", "gradients", "--quick", "--out", str(tmp_path), "--jobs", "2"]) == 0
+    assert seen == [(True, 1), (True, 2)] and common._SHOW["bars"] is False
+    assert training._PROCESSES["trainings"] == 1
+    assert main(["lab", "gradients", "--out", str(tmp_path), "--jobs", "0"]) == 2
 
 
 def test_the_long_measurements_show_a_bar_under_qkv_lab(capsys):
@@ -86,7 +102,7 @@ def test_a_lab_training_stops_on_the_validation_set_and_keeps_its_curve(tmp_path
     # lr 0: the model never improves after its first evaluation, so patience 2 stops at 3
     optim = {"max_tokens": 200, "lr": 1e-12, "warmup": 0, "seed": 0}
     optim |= until_converged(eval_every=2, patience=2, step_cap=1000, valid_bleu_sentences=5)
-    trained = train_model("rnn-none", model, data, tmp_path / "models", optim)
+    trained = train_model(TrainJob("rnn-none", model, data, tmp_path / "models", optim))
     assert trained.steps == 6 and trained.best_step == 2
     assert trained.stopped == "patience: 2 evaluations without improvement"
     assert [r["step"] for r in trained.curve] == [2, 4, 6]
@@ -96,3 +112,52 @@ def test_a_lab_training_stops_on_the_validation_set_and_keeps_its_curve(tmp_path
     pytest.importorskip("matplotlib", reason="the curve figure needs matplotlib")
     path = curve_figure({"rnn-none": trained.curve}, tmp_path / "curve.png", "toy")
     assert (tmp_path / "curve.png").stat().st_size > 1000 and path.endswith("curve.png")
+
+
+def _weights(trained) -> list:
+    return [p.detach().clone() for p in trained.model.parameters()]
+
+
+def test_a_lab_training_continues_what_its_folder_holds(tmp_path, caplog):
+    """The converged runs take hours: run again, an experiment loads its finished trainings
+    as they are and continues a stopped one from its last checkpoint, to the losses and
+    weights of the training that was never stopped; a folder of another model (the
+    setting changed) trains from the start, with a warning."""
+    import torch
+
+    straight = train_model(_converging(tmp_path, "straight", step_cap=8))
+    first = train_model(_converging(tmp_path, "stopped", step_cap=4))
+    assert first.steps == 4 and [r["step"] for r in first.curve] == [2, 4]
+    went_on = train_model(_converging(tmp_path, "stopped", step_cap=8))
+    assert went_on.steps == 8 and went_on.stopped == "step cap"
+    assert [r["valid_loss"] for r in went_on.curve] == [r["valid_loss"] for r in straight.curve]
+    for a, b in zip(_weights(went_on), _weights(straight), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert went_on.seconds > first.seconds  # the time of both processes
+    again = train_model(_converging(tmp_path, "stopped", step_cap=8))  # finished: loaded
+    assert (again.steps, again.seconds, again.curve) == (8, went_on.seconds, went_on.curve)
+    with caplog.at_level("WARNING"):
+        other = train_model(_converging(tmp_path, "stopped", step_cap=4, width=24))
+    assert other.steps == 4 and "training stopped from the start" in caplog.text
+    assert [r["step"] for r in other.curve] == [2, 4]
+
+
+def test_trainings_in_parallel_processes_equal_one_after_the_other(tmp_path):
+    """``qkv lab NAME --jobs 2``: each training in its own process, one thread each, gives
+    the models of the same trainings run one after the other, in the order of the jobs."""
+    import torch
+
+    jobs = [_converging(tmp_path / "one", f"seed{s}", step_cap=4, seed=s) for s in (0, 1, 2)]
+    alone = train_models(jobs)
+    with parallel_trainings(2):
+        together = train_models(
+            [_converging(tmp_path / "two", f"seed{s}", step_cap=4, seed=s) for s in (0, 1, 2)]
+        )
+    assert [t.steps for t in together] == [4, 4, 4]
+    for a, b in zip(alone, together, strict=True):
+        assert [r["valid_loss"] for r in a.curve] == [r["valid_loss"] for r in b.curve]
+        for x, y in zip(_weights(a), _weights(b), strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert _weights(alone[0])[0].ne(_weights(alone[1])[0]).any()  # the seeds differ
+    with pytest.raises(ValueError, match="at least 1"), parallel_trainings(0):
+        pass
