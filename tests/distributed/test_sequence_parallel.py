@@ -76,6 +76,7 @@ def _case(kind: str, group, world: int, seed: int) -> dict:
     return {
         "logits": (part_logits - logits[:, positions]).abs().max().item(),
         "loss": abs(part_loss.item() / world - loss.item()),
+        "loss_value": loss.item(),
         "grads": max((part_grads[n] - grads[n]).abs().max().item() for n in grads),
         "top_grad": max(g.abs().max().item() for g in grads.values()),
         "tokens": shard.ids.shape[1],
@@ -196,7 +197,9 @@ def test_a_split_sequence_gives_the_logits_and_gradients_of_one_process(kind, wo
     worst = {key: max(row[key] for row in rows) for key in ("logits", "loss", "grads")}
     top = rows[0]["top_grad"]
     assert worst["logits"] <= 1e-5, f"seed {seed}: {worst}"
-    assert worst["loss"] <= 1e-6, f"seed {seed}: {worst}"
+    # float32 means of the parts, summed over the ring: a few units in the last place (over
+    # 30 seeds the largest error was 1.5 units of a loss near 4)
+    assert worst["loss"] <= 4 * torch.finfo(torch.float32).eps * rows[0]["loss_value"], seed
     assert worst["grads"] <= 1e-5 + 1.3e-6 * top, f"seed {seed}: {worst}"
 
 
