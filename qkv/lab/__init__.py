@@ -1,10 +1,12 @@
 """The lab: experiments that measure each claim the attention story makes.
 
-``qkv lab NAME [--quick] [--out DIR]`` runs one experiment, writes ``result.json`` (every
+``qkv lab NAME [--quick] [--out DIR] [--jobs N]`` runs one experiment, writes ``result.json`` (every
 number, the config, the seeds, the versions) and its figures into ``DIR`` (default
 ``runs/lab/NAME``) and prints a short table. ``--quick`` is a small setting that finishes in
 seconds to about a minute on two cores (``heads`` is the slowest) and is what the tests run;
-the claims themselves (``docs/claims.md``) come from full runs.
+the claims themselves (``docs/claims.md``) come from full runs. The translation
+experiments' trainings continue what ``DIR`` holds when run again, and ``--jobs N`` trains
+N of them at once (:mod:`qkv.lab.training`).
 
 =============  ==============================================================
 name           claim
