@@ -25,9 +25,12 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,9 +362,51 @@ def _continue(recipe):
 
 
 def _train_job(job: TrainJob) -> None:
-    """A worker process's part of :func:`train_models`."""
+    """A child process's training: one job, then the process ends. Should the lab
+    process die (killed), the child stops as on SIGTERM: it finishes its step and saves
+    it, so that no training goes on unseen and a new run continues from there."""
     logging.basicConfig(level=logging.WARNING)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     _continue(job.recipe())
+
+
+def _train_in_processes(jobs: list[TrainJob], processes: int) -> None:
+    """Each job in its own spawned process, ``processes`` at a time. A failed job stops
+    the others (they save their step on SIGTERM) and raises; so does an interrupt here."""
+    spawn = multiprocessing.get_context("spawn")  # no copy of this process's threads
+    waiting, running = list(jobs), []
+    try:
+        while waiting or running:
+            while waiting and len(running) < processes:
+                job = waiting.pop(0)
+                child = spawn.Process(target=_train_job, args=(job,), name=f"lab-{job.name}")
+                child.start()
+                running.append((job, child))
+            multiprocessing.connection.wait([child.sentinel for _, child in running])
+            for job, child in [r for r in running if not r[1].is_alive()]:
+                running.remove((job, child))
+                if child.exitcode != 0:
+                    raise RuntimeError(
+                        f"lab training {job.name} failed (exit code {child.exitcode}); run "
+                        f"again to continue it from {job.out / job.name}"
+                    )
+    except BaseException as err:  # the others save their step and stop
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C reaches them too: their own stop
+            for _, child in running:
+                child.join(timeout=30)
+        for _, child in running:
+            if child.is_alive():
+                child.terminate()  # SIGTERM: the trainer finishes the step and saves it
+        for _, child in running:
+            child.join()
+        raise
 
 
 def train_models(jobs: list[TrainJob]) -> list[Trained]:
@@ -370,14 +415,9 @@ def train_models(jobs: list[TrainJob]) -> list[Trained]:
     processes = min(_PROCESSES["trainings"], len(jobs))
     if processes > 1:
         log.info("training %d models, %d at a time", len(jobs), processes)
-        folders = {job.name: job.out / job.name for job in jobs}
-        spawn = multiprocessing.get_context("spawn")  # no copy of this process's threads
-        with (
-            training_bars(folders),
-            ProcessPoolExecutor(processes, mp_context=spawn) as pool,
-        ):
-            list(pool.map(_train_job, jobs))  # re-raises a worker's error
-    return [train_model(job) for job in jobs]  # loads what the workers trained
+        with training_bars({job.name: job.out / job.name for job in jobs}):
+            _train_in_processes(jobs, processes)
+    return [train_model(job) for job in jobs]  # loads what the processes trained
 
 
 def by_model(trained: list[Trained], names, seeds) -> dict[str, list[Trained]]:

@@ -161,3 +161,52 @@ def test_trainings_in_parallel_processes_equal_one_after_the_other(tmp_path):
     assert _weights(alone[0])[0].ne(_weights(alone[1])[0]).any()  # the seeds differ
     with pytest.raises(ValueError, match="at least 1"), parallel_trainings(0):
         pass
+
+
+_KILLED_LAB = """
+import sys
+from pathlib import Path
+from tests.lab.test_training import _converging
+from qkv.lab.training import parallel_trainings, train_models
+
+folder = Path(sys.argv[1])
+with parallel_trainings(2):
+    train_models([_converging(folder, f"seed{s}", step_cap=100_000, seed=s) for s in (0, 1)])
+"""
+
+
+def test_killing_the_lab_stops_its_trainings_and_keeps_their_steps(tmp_path):
+    """The lab process killed (``kill -9``) while two trainings run in their own processes:
+    each notices, finishes its step, saves it and ends; none trains on unseen beside a new
+    run, and the new run continues from the saved step."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from qkv.models.checkpoint import load_checkpoint
+
+    lab = subprocess.Popen([sys.executable, "-c", _KILLED_LAB, str(tmp_path)], cwd=os.getcwd())
+    logs = [tmp_path / "models" / f"seed{s}" / "log.jsonl" for s in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(f.is_file() and f.read_text().count("\n") >= 5 for f in logs):
+        assert time.monotonic() < deadline and lab.poll() is None, "the trainings never began"
+        time.sleep(0.2)
+    lab.send_signal(signal.SIGKILL)
+    lab.wait()
+    time.sleep(1.5)  # the children look for their parent every second
+    sizes = [f.stat().st_size for f in logs]
+    for _ in range(60):  # until both have saved and stopped (their logs stop growing)
+        time.sleep(1.0)
+        now = [f.stat().st_size for f in logs]
+        if now == sizes:
+            break
+        sizes = now
+    time.sleep(2.0)
+    assert [f.stat().st_size for f in logs] == sizes, "a training went on after the lab died"
+    for log_file in logs:
+        last_step = json.loads(log_file.read_text().splitlines()[-1])["step"]
+        saved = load_checkpoint(log_file.parent / "last.safetensors").extra["train"]["step"]
+        assert saved == last_step >= 5
