@@ -402,16 +402,27 @@ def _half_gradient_errors(shape, dtype, causal, mask=None):
     ours, plain = run("chunked", dtype), run("reference", dtype)
     names = ["out", "dq", "dk", "dv"]
     return {
-        n: tuple((x.double() - e).abs().max().item() for x in (o, p))
+        n: (*((x.double() - e).abs().max().item() for x in (o, p)), _rounding_noise(e, dtype))
         for n, o, p, e in zip(names, ours, plain, exact)
     }
 
 
+def _rounding_noise(exact: torch.Tensor, dtype: torch.dtype) -> float:
+    """FlashAttention's tests' allowance: twice what adding and subtracting 0.3 in ``dtype``
+    moves values of this size (a max over few elements can fall far under one rounding)."""
+    x = exact.to(dtype)
+    return 2 * ((x + 0.3 - 0.3).double() - x.double()).abs().max().item()
+
+
 def _assert_flash_rule(errors):
-    """FlashAttention's rule: the output within 2x, each gradient within 3x the error of
-    plain PyTorch math in the same dtype, both against float64."""
-    for name, (ours, plain) in errors.items():
-        assert ours <= (2 if name == "out" else 3) * plain, (name, ours, plain)
+    """FlashAttention's rule: the output within 2x the error of plain PyTorch math in the
+    same dtype plus the rounding noise of its values' size, as FlashAttention's tests
+    allow the forward (bf16, gqa-4: the output at 2.3x plain's error, 0.0068 against
+    0.0029, once in a full run); each gradient within 3x, without it (the noise is about
+    plain's error there, and the half-precision sums this guards against gave 3.6-4.7x)."""
+    for name, (ours, plain, noise) in errors.items():
+        allowed = 2 * plain + noise if name == "out" else 3 * plain
+        assert ours <= allowed, (name, ours, plain, noise)
 
 
 # (B, H, Hkv, Tq, Tk, D): odd lengths, calls that share keys (causal: one per block of 256
