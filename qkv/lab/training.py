@@ -16,7 +16,8 @@ kill, a reboot) is run again with the same command and ``--out``, its finished t
 are loaded as they are and the interrupted one resumes from its last checkpoint (saved at
 every evaluation), exactly as the uninterrupted training would have gone on.
 :func:`train_models` trains the independent trainings of an experiment in
-``parallel_trainings(N)`` processes at once (``qkv lab NAME --jobs N``), one thread each.
+``parallel_trainings(N)`` processes at once (``qkv lab NAME --jobs N``), one thread each
+(:mod:`qkv.lab.processes`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
-import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +38,7 @@ from qkv.data.toy import ToyPair, make_splits
 from qkv.errors import CheckpointError
 from qkv.lab import common
 from qkv.lab.common import progress_bars
+from qkv.lab.processes import run_in_processes
 from qkv.models.checkpoint import build_model, load_checkpoint
 from qkv.train.loop import train
 from qkv.train.progress import LogProgress
@@ -329,7 +326,7 @@ class TrainJob:
     data: Path | dict[str, Any]
     out: Path
     optim: dict[str, Any]
-    tokenizer: dict[str, Any] | None = field(default=None)
+    tokenizer: dict[str, Any] | None = None
 
     def recipe(self):
         return recipe_from_dict(
@@ -362,51 +359,9 @@ def _continue(recipe):
 
 
 def _train_job(job: TrainJob) -> None:
-    """A child process's training: one job, then the process ends. Should the lab
-    process die (killed), the child stops as on SIGTERM: it finishes its step and saves
-    it, so that no training goes on unseen and a new run continues from there."""
+    """One job in a child process of :func:`train_models`."""
     logging.basicConfig(level=logging.WARNING)
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     _continue(job.recipe())
-
-
-def _train_in_processes(jobs: list[TrainJob], processes: int) -> None:
-    """Each job in its own spawned process, ``processes`` at a time. A failed job stops
-    the others (they save their step on SIGTERM) and raises; so does an interrupt here."""
-    spawn = multiprocessing.get_context("spawn")  # no copy of this process's threads
-    waiting, running = list(jobs), []
-    try:
-        while waiting or running:
-            while waiting and len(running) < processes:
-                job = waiting.pop(0)
-                child = spawn.Process(target=_train_job, args=(job,), name=f"lab-{job.name}")
-                child.start()
-                running.append((job, child))
-            multiprocessing.connection.wait([child.sentinel for _, child in running])
-            for job, child in [r for r in running if not r[1].is_alive()]:
-                running.remove((job, child))
-                if child.exitcode != 0:
-                    raise RuntimeError(
-                        f"lab training {job.name} failed (exit code {child.exitcode}); run "
-                        f"again to continue it from {job.out / job.name}"
-                    )
-    except BaseException as err:  # the others save their step and stop
-        if isinstance(err, KeyboardInterrupt):  # Ctrl-C reaches them too: their own stop
-            for _, child in running:
-                child.join(timeout=30)
-        for _, child in running:
-            if child.is_alive():
-                child.terminate()  # SIGTERM: the trainer finishes the step and saves it
-        for _, child in running:
-            child.join()
-        raise
 
 
 def train_models(jobs: list[TrainJob]) -> list[Trained]:
@@ -416,7 +371,7 @@ def train_models(jobs: list[TrainJob]) -> list[Trained]:
     if processes > 1:
         log.info("training %d models, %d at a time", len(jobs), processes)
         with training_bars({job.name: job.out / job.name for job in jobs}):
-            _train_in_processes(jobs, processes)
+            run_in_processes(_train_job, jobs, processes, [job.name for job in jobs])
     return [train_model(job) for job in jobs]  # loads what the processes trained
 
 
