@@ -1,7 +1,5 @@
 """``python -m qkv``: the command line."""
 
-import sys
+from qkv.cli import run
 
-from qkv.cli import main
-
-sys.exit(main())
+run()

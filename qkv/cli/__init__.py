@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from qkv import __version__
 from qkv.errors import UserError
@@ -291,6 +292,23 @@ def _add_sample(sub) -> None:
     )
     s.add_argument("--top-k", type=int, default=None, help="sample among the k most likely")
     s.add_argument("--seed", type=int, default=None, help="seed of the sampling (same text)")
+
+
+def run() -> NoReturn:
+    """The ``qkv`` command and ``python -m qkv``: :func:`main`, then exit with its code.
+
+    A process that torchrun started exits without the interpreter's finalization: gloo's
+    worker threads can drop their last reference to a collective's tensor after it has
+    begun, take the GIL of a finalizing interpreter and abort the process ("terminate
+    called without an active exception"). Its output is flushed first.
+    """
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

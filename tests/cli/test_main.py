@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +91,35 @@ def test_words_after_the_options_of_translate_are_sentences_and_options_stay_che
         with pytest.raises(SystemExit) as stop:
             _parse(build_parser(), argv)
         assert stop.value.code == 2
+
+
+def test_a_process_of_torchrun_exits_with_all_its_output_and_its_code(tmp_path):
+    """Under torchrun (WORLD_SIZE > 1) ``python -m qkv`` ends without the interpreter's
+    finalization: what it wrote to a pipe still arrives, and its exit code is main's."""
+    env = dict(os.environ, WORLD_SIZE="2")
+    ran = subprocess.run(
+        [sys.executable, "-m", "qkv", "walkthrough", "나는 너를 사랑해"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "사랑해" in ran.stdout and ran.stdout.endswith("\n")
+    plain = subprocess.run(
+        [sys.executable, "-m", "qkv", "walkthrough", "나는 너를 사랑해"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, WORLD_SIZE="1"),
+        timeout=120,
+    )
+    assert ran.stdout == plain.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "qkv", "train", str(tmp_path / "none.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr == f"qkv train: error: {tmp_path / 'none.yaml'}: no such config file\n"

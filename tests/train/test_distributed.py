@@ -35,7 +35,8 @@ def _train(config, out, *sets: str, processes: int = 1, resume: bool = False) ->
         *(a for s in sets for a in ("--set", s)),
         *(["--resume"] if resume else []),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # a rank that aborts prints where each of its Python threads was
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     # the first lines hold a failed rank's own message, the last ones torchrun's summary
     assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-1500:]
