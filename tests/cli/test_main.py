@@ -93,33 +93,20 @@ def test_words_after_the_options_of_translate_are_sentences_and_options_stay_che
         assert stop.value.code == 2
 
 
+def _python_m_qkv(*args: str, world_size: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WORLD_SIZE=world_size)
+    cmd = [sys.executable, "-m", "qkv", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
 def test_a_process_of_torchrun_exits_with_all_its_output_and_its_code(tmp_path):
     """Under torchrun (WORLD_SIZE > 1) ``python -m qkv`` ends without the interpreter's
     finalization: what it wrote to a pipe still arrives, and its exit code is main's."""
-    env = dict(os.environ, WORLD_SIZE="2")
-    ran = subprocess.run(
-        [sys.executable, "-m", "qkv", "walkthrough", "나는 너를 사랑해"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    ran = _python_m_qkv("walkthrough", "나는 너를 사랑해", world_size="2")
     assert ran.returncode == 0, ran.stderr
     assert "사랑해" in ran.stdout and ran.stdout.endswith("\n")
-    plain = subprocess.run(
-        [sys.executable, "-m", "qkv", "walkthrough", "나는 너를 사랑해"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, WORLD_SIZE="1"),
-        timeout=120,
-    )
+    plain = _python_m_qkv("walkthrough", "나는 너를 사랑해", world_size="1")
     assert ran.stdout == plain.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "qkv", "train", str(tmp_path / "none.yaml")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    bad = _python_m_qkv("train", str(tmp_path / "none.yaml"), world_size="2")
     assert bad.returncode == 2
     assert bad.stderr == f"qkv train: error: {tmp_path / 'none.yaml'}: no such config file\n"
