@@ -235,6 +235,12 @@ def _add_lab(sub) -> None:
         default=1,
         help="trainings at once, one process and one thread each (default 1)",
     )
+    lab.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the trainings run (default cpu); the models are scored on the CPU",
+    )
 
 
 def _add_bench(sub) -> None:

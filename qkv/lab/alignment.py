@@ -56,6 +56,7 @@ from qkv.lab.common import (
     LabRun,
     Table,
     corpus_folder,
+    finished_part,
     fonts_for,
     new_figure,
     save_figure,
@@ -229,8 +230,8 @@ FULL = Setting(
     width=128,
     transformer_width=128,
     step_cap=100_000,
-    eval_every=500,
-    patience=10,
+    eval_every=250,
+    patience=8,
     valid_bleu_sentences=200,
     max_tokens=2000,
     lr=3e-3,
@@ -740,11 +741,16 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     """Train the models, score their attention against the gold alignment, draw heatmaps."""
     setting = QUICK if quick else FULL
     seed_all(setting.seed)
-    results, base, figures, config = _toy_part(out, setting)
+    toy_setting = {k: v for k, v in asdict(setting).items() if k != "tatoeba"}
+    results, base, figures, config = finished_part(
+        out, "toy", toy_setting, lambda: _toy_part(out, setting)
+    )
     if setting.tatoeba is None:
         tatoeba = {"skipped": "the quick setting runs the toy part only"}
     else:
-        tatoeba = tatoeba_part(out, setting.tatoeba)
+        tatoeba = finished_part(
+            out, "tatoeba", asdict(setting.tatoeba), lambda: tatoeba_part(out, setting.tatoeba)
+        )
     figures += tatoeba.get("figures", [])
     text = f"toy: {verdict(results, base)}"
     if "directions" in tatoeba:

@@ -40,6 +40,7 @@ __all__ = [
     "Table",
     "check_writable",
     "corpus_folder",
+    "finished_part",
     "fonts_for",
     "num_threads",
     "new_figure",
@@ -307,6 +308,59 @@ def fonts_for(texts: list[str]) -> Iterator[None]:
 
     with matplotlib.rc_context({"font.family": font_chain(texts)}):
         yield
+
+
+def _json_value(value: Any) -> Any:
+    """What ``json.dumps`` cannot write, as :func:`_clean` writes it; floats stay floats
+    (NaN included), so a part reads back as the numbers it computed."""
+    if isinstance(value, float):
+        return value
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic, set, frozenset, Path)):
+        return _clean(value)
+    raise TypeError(f"a lab part's results cannot hold {type(value).__name__}")
+
+
+def finished_part(out: Path, name: str, setting: Any, compute: Callable[[], Any]) -> Any:
+    """A part of an experiment (the toy corpus, a real corpus), computed once per setting.
+
+    A full run's parts train for hours each. When a part finishes, its results, the
+    setting they were computed with and the figures it drew are kept in
+    ``out/parts/NAME/``; a later run with the same setting (on this machine, or on another
+    that the folder was copied to) takes them from there instead of training again, and a
+    run of another setting computes the part again. The results come back as JSON gives
+    them (lists for tuples), both when computed and when read.
+    """
+    folder = out / "parts" / name
+    saved_file = folder / "part.json"
+    key = json.loads(json.dumps(setting, default=_json_value))
+    if saved_file.is_file():
+        saved = json.loads(saved_file.read_text(encoding="utf-8"))
+        if saved.get("setting") == key:
+            log.info("%s: the part %s finished before; its results are in %s", out, name, folder)
+            for figure in saved["figures"]:
+                _restage(folder / figure, out / figure)
+            return saved["results"]
+        log.warning("%s: part %s was computed with another setting; computing it again", out, name)
+    staged_before = set(_STAGED.get("names", ()))
+    results = json.loads(json.dumps(compute(), default=_json_value))
+    figures = [f for f in _STAGED.get("names", ()) if f not in staged_before]
+    folder.mkdir(parents=True, exist_ok=True)
+    for figure in figures:
+        shutil.copyfile(_STAGED["stage"] / figure, folder / figure)
+    doc = {"setting": key, "figures": figures, "results": results}
+    with writing(saved_file) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    return results
+
+
+def _restage(source: Path, path: Path) -> None:
+    """Put a kept figure where :func:`save_figure` would have saved it."""
+    target = path
+    if _STAGED and path.parent.resolve() == _STAGED["root"]:
+        target = _STAGED["stage"] / path.name
+        _STAGED["names"][path.name] = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
 
 
 def shared_data() -> Path:

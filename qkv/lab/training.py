@@ -17,12 +17,14 @@ are loaded as they are and the interrupted one resumes from its last checkpoint 
 every evaluation), exactly as the uninterrupted training would have gone on.
 :func:`train_models` trains the independent trainings of an experiment in
 ``parallel_trainings(N)`` processes at once (``qkv lab NAME --jobs N``), one thread each
-(:mod:`qkv.lab.processes`).
+(:mod:`qkv.lab.processes`), on the CPU or, with ``parallel_trainings(N, "cuda")``
+(``--device cuda``), on the GPU; the models are scored on the CPU either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -68,20 +70,24 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 
 
-_PROCESSES = {"trainings": 1}  # how many trainings train_models runs at once
+# how many trainings train_models runs at once, and on which device
+_PROCESSES: dict[str, Any] = {"trainings": 1, "device": "cpu"}
 
 
 @contextlib.contextmanager
-def parallel_trainings(processes: int) -> Iterator[None]:
-    """Inside this block :func:`train_models` trains up to ``processes`` models at once."""
+def parallel_trainings(processes: int, device: str = "cpu") -> Iterator[None]:
+    """Inside this block :func:`train_models` trains up to ``processes`` models at once,
+    on ``device`` ("cpu" or "cuda")."""
     if processes < 1:
         raise ValueError(f"parallel trainings: at least 1 process, got {processes}")
-    before = _PROCESSES["trainings"]
-    _PROCESSES["trainings"] = processes
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"parallel trainings: device 'cpu' or 'cuda', got {device!r}")
+    before = dict(_PROCESSES)
+    _PROCESSES.update(trainings=processes, device=device)
     try:
         yield
     finally:
-        _PROCESSES["trainings"] = before
+        _PROCESSES.update(before)
 
 
 @contextlib.contextmanager
@@ -319,6 +325,7 @@ class TrainJob:
         out: folder for the checkpoints.
         optim: the recipe's train section (threads, device and evaluation are fixed here).
         tokenizer: a recipe's tokenizer section (default ``{"kind": "word"}``).
+        device: where it trains ("cpu" or "cuda"; :func:`train_models` sets it).
     """
 
     name: str
@@ -327,6 +334,7 @@ class TrainJob:
     out: Path
     optim: dict[str, Any]
     tokenizer: dict[str, Any] | None = None
+    device: str = "cpu"
 
     def recipe(self):
         return recipe_from_dict(
@@ -340,7 +348,7 @@ class TrainJob:
                     "eval_every": 1_000_000,
                     "save_every": 1_000_000,
                     "valid_bleu_sentences": 0,
-                    "device": "cpu",
+                    "device": self.device,
                     "threads": 1,
                     **self.optim,
                 },
@@ -367,6 +375,7 @@ def _train_job(job: TrainJob) -> None:
 def train_models(jobs: list[TrainJob]) -> list[Trained]:
     """Train every job (up to ``parallel_trainings`` at once, each in its own process);
     the trained models in the order of ``jobs``."""
+    jobs = [dataclasses.replace(job, device=_PROCESSES["device"]) for job in jobs]
     processes = min(_PROCESSES["trainings"], len(jobs))
     if processes > 1:
         log.info("training %d models, %d at a time", len(jobs), processes)
