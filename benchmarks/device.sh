@@ -92,7 +92,9 @@ lab_translation() {  # both experiments at once; each one's results packed into 
             --jobs 12 --device "${LAB_DEVICE:-cuda}" >"runs/lab/$name.log" 2>&1 &
         pids+=($!)
     done
+    (sleep 120; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv; uptime) &
     for i in 0 1; do wait "${pids[$i]}" || status=1; done
+    sleep 8  # a training stopped by the time limit saves its step
     for name in bottleneck alignment; do
         echo "== $name"
         tail -n 25 "runs/lab/$name.log"
