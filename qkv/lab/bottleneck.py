@@ -195,10 +195,10 @@ FULL = Setting(
     reference_width=128,
     step_cap=40_000,
     eval_every=250,
-    patience=8,
+    patience=6,
     valid_bleu_sentences=300,
     max_tokens=3000,
-    lr=2e-3,
+    lr=3e-3,
     multi30k=MULTI30K,
 )
 
