@@ -341,3 +341,67 @@ def test_a_finished_run_publishes_its_figures_and_leaves_no_staging(tmp_path, mo
     assert run.figures == [str(tmp_path / "out" / "a.png")]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.png", "result.json"]
     assert (tmp_path / "out" / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _part_figure(out, name: str, shade: float) -> str:
+    from qkv.lab.common import new_figure, save_figure
+
+    fig = new_figure(1, 1)
+    fig.add_subplot().imshow([[shade]], vmin=0.0, vmax=1.0)
+    return save_figure(fig, out / name)
+
+
+def test_a_finished_part_is_taken_from_its_folder_with_its_figures(tmp_path):
+    """A part's results, setting and figures are kept when it finishes; a run of the same
+    setting (here in a copy of the folder, as on another machine) takes them without
+    computing, and a run of another setting computes the part again."""
+    import random
+    import shutil
+
+    from qkv.lab.common import finished_part, staged_figures
+
+    value = random.random()
+    calls = []
+
+    def compute(out, shade):
+        calls.append(shade)
+        figure = _part_figure(out, "part.png", shade)
+        return ({"bleu": (value, float("nan")), "n": 3}, [figure])
+
+    setting = {"buckets": ((2, 5), (6, 10)), "lr": 1e-3}
+    first = tmp_path / "first"
+    with staged_figures(first) as publish:
+        got = finished_part(first, "toy", setting, lambda: compute(first, 0.25))
+        publish()
+    assert calls == [0.25]
+    assert got[0]["bleu"][0] == value and got[0]["bleu"][1] != got[0]["bleu"][1]  # NaN kept
+    assert got[0]["n"] == 3 and got[1] == [str(first / "part.png")]
+    kept = (first / "parts" / "toy" / "part.png").read_bytes()
+    assert kept == (first / "part.png").read_bytes()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(first / "parts", copy / "parts")  # only the parts travel
+    with staged_figures(copy) as publish:
+        again = finished_part(copy, "toy", setting, lambda: compute(copy, 0.75))
+        publish()
+    assert calls == [0.25]  # not computed again
+    assert json.dumps(again[0]) == json.dumps(got[0])
+    assert (copy / "part.png").read_bytes() == kept
+
+    with staged_figures(copy) as publish:
+        finished_part(copy, "toy", {**setting, "lr": 2e-3}, lambda: compute(copy, 0.75))
+        publish()
+    assert calls == [0.25, 0.75]
+    assert (copy / "parts" / "toy" / "part.png").read_bytes() != kept
+
+
+def test_an_interrupted_part_keeps_nothing(tmp_path):
+    from qkv.lab.common import finished_part, staged_figures
+
+    def compute():
+        _part_figure(tmp_path, "half.png", 0.5)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), staged_figures(tmp_path):
+        finished_part(tmp_path, "toy", {"lr": 1e-3}, compute)
+    assert not (tmp_path / "parts").exists() and not (tmp_path / "half.png").exists()

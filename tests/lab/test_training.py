@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from qkv.lab.training import (
     MODEL_FAMILIES,
@@ -58,16 +59,51 @@ def test_the_command_line_turns_the_bars_on(monkeypatch, tmp_path):
     seen = []
 
     def fake(name, out, *, quick):
-        seen.append((common._SHOW["bars"], training._PROCESSES["trainings"]))
+        seen.append((common._SHOW["bars"], *training._PROCESSES.values()))
         return LabRun("gradients", True, {}, [0], {}, verdict="v")
 
     monkeypatch.setattr(qkv.cli.lab, "run_experiment", fake)  # the names the command calls
     monkeypatch.setattr(qkv.cli.lab, "table", lambda run: qkv.lab.Table("t", ["a"], []))
     assert main(["lab", "gradients", "--quick", "--out", str(tmp_path)]) == 0
     assert main(["lab", "gradients", "--quick", "--out", str(tmp_path), "--jobs", "2"]) == 0
-    assert seen == [(True, 1), (True, 2)] and common._SHOW["bars"] is False
-    assert training._PROCESSES["trainings"] == 1
+    assert seen == [(True, 1, "cpu"), (True, 2, "cpu")] and common._SHOW["bars"] is False
+    assert training._PROCESSES == {"trainings": 1, "device": "cpu"}
     assert main(["lab", "gradients", "--out", str(tmp_path), "--jobs", "0"]) == 2
+    monkeypatch.setattr(qkv.cli.lab.torch.cuda, "is_available", lambda: True)
+    assert main(["lab", "gradients", "--out", str(tmp_path), "--device", "cuda"]) == 0
+    assert seen[-1] == (True, 1, "cuda") and training._PROCESSES["device"] == "cpu"
+
+
+def test_lab_trainings_on_cuda_are_refused_in_one_line_where_torch_finds_no_gpu(
+    monkeypatch, tmp_path, capsys
+):
+    import qkv.cli.lab
+    from qkv.cli import main
+
+    monkeypatch.setattr(qkv.cli.lab.torch.cuda, "is_available", lambda: False)
+    assert main(["lab", "bottleneck", "--out", str(tmp_path), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"qkv lab: error: --device cuda: torch {torch.__version__} finds no CUDA device here"
+    ]
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"), parallel_trainings(1, "mps"):
+        pass
+
+
+def test_train_models_sends_its_device_to_every_training(monkeypatch, tmp_path):
+    """The jobs that train_models trains carry the device of parallel_trainings, which the
+    recipe of each training takes (a lab training ran on the CPU whatever was asked)."""
+    from qkv.lab import training
+
+    recipes = []
+    monkeypatch.setattr(training, "train_model", lambda job: recipes.append(job.recipe()))
+    jobs = [_converging(tmp_path, f"seed{s}", step_cap=2, seed=s) for s in (0, 1)]
+    with parallel_trainings(1, "cuda"):
+        train_models(jobs)
+    train_models(jobs)
+    assert [r.train.device for r in recipes] == ["cuda", "cuda", "cpu", "cpu"]
+    assert all(r.train.threads == 1 for r in recipes)
 
 
 def test_the_long_measurements_show_a_bar_under_qkv_lab(capsys):
