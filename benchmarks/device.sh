@@ -21,15 +21,6 @@
 # call of its own (at most 560 s): the chain and FLOPs, the CPU with 1 and 2 threads and
 # the GPU, each timed in a fresh process; result.json and the figure go to
 # $OUT/lab-parallelism. It is not among the default steps (they fill the 600 s of a call).
-#
-# `bash benchmarks/device.sh lab_translation` trains the translation experiments on the
-# GPU (`qkv lab bottleneck` and `qkv lab alignment`, docs/claims.md sections 1 and 6), both
-# at once, every training of each in its own process (`--jobs 12 --device cuda`), into
-# runs/lab/ on that machine for at most LAB_S seconds (default 540); a second call while
-# the machine is warm continues them. Each experiment's result.json, figures, training
-# logs and console log come back as $OUT/lab-NAME.tar.gz (the checkpoints stay there).
-# The corpora and the Hangul font travel in .labdata/ (ignored), which
-# `bash benchmarks/device.sh labdata` fills here from ../shared/data.
 set -u
 ONLY=" $* "
 OUT=${OUT:-/tmp/qkv-device}
@@ -74,34 +65,4 @@ step 30 half_masks env QKV_TEST_DEVICE="$device" "$PY" -m pytest -q -x -p no:cac
 TAIL_LINES=40 step 250 gpu "$PY" benchmarks/gpu.py "$OUT" --budget-s 200
 TAIL_LINES=40 step 560 lab_parallelism "$PY" -m qkv lab parallelism --out "$OUT/lab-parallelism"
 
-if [[ "$ONLY" == *" labdata "* ]]; then  # here, before the call: what lab_translation needs
-    rm -rf .labdata && mkdir -p .labdata/multi30k .labdata/ko-en .labdata/fonts
-    for f in train val test_2016_flickr; do cp ../shared/data/multi30k/$f.{de,en} .labdata/multi30k/; done
-    cp -r ../shared/data/ko-en/tatoeba .labdata/ko-en/
-    cp "$(fc-match -f '%{file}' NanumGothic)" .labdata/fonts/
-    du -sh .labdata
-fi
-
-lab_translation() {  # both experiments at once; each one's results packed into $OUT
-    mkdir -p ../shared runs/lab ~/.fonts
-    [ -e ../shared/data ] || ln -s "$PWD/.labdata" ../shared/data
-    cp .labdata/fonts/*.ttf ~/.fonts/
-    local name pids=()
-    for name in bottleneck alignment; do
-        timeout -s TERM "${LAB_S:-540}" "$PY" -m qkv lab "$name" --out "runs/lab/$name" \
-            --jobs 12 --device "${LAB_DEVICE:-cuda}" >"runs/lab/$name.log" 2>&1 &
-        pids+=($!)
-    done
-    (sleep 120; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv; uptime) &
-    for i in 0 1; do wait "${pids[$i]}" || status=1; done
-    sleep 8  # a training stopped by the time limit saves its step
-    for name in bottleneck alignment; do
-        echo "== $name"
-        tail -n 25 "runs/lab/$name.log"
-        tar -czf "$OUT/lab-$name.tar.gz" --exclude='*.safetensors' --exclude='*/data/*' \
-            -C runs/lab "$name" "$name.log"
-    done
-    nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv
-}
-if [[ "$ONLY" == *" lab_translation "* ]]; then lab_translation; fi
 exit $status
