@@ -78,7 +78,7 @@ from qkv.lab.training import (
     count_parameters,
     curve_figure,
     match_width,
-    train_models,
+    scored_trainings,
     until_converged,
     vocab_sizes,
     write_toy_corpus,
@@ -334,21 +334,28 @@ def relative_drop(
     return bootstrap(np.stack(counts), drop, resamples=resamples, seed=len(buckets))
 
 
-def _evaluate(trained: list, sources: list[str], refs: list[str], buckets, resamples: int) -> dict:
+def _translate(sources: list[str]):
+    """The score kept for each training: its greedy translations of the test sources."""
+
+    def score(trained) -> dict[str, Any]:
+        started = time.perf_counter()
+        outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
+        return {"hyps": [o[0].text for o in outs], "decode_seconds": time.perf_counter() - started}
+
+    return score
+
+
+def _evaluate(scored: list[dict], sources: list[str], refs: list[str], buckets, resamples) -> dict:
     """Scores of one model's trainings (one per seed) on the test set, by length."""
-    hyps = []
-    started = time.perf_counter()
-    for t in trained:
-        outs = translate_texts(t.model, t.src_tok, t.tgt_tok, sources)
-        hyps.append([o[0].text for o in outs])
-    decode = time.perf_counter() - started
+    hyps = [s["score"]["hyps"] for s in scored]
+    records = [s["training"] for s in scored]
     hits = np.array([[float(a == b) for a, b in zip(h, refs)] for h in hyps])
     return {
-        "parameters": trained[0].parameters,
-        "steps": t_interval([t.steps for t in trained]).as_dict(),
-        "train_seconds": t_interval([t.seconds for t in trained]).as_dict(),
-        "decode_seconds": decode,
-        "trainings": [t.record() for t in trained],
+        "parameters": records[0]["parameters"],
+        "steps": t_interval([r["steps"] for r in records]).as_dict(),
+        "train_seconds": t_interval([r["train_seconds"] for r in records]).as_dict(),
+        "decode_seconds": sum(s["score"]["decode_seconds"] for s in scored),
+        "trainings": records,
         "bleu_all": bootstrap_bleu(hyps, refs, resamples=resamples).as_dict(),
         "exact_match_all": bootstrap_ratio(hits, np.ones_like(hits), resamples=resamples).as_dict(),
         "buckets": bucket_scores(sources, hyps, refs, buckets, resamples=resamples),
@@ -362,16 +369,17 @@ def _evaluate(trained: list, sources: list[str], refs: list[str], buckets, resam
 def _train_all(
     models: dict, data, out: Path, optim: dict, seeds, test, buckets, resamples: int, **kw
 ) -> dict:
-    """Train each model with each seed and score its greedy translations of ``test``."""
+    """Train each model with each seed and score its greedy translations of ``test``
+    (each training's translations kept in its folder as soon as it has trained)."""
     jobs = [
         TrainJob(f"{name}-seed{seed}", model, data, out, {**optim, "seed": seed}, **kw)
         for name, model in models.items()
         for seed in seeds
     ]
-    trained = by_model(train_models(jobs), models, seeds)
+    scored = by_model(scored_trainings(jobs, _translate(test[0])), models, seeds)
     results = {}
     for name in models:
-        results[name] = _evaluate(trained[name], *test, buckets, resamples)
+        results[name] = _evaluate(scored[name], *test, buckets, resamples)
         log.info(
             "%s: %s steps, BLEU %s, drop %s",
             name,

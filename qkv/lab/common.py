@@ -42,6 +42,7 @@ __all__ = [
     "corpus_folder",
     "finished_part",
     "fonts_for",
+    "json_value",
     "num_threads",
     "new_figure",
     "print_table",
@@ -310,7 +311,7 @@ def fonts_for(texts: list[str]) -> Iterator[None]:
         yield
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """What ``json.dumps`` cannot write, as :func:`_clean` writes it; floats stay floats
     (NaN included), so a part reads back as the numbers it computed."""
     if isinstance(value, float):
@@ -332,7 +333,7 @@ def finished_part(out: Path, name: str, setting: Any, compute: Callable[[], Any]
     """
     folder = out / "parts" / name
     saved_file = folder / "part.json"
-    key = json.loads(json.dumps(setting, default=_json_value))
+    key = json.loads(json.dumps(setting, default=json_value))
     if saved_file.is_file():
         saved = json.loads(saved_file.read_text(encoding="utf-8"))
         if saved.get("setting") == key:
@@ -342,7 +343,7 @@ def finished_part(out: Path, name: str, setting: Any, compute: Callable[[], Any]
             return saved["results"]
         log.warning("%s: part %s was computed with another setting; computing it again", out, name)
     staged_before = set(_STAGED.get("names", ()))
-    results = json.loads(json.dumps(compute(), default=_json_value))
+    results = json.loads(json.dumps(compute(), default=json_value))
     figures = [f for f in _STAGED.get("names", ()) if f not in staged_before]
     folder.mkdir(parents=True, exist_ok=True)
     for figure in figures:

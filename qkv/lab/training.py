@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import threading
@@ -38,6 +39,7 @@ from torch import nn
 from qkv.data.tokenizers import tokenizer_from_json, train_tokenizers
 from qkv.data.toy import ToyPair, make_splits
 from qkv.errors import CheckpointError
+from qkv.files import writing
 from qkv.lab import common
 from qkv.lab.common import progress_bars
 from qkv.lab.processes import run_in_processes
@@ -57,6 +59,7 @@ __all__ = [
     "parallel_trainings",
     "progress_bars",
     "read_curve",
+    "scored_trainings",
     "train_model",
     "train_models",
     "training_bars",
@@ -372,16 +375,100 @@ def _train_job(job: TrainJob) -> None:
     _continue(job.recipe())
 
 
-def train_models(jobs: list[TrainJob]) -> list[Trained]:
+def _train_each(jobs: list[TrainJob], finished: Callable[[int], object]) -> None:
     """Train every job (up to ``parallel_trainings`` at once, each in its own process);
-    the trained models in the order of ``jobs``."""
-    jobs = [dataclasses.replace(job, device=_PROCESSES["device"]) for job in jobs]
+    ``finished(i)`` as soon as job ``i`` has trained."""
     processes = min(_PROCESSES["trainings"], len(jobs))
     if processes > 1:
         log.info("training %d models, %d at a time", len(jobs), processes)
         with training_bars({job.name: job.out / job.name for job in jobs}):
-            run_in_processes(_train_job, jobs, processes, [job.name for job in jobs])
-    return [train_model(job) for job in jobs]  # loads what the processes trained
+            run_in_processes(_train_job, jobs, processes, [job.name for job in jobs], finished)
+    else:
+        for i in range(len(jobs)):
+            finished(i)  # train_model in there trains it
+
+
+def _on_device(jobs: list[TrainJob]) -> list[TrainJob]:
+    return [dataclasses.replace(job, device=_PROCESSES["device"]) for job in jobs]
+
+
+def train_models(jobs: list[TrainJob]) -> list[Trained]:
+    """Train every job (up to ``parallel_trainings`` at once, each in its own process);
+    the trained models in the order of ``jobs``."""
+    jobs = _on_device(jobs)
+    trained: dict[int, Trained] = {}
+    _train_each(jobs, lambda i: trained.__setitem__(i, train_model(jobs[i])))
+    return [trained[i] for i in range(len(jobs))]
+
+
+SCORED = "scored.json"  # a finished training's record and score, in its folder
+
+
+def _data_key(data: Path | dict[str, Any]) -> dict[str, Any]:
+    """The data a training read, by content: its files' SHA-256 (paths differ between
+    machines) and the rest of its data section."""
+    section = _data_section(data) if isinstance(data, Path) else data
+    key = {}
+    for name, value in section.items():
+        if name in SPLITS:
+            files = value if isinstance(value, list) else [value]
+            key[name] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files]
+        else:
+            key[name] = value
+    return key
+
+
+def _job_key(job: TrainJob) -> dict[str, Any]:
+    """What a training's result depends on: model, data, training and tokenizer (not the
+    device, nor the folders)."""
+    key = {
+        "model": job.model,
+        "data": _data_key(job.data),
+        "optim": job.optim,
+        "tokenizer": job.tokenizer or {"kind": "word"},
+    }
+    return json.loads(json.dumps(key))
+
+
+def _kept(job: TrainJob, key: dict[str, Any]) -> dict[str, Any] | None:
+    path = job.out / job.name / SCORED
+    if not path.is_file():
+        return None
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    if kept.get("job") != key:
+        log.warning("%s holds another training's score; training %s again", path, job.name)
+        return None
+    return kept
+
+
+def scored_trainings(
+    jobs: list[TrainJob], score: Callable[[Trained], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Train every job and score each model as soon as it has trained: per job
+    ``{"training": Trained.record(), "score": score(trained)}``, in the order of ``jobs``.
+
+    Each is kept in the training's folder (``scored.json``, with what the training
+    depends on: model, data by content, training section, tokenizer), so that a job
+    whose folder holds one is neither trained nor loaded again: that file alone, copied
+    to another machine, stands for the finished training. A full run that cannot finish
+    in one sitting keeps every training that did.
+    """
+    jobs = _on_device(jobs)
+    keys = [_job_key(job) for job in jobs]
+    scored = {i: k for i, job in enumerate(jobs) if (k := _kept(job, keys[i])) is not None}
+    todo = [i for i in range(len(jobs)) if i not in scored]
+
+    def keep(k: int) -> None:
+        i = todo[k]
+        trained = train_model(jobs[i])
+        doc = {"job": keys[i], "training": trained.record(), "score": score(trained)}
+        doc = json.loads(json.dumps(doc, default=common.json_value))
+        with writing(jobs[i].out / jobs[i].name / SCORED) as tmp:
+            tmp.write_text(json.dumps(doc, ensure_ascii=False) + "\n", encoding="utf-8")
+        scored[i] = doc
+
+    _train_each([jobs[i] for i in todo], keep)
+    return [scored[i] for i in range(len(jobs))]
 
 
 def by_model(trained: list[Trained], names, seeds) -> dict[str, list[Trained]]:

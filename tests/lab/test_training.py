@@ -199,6 +199,44 @@ def test_trainings_in_parallel_processes_equal_one_after_the_other(tmp_path):
         pass
 
 
+def test_a_scored_training_stands_for_itself_on_another_machine(tmp_path, caplog):
+    """scored_trainings keeps each training's record and score in its folder; a run whose
+    folders hold only those files (no checkpoints, the data somewhere else with the same
+    content) neither trains nor loads, and a training of another recipe trains again."""
+    import shutil
+
+    from qkv.lab.training import SCORED, scored_trainings
+
+    scores = []
+
+    def score(trained):
+        scores.append(trained.steps)
+        return {"weights": sum(float(w.double().sum()) for w in _weights(trained))}
+
+    jobs = [_converging(tmp_path / "here", f"seed{s}", step_cap=4, seed=s) for s in (0, 1)]
+    with parallel_trainings(2):
+        first = scored_trainings(jobs, score)
+    assert scores == [4, 4] and [r["training"]["steps"] for r in first] == [4, 4]
+    assert first[0]["score"] != first[1]["score"]
+
+    there = tmp_path / "there"
+    shutil.copytree(tmp_path / "here" / "data", there / "data")
+    for s in (0, 1):
+        (there / "models" / f"seed{s}").mkdir(parents=True)
+        shutil.copy(
+            tmp_path / "here" / "models" / f"seed{s}" / SCORED, there / "models" / f"seed{s}"
+        )
+    moved = [_converging(there, f"seed{s}", step_cap=4, seed=s) for s in (0, 1)]
+    assert scored_trainings(moved, score) == first and scores == [4, 4]
+    assert sorted(p.name for p in (there / "models" / "seed0").iterdir()) == [SCORED]
+
+    changed = [_converging(there, "seed0", step_cap=6, seed=0), moved[1]]
+    with caplog.at_level("WARNING"):
+        again = scored_trainings(changed, score)
+    assert scores == [4, 4, 6] and again[1] == first[1]
+    assert again[0]["training"]["steps"] == 6 and "another training's score" in caplog.text
+
+
 _KILLED_LAB = """
 import sys
 from pathlib import Path
