@@ -19,6 +19,9 @@ every evaluation), exactly as the uninterrupted training would have gone on.
 ``parallel_trainings(N)`` processes at once (``qkv lab NAME --jobs N``), one thread each
 (:mod:`qkv.lab.processes`), on the CPU or, with ``parallel_trainings(N, "cuda")``
 (``--device cuda``), on the GPU; the models are scored on the CPU either way.
+:func:`scored_trainings` also scores each model as soon as it has trained and keeps the
+score beside the training's record in its folder, where it stands for the training on
+any machine: an experiment too long for one sitting goes on where the last one stopped.
 """
 
 from __future__ import annotations
@@ -397,7 +400,11 @@ def train_models(jobs: list[TrainJob]) -> list[Trained]:
     the trained models in the order of ``jobs``."""
     jobs = _on_device(jobs)
     trained: dict[int, Trained] = {}
-    _train_each(jobs, lambda i: trained.__setitem__(i, train_model(jobs[i])))
+
+    def load(i: int) -> None:  # what its process trained
+        trained[i] = train_model(jobs[i])
+
+    _train_each(jobs, load)
     return [trained[i] for i in range(len(jobs))]
 
 
