@@ -68,7 +68,7 @@ from qkv.lab.training import (
     TrainJob,
     by_model,
     curve_figure,
-    train_models,
+    scored_trainings,
     until_converged,
     write_toy_corpus,
 )
@@ -361,20 +361,38 @@ def score_maps(trained, valid: list[ToyPair], test: list[ToyPair]) -> dict[str, 
     return {**summary, "aer_per_map": test_aer, "counts": counts}
 
 
-def _heatmaps(
-    trained_models: dict, sentences: list[str], out: Path, prefix: str = "alignment"
-) -> list[str]:
+def shown_outputs(trained, sentences: list[str]) -> list[dict[str, Any]]:
+    """What a heatmap shows of each sentence: the model's own greedy output (not the
+    reference; AER uses the reference) and its attention while writing it."""
+    shown = []
+    for text in sentences:
+        best = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, [text])[0][0]
+        shown.append(
+            {
+                "source": text,
+                "output": best.text,
+                "attention": best.alignment.numpy(),
+                "source_tokens": trained.src_tok.tokens(text),  # words (toy), pieces (BPE)
+                "output_tokens": best.target_labels,
+            }
+        )
+    return shown
+
+
+def _heatmaps(shown: dict[str, list[dict]], out: Path, prefix: str = "alignment") -> list[str]:
+    """One figure per sentence, a heatmap per model (``name -> shown_outputs(...)``)."""
     paths = []
-    for k, text in enumerate(sentences):
+    for k, text in enumerate(s["source"] for s in next(iter(shown.values()))):
         with fonts_for([text]):
-            fig = new_figure(5.2 * len(trained_models), 5.0)
-            axes = np.atleast_1d(fig.subplots(1, len(trained_models)))
-            for ax, (name, tr) in zip(axes, trained_models.items()):
-                best = translate_texts(tr.model, tr.src_tok, tr.tgt_tok, [text])[0][0]
-                # the model's own greedy output, not the reference (AER uses the reference)
-                title = f"{name}, greedy output{SHOWN_MAP.get(name, '')}:\n→ {_wrap(best.text)}"
-                src = tr.src_tok.tokens(text)  # words for the toy, BPE pieces for Tatoeba
-                plot_alignment(best.alignment.numpy(), src, best.target_labels, title=title, ax=ax)
+            fig = new_figure(5.2 * len(shown), 5.0)
+            axes = np.atleast_1d(fig.subplots(1, len(shown)))
+            for ax, (name, outputs) in zip(axes, shown.items()):
+                o = outputs[k]
+                title = f"{name}, greedy output{SHOWN_MAP.get(name, '')}:\n→ {_wrap(o['output'])}"
+                attention = np.asarray(o["attention"], dtype=np.float64)
+                plot_alignment(
+                    attention, o["source_tokens"], o["output_tokens"], title=title, ax=ax
+                )
             paths.append(save_figure(fig, out / f"{prefix}-{k + 1}.png"))
     return paths
 
@@ -507,32 +525,44 @@ def _tatoeba_shown(test: list[tuple[str, str]], n: int) -> list[str]:
     return shown
 
 
-def _story_figure(trained: dict, direction: str, out: Path) -> tuple[str, dict]:
-    """Teacher-forced attention of every model (its first seed) on the story's example;
-    the figure and, per model, which source word each target word attends to most."""
+def _story(trained, direction: str) -> dict[str, Any]:
+    """A model's teacher-forced attention on the story's example, its greedy output, and
+    which source word each target word attends to most."""
+    src, tgt = STORY if direction == "en-ko" else STORY[::-1]
+    (maps,) = attention_maps(trained, [(src, tgt)])
+    _, argmax = _word_links(trained, src, tgt)
+    src_words = src.split()
+    return {
+        "attention": _map_of(maps),
+        "greedy": translate_texts(trained.model, trained.src_tok, trained.tgt_tok, [src])[0][
+            0
+        ].text,
+        "source_tokens": trained.src_tok.tokens(src),
+        "target_tokens": trained.tgt_tok.tokens(tgt),
+        "strongest source word": {w: src_words[i] for w, i in zip(tgt.split(), argmax)},
+    }
+
+
+def _story_figure(stories: dict[str, list[dict]], direction: str, out: Path) -> tuple[str, dict]:
+    """Every model's attention (its first seed) on the story's example (``name -> one
+    _story per seed``); the figure and, per model, each seed's strongest source words."""
     src, tgt = STORY if direction == "en-ko" else STORY[::-1]
     links = {}
     with fonts_for([src, tgt]):
-        fig = new_figure(5.2 * len(trained), 4.6)
-        axes = np.atleast_1d(fig.subplots(1, len(trained)))
-        for ax, (name, runs) in zip(axes, trained.items()):
-            tr = runs[0]
-            (maps,) = attention_maps(tr, [(src, tgt)])
-            greedy = translate_texts(tr.model, tr.src_tok, tr.tgt_tok, [src])[0][0].text
+        fig = new_figure(5.2 * len(stories), 4.6)
+        axes = np.atleast_1d(fig.subplots(1, len(stories)))
+        for ax, (name, seeds) in zip(axes, stories.items()):
+            first = seeds[0]
+            greedy = first["greedy"]
             title = f"{name}{SHOWN_MAP.get(name, '')}\nteacher-forced; greedy: {_wrap(greedy)}"
+            attention = np.asarray(first["attention"], dtype=np.float64)
             plot_alignment(
-                _map_of(maps),
-                tr.src_tok.tokens(src),
-                tr.tgt_tok.tokens(tgt),
-                title=title,
-                ax=ax,
+                attention, first["source_tokens"], first["target_tokens"], title=title, ax=ax
             )
-            src_words, tgt_words = src.split(), tgt.split()
-            per_seed = []
-            for run_ in runs:
-                _, argmax = _word_links(run_, src, tgt)
-                per_seed.append({w: src_words[i] for w, i in zip(tgt_words, argmax)})
-            links[name] = {"greedy (first seed)": greedy, "strongest source word": per_seed}
+            links[name] = {
+                "greedy (first seed)": greedy,
+                "strongest source word": [story["strongest source word"] for story in seeds],
+            }
         fig.suptitle(f"“{src}” → “{tgt}”", fontsize=10)
         path = save_figure(fig, out / f"tatoeba-story-{direction}.png")
     return path, links
@@ -571,14 +601,25 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
         for name in t.models
         for seed in t.seeds
     ]
-    trained = by_model(train_models(jobs), t.models, t.seeds)
+    shown = _tatoeba_shown(test, t.shown) if direction == "ko-en" else []
+
+    def score(trained) -> dict[str, Any]:
+        outs = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, sources)
+        hits, totals = _dictionary_hits(trained, test, direction)
+        return {
+            "hyps": [o[0].text for o in outs],
+            "hits": hits,
+            "totals": totals,
+            "story": _story(trained, direction),
+            "shown": shown_outputs(trained, shown),
+        }
+
+    kept = by_model(scored_trainings(jobs, score), t.models, t.seeds)
     for name in t.models:
-        hyps = [
-            [o[0].text for o in translate_texts(tr.model, tr.src_tok, tr.tgt_tok, sources)]
-            for tr in trained[name]
-        ]
-        counts = [_dictionary_hits(tr, test, direction) for tr in trained[name]]
-        hits, totals = np.stack([c[0] for c in counts]), np.stack([c[1] for c in counts])
+        scores = [k["score"] for k in kept[name]]
+        hyps = [sc["hyps"] for sc in scores]
+        hits = np.stack([np.asarray(sc["hits"], dtype=np.float64) for sc in scores])
+        totals = np.stack([np.asarray(sc["totals"], dtype=np.float64) for sc in scores])
         aligned = [
             bootstrap_ratio(hits[..., k], totals[..., k], resamples=t.resamples) for k in (0, 1)
         ]
@@ -588,7 +629,7 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
             "dictionary_links": int(totals[0, :, 0].sum()),
             "pronouns_aligned": aligned[1].as_dict(),
             "pronoun_links": int(totals[0, :, 1].sum()),
-            "trainings": [tr.record() for tr in trained[name]],
+            "trainings": [k["training"] for k in kept[name]],
             "examples": [
                 {"src": s, "ref": r, "hyp": h} for s, r, h in zip(sources[:5], refs, hyps[0])
             ],
@@ -600,14 +641,14 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
             Interval(**results[name]["bleu"]).format(1),
             Interval(**results[name]["dictionary_aligned"]).format(2),
         )
-    story, links = _story_figure(trained, direction, out)
+    stories = {name: [k["score"]["story"] for k in runs] for name, runs in kept.items()}
+    story, links = _story_figure(stories, direction, out)
     figures = [story]
-    if direction == "ko-en":
-        first = {name: runs[0] for name, runs in trained.items()}
-        shown = _tatoeba_shown(test, t.shown)
-        figures += _heatmaps(first, shown, out, prefix="tatoeba-alignment")
+    if shown:
+        first = {name: runs[0]["score"]["shown"] for name, runs in kept.items()}
+        figures += _heatmaps(first, out, prefix="tatoeba-alignment")
     curves = {
-        f"{n} seed {k}": tr.curve or [] for n, rs in trained.items() for k, tr in enumerate(rs)
+        f"{n} seed {k}": r["training"]["curve"] for n, rs in kept.items() for k, r in enumerate(rs)
     }
     figures.append(curve_figure(curves, out / f"curves-tatoeba-{direction}.png", direction))
     return {
@@ -677,13 +718,19 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]
         for name in setting.models
         for seed in setting.seeds
     ]
-    trained = by_model(train_models(jobs), setting.models, setting.seeds)
+    shown = _shown(splits["test"])
+
+    def score(trained) -> dict[str, Any]:
+        scored = score_maps(trained, splits["valid"], splits["test"])
+        return {**scored, "shown": shown_outputs(trained, shown)}
+
+    kept = by_model(scored_trainings(jobs, score), setting.models, setting.seeds)
     for name in setting.models:
-        scored = [score_maps(tr, splits["valid"], splits["test"]) for tr in trained[name]]
+        scored = [k["score"] for k in kept[name]]
         intervals = {
             key: _aer_interval(
-                np.stack([s["counts"][key][0] for s in scored]),
-                np.stack([s["counts"][key][1] for s in scored]),
+                np.stack([np.asarray(s["counts"][key][0], dtype=np.float64) for s in scored]),
+                np.stack([np.asarray(s["counts"][key][1], dtype=np.float64) for s in scored]),
                 setting.resamples,
             ).as_dict()
             for key in ("best", "averaged")
@@ -694,15 +741,14 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]
             "aer_best": intervals["best"],
             "aer_averaged": intervals["averaged"],
             "aer_per_map": {m: float(np.mean([s["aer_per_map"][m] for s in scored])) for m in maps},
-            "parameters": trained[name][0].parameters,
-            "trainings": [tr.record() for tr in trained[name]],
+            "parameters": kept[name][0]["training"]["parameters"],
+            "trainings": [k["training"] for k in kept[name]],
         }
         log.info("%s: AER %s", name, Interval(**results[name]["aer_best"]).format(3))
     base = baselines(splits["test"], setting.resamples)
-    first = {name: runs[0] for name, runs in trained.items()}
-    figures = _heatmaps(first, _shown(splits["test"]), out)
+    figures = _heatmaps({name: runs[0]["score"]["shown"] for name, runs in kept.items()}, out)
     curves = {
-        f"{n} seed {k}": tr.curve or [] for n, rs in trained.items() for k, tr in enumerate(rs)
+        f"{n} seed {k}": r["training"]["curve"] for n, rs in kept.items() for k, r in enumerate(rs)
     }
     figures.append(curve_figure(curves, out / "curves.png", "toy Korean→English"))
     return results, base, figures, {"model_sections": models, "optim": optim}

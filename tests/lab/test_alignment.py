@@ -102,7 +102,8 @@ def test_a_transformer_heatmap_says_which_of_its_maps_it_shows(result, lab_out, 
     trained = Trained(ckpt.model.eval(), tok["src"], tok["tgt"], 1, 1.0, 1)
     figures = []
     monkeypatch.setattr(alignment, "save_figure", lambda fig, path: figures.append(fig))
-    alignment._heatmaps({"transformer": trained}, ["고양이가 쥐를 잡았다"], lab_out)
+    shown = alignment.shown_outputs(trained, ["고양이가 쥐를 잡았다"])
+    alignment._heatmaps({"transformer": shown}, lab_out)
     title = figures[0].axes[0].get_title()
     assert title.startswith("transformer, greedy output\n(mean of the last layer's heads):\n→ ")
 
