@@ -64,5 +64,4 @@ step 30 half_masks env QKV_TEST_DEVICE="$device" "$PY" -m pytest -q -x -p no:cac
     tests/test_functional.py -k "huge_negatives or past_its_largest"
 TAIL_LINES=40 step 250 gpu "$PY" benchmarks/gpu.py "$OUT" --budget-s 200
 TAIL_LINES=40 step 560 lab_parallelism "$PY" -m qkv lab parallelism --out "$OUT/lab-parallelism"
-
 exit $status

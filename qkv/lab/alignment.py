@@ -532,11 +532,10 @@ def _story(trained, direction: str) -> dict[str, Any]:
     (maps,) = attention_maps(trained, [(src, tgt)])
     _, argmax = _word_links(trained, src, tgt)
     src_words = src.split()
+    greedy = translate_texts(trained.model, trained.src_tok, trained.tgt_tok, [src])[0][0]
     return {
         "attention": _map_of(maps),
-        "greedy": translate_texts(trained.model, trained.src_tok, trained.tgt_tok, [src])[0][
-            0
-        ].text,
+        "greedy": greedy.text,
         "source_tokens": trained.src_tok.tokens(src),
         "target_tokens": trained.tgt_tok.tokens(tgt),
         "strongest source word": {w: src_words[i] for w, i in zip(tgt.split(), argmax)},

@@ -46,6 +46,7 @@ __all__ = [
     "num_threads",
     "new_figure",
     "print_table",
+    "read_kept",
     "progress_bars",
     "save_figure",
     "seed_all",
@@ -53,6 +54,7 @@ __all__ = [
     "staged_figures",
     "steps_bar",
     "versions",
+    "write_kept",
     "write_result",
 ]
 
@@ -321,6 +323,28 @@ def json_value(value: Any) -> Any:
     raise TypeError(f"a lab part's results cannot hold {type(value).__name__}")
 
 
+def read_kept(path: Path, field: str, key: Any, stale: str) -> dict[str, Any] | None:
+    """The JSON document kept at ``path`` if its ``field`` equals ``key`` (what it was
+    computed from); None if there is none, or, with the warning ``stale``, if it was
+    computed from something else."""
+    if not path.is_file():
+        return None
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    if kept.get(field) != key:
+        log.warning("%s: %s", path, stale)
+        return None
+    return kept
+
+
+def write_kept(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """Write ``doc`` to ``path`` as JSON, atomically (arrays as lists, NaN kept); return it
+    as it reads back."""
+    text = json.dumps(doc, default=json_value, ensure_ascii=False)
+    with writing(path) as tmp:
+        tmp.write_text(text + "\n", "utf-8")
+    return json.loads(text)
+
+
 def finished_part(out: Path, name: str, setting: Any, compute: Callable[[], Any]) -> Any:
     """A part of an experiment (the toy corpus, a real corpus), computed once per setting.
 
@@ -332,26 +356,22 @@ def finished_part(out: Path, name: str, setting: Any, compute: Callable[[], Any]
     them (lists for tuples), both when computed and when read.
     """
     folder = out / "parts" / name
-    saved_file = folder / "part.json"
     key = json.loads(json.dumps(setting, default=json_value))
-    if saved_file.is_file():
-        saved = json.loads(saved_file.read_text(encoding="utf-8"))
-        if saved.get("setting") == key:
-            log.info("%s: the part %s finished before; its results are in %s", out, name, folder)
-            for figure in saved["figures"]:
-                _restage(folder / figure, out / figure)
-            return saved["results"]
-        log.warning("%s: part %s was computed with another setting; computing it again", out, name)
+    stale = f"part {name} was computed with another setting; computing it again"
+    saved = read_kept(folder / "part.json", "setting", key, stale)
+    if saved is not None:
+        log.info("%s: the part %s finished before; its results are in %s", out, name, folder)
+        for figure in saved["figures"]:
+            _restage(folder / figure, out / figure)
+        return saved["results"]
     staged_before = set(_STAGED.get("names", ()))
-    results = json.loads(json.dumps(compute(), default=json_value))
+    results = compute()
     figures = [f for f in _STAGED.get("names", ()) if f not in staged_before]
     folder.mkdir(parents=True, exist_ok=True)
     for figure in figures:
         shutil.copyfile(_STAGED["stage"] / figure, folder / figure)
     doc = {"setting": key, "figures": figures, "results": results}
-    with writing(saved_file) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "utf-8")
-    return results
+    return write_kept(folder / "part.json", doc)["results"]
 
 
 def _restage(source: Path, path: Path) -> None:

@@ -42,7 +42,6 @@ from torch import nn
 from qkv.data.tokenizers import tokenizer_from_json, train_tokenizers
 from qkv.data.toy import ToyPair, make_splits
 from qkv.errors import CheckpointError
-from qkv.files import writing
 from qkv.lab import common
 from qkv.lab.common import progress_bars
 from qkv.lab.processes import run_in_processes
@@ -438,14 +437,8 @@ def _job_key(job: TrainJob) -> dict[str, Any]:
 
 
 def _kept(job: TrainJob, key: dict[str, Any]) -> dict[str, Any] | None:
-    path = job.out / job.name / SCORED
-    if not path.is_file():
-        return None
-    kept = json.loads(path.read_text(encoding="utf-8"))
-    if kept.get("job") != key:
-        log.warning("%s holds another training's score; training %s again", path, job.name)
-        return None
-    return kept
+    stale = f"holds another training's score; training {job.name} again"
+    return common.read_kept(job.out / job.name / SCORED, "job", key, stale)
 
 
 def scored_trainings(
@@ -469,10 +462,7 @@ def scored_trainings(
         i = todo[k]
         trained = train_model(jobs[i])
         doc = {"job": keys[i], "training": trained.record(), "score": score(trained)}
-        doc = json.loads(json.dumps(doc, default=common.json_value))
-        with writing(jobs[i].out / jobs[i].name / SCORED) as tmp:
-            tmp.write_text(json.dumps(doc, ensure_ascii=False) + "\n", encoding="utf-8")
-        scored[i] = doc
+        scored[i] = common.write_kept(jobs[i].out / jobs[i].name / SCORED, doc)
 
     _train_each([jobs[i] for i in todo], keep)
     return [scored[i] for i in range(len(jobs))]
