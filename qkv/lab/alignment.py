@@ -646,9 +646,7 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
     if shown:
         first = {name: runs[0]["score"]["shown"] for name, runs in kept.items()}
         figures += _heatmaps(first, out, prefix="tatoeba-alignment")
-    curves = {
-        f"{n} seed {k}": r["training"]["curve"] for n, rs in kept.items() for k, r in enumerate(rs)
-    }
+    curves = {n: [r["training"]["curve"] for r in rs] for n, rs in kept.items()}
     figures.append(curve_figure(curves, out / f"curves-tatoeba-{direction}.png", direction))
     return {
         "models": results,
@@ -746,9 +744,7 @@ def _toy_part(out: Path, setting: Setting) -> tuple[dict, dict, list[str], dict]
         log.info("%s: AER %s", name, Interval(**results[name]["aer_best"]).format(3))
     base = baselines(splits["test"], setting.resamples)
     figures = _heatmaps({name: runs[0]["score"]["shown"] for name, runs in kept.items()}, out)
-    curves = {
-        f"{n} seed {k}": r["training"]["curve"] for n, rs in kept.items() for k, r in enumerate(rs)
-    }
+    curves = {n: [r["training"]["curve"] for r in rs] for n, rs in kept.items()}
     figures.append(curve_figure(curves, out / "curves.png", "toy Korean→English"))
     return results, base, figures, {"model_sections": models, "optim": optim}
 

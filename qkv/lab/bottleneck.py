@@ -435,11 +435,7 @@ def _figure(results: dict[str, dict], buckets, title: str, path: Path, *, em: bo
 
 
 def _curves(results: dict[str, dict]) -> dict[str, list]:
-    return {
-        f"{name} seed {k}": t["curve"]
-        for name, r in results.items()
-        for k, t in enumerate(r["trainings"])
-    }
+    return {name: [t["curve"] for t in r["trainings"]] for name, r in results.items()}
 
 
 def verdict(results: dict[str, dict]) -> str:

@@ -302,19 +302,26 @@ def _why_stopped(result, patience: int) -> str:
     return "step cap"
 
 
-def curve_figure(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> str:
-    """Validation loss and BLEU against steps, one line per training (``name -> curve``)."""
+def curve_figure(curves: dict[str, list[list[dict[str, float]]]], path: Path, title: str) -> str:
+    """Validation loss and BLEU against steps: ``model -> [curve of each seed]``, one colour
+    per model and one line style per seed."""
     fig = common.new_figure(11, 4.0)
     ax_loss, ax_bleu = fig.subplots(1, 2)
-    for name, curve in curves.items():
-        steps = [r["step"] for r in curve]
-        (line,) = ax_loss.plot(steps, [r["valid_loss"] for r in curve], label=name)
-        ax_bleu.plot(steps, [r["valid_bleu"] for r in curve], color=line.get_color())
+    styles = [("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot")]
+    for k, (name, seeds) in enumerate(curves.items()):
+        for seed, curve in enumerate(seeds):
+            steps = [r["step"] for r in curve]
+            style = {"color": f"C{k % 10}", "linestyle": styles[seed % len(styles)][0], "lw": 1.2}
+            label = name if seed == 0 else None
+            ax_loss.plot(steps, [r["valid_loss"] for r in curve], label=label, **style)
+            ax_bleu.plot(steps, [r["valid_bleu"] for r in curve], **style)
     for ax, what in ((ax_loss, "validation loss (per token)"), (ax_bleu, "validation BLEU")):
         ax.set_xlabel("step")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
-    ax_loss.legend(fontsize=7)
+    most = min(max(len(seeds) for seeds in curves.values()), len(styles))
+    key = f"seeds 0-{most - 1}: {', '.join(n for _, n in styles[:most])}" if most > 1 else None
+    ax_loss.legend(fontsize=8, title=key, title_fontsize=7)
     fig.suptitle(f"{title}: validation curves (training stops on them)")
     return common.save_figure(fig, path)
 

@@ -146,7 +146,7 @@ def test_a_lab_training_stops_on_the_validation_set_and_keeps_its_curve(tmp_path
     assert all(r["seconds"] > 0 and r["valid_loss"] > 0 for r in trained.curve)
     assert trained.record()["curve"] == trained.curve
     pytest.importorskip("matplotlib", reason="the curve figure needs matplotlib")
-    path = curve_figure({"rnn-none": trained.curve}, tmp_path / "curve.png", "toy")
+    path = curve_figure({"rnn-none": [trained.curve]}, tmp_path / "curve.png", "toy")
     assert (tmp_path / "curve.png").stat().st_size > 1000 and path.endswith("curve.png")
 
 
