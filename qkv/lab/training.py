@@ -319,9 +319,9 @@ def curve_figure(curves: dict[str, list[list[dict[str, float]]]], path: Path, ti
         ax.set_xlabel("step")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
-    most = min(max(len(seeds) for seeds in curves.values()), len(styles))
-    key = f"seeds 0-{most - 1}: {', '.join(n for _, n in styles[:most])}" if most > 1 else None
-    ax_loss.legend(fontsize=8, title=key, title_fontsize=7)
+    seeds = max(len(s) for s in curves.values())
+    key = ", ".join(f"seed {i} {name}" for i, (_, name) in enumerate(styles[:seeds]))
+    ax_loss.legend(fontsize=8, title=key if seeds > 1 else None, title_fontsize=7)
     fig.suptitle(f"{title}: validation curves (training stops on them)")
     return common.save_figure(fig, path)
 
