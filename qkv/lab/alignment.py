@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import re
-import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -388,18 +387,13 @@ def _heatmaps(shown: dict[str, list[dict]], out: Path, prefix: str = "alignment"
             axes = np.atleast_1d(fig.subplots(1, len(shown)))
             for ax, (name, outputs) in zip(axes, shown.items()):
                 o = outputs[k]
-                title = f"{name}, greedy output{SHOWN_MAP.get(name, '')}:\n→ {_wrap(o['output'])}"
+                title = f"{name}, greedy output{SHOWN_MAP.get(name, '')}:\n→ {o['output']}"
                 attention = np.asarray(o["attention"], dtype=np.float64)
                 plot_alignment(
                     attention, o["source_tokens"], o["output_tokens"], title=title, ax=ax
                 )
             paths.append(save_figure(fig, out / f"{prefix}-{k + 1}.png"))
     return paths
-
-
-def _wrap(text: str, width: int = 40) -> str:
-    """Break a long translation into lines for a subplot title."""
-    return "\n".join(textwrap.wrap(text, width)) or text
 
 
 def _shown(test: list[ToyPair]) -> list[str]:
@@ -553,7 +547,7 @@ def _story_figure(stories: dict[str, list[dict]], direction: str, out: Path) -> 
         for ax, (name, seeds) in zip(axes, stories.items()):
             first = seeds[0]
             greedy = first["greedy"]
-            title = f"{name}{SHOWN_MAP.get(name, '')}\nteacher-forced; greedy: {_wrap(greedy)}"
+            title = f"{name}{SHOWN_MAP.get(name, '')}\nteacher-forced; greedy: {greedy}"
             attention = np.asarray(first["attention"], dtype=np.float64)
             plot_alignment(
                 attention, first["source_tokens"], first["target_tokens"], title=title, ax=ax

@@ -352,14 +352,18 @@ def finished_part(out: Path, name: str, setting: Any, compute: Callable[[], Any]
     setting they were computed with and the figures it drew are kept in
     ``out/parts/NAME/``; a later run with the same setting (on this machine, or on another
     that the folder was copied to) takes them from there instead of training again, and a
-    run of another setting computes the part again. The results come back as JSON gives
-    them (lists for tuples), both when computed and when read.
+    run of another setting, or a folder that lacks one of the part's figures, computes the
+    part again. The results come back as JSON gives them (lists for tuples), both when
+    computed and when read.
     """
     folder = out / "parts" / name
     key = json.loads(json.dumps(setting, default=json_value))
     stale = f"part {name} was computed with another setting; computing it again"
     saved = read_kept(folder / "part.json", "setting", key, stale)
-    if saved is not None:
+    missing = [f for f in saved["figures"] if not (folder / f).is_file()] if saved else []
+    if missing:  # its trainings' records, kept beside it, make computing it again quick
+        log.warning("%s: the part's figure %s is missing; computing it again", folder, missing[0])
+    elif saved is not None:
         log.info("%s: the part %s finished before; its results are in %s", out, name, folder)
         for figure in saved["figures"]:
             _restage(folder / figure, out / figure)

@@ -354,7 +354,8 @@ def _part_figure(out, name: str, shade: float) -> str:
 def test_a_finished_part_is_taken_from_its_folder_with_its_figures(tmp_path):
     """A part's results, setting and figures are kept when it finishes; a run of the same
     setting (here in a copy of the folder, as on another machine) takes them without
-    computing, and a run of another setting computes the part again."""
+    computing; a run of another setting, or one whose copy lacks the part's figure, computes
+    the part again."""
     import random
     import shutil
 
@@ -393,6 +394,15 @@ def test_a_finished_part_is_taken_from_its_folder_with_its_figures(tmp_path):
         publish()
     assert calls == [0.25, 0.75]
     assert (copy / "parts" / "toy" / "part.png").read_bytes() != kept
+
+    bare = tmp_path / "bare"  # part.json copied without the figure it names
+    (bare / "parts" / "toy").mkdir(parents=True)
+    shutil.copyfile(first / "parts" / "toy" / "part.json", bare / "parts" / "toy" / "part.json")
+    with staged_figures(bare) as publish:
+        finished_part(bare, "toy", setting, lambda: compute(bare, 0.5))
+        publish()
+    assert calls == [0.25, 0.75, 0.5]  # computed again, so the figure is drawn
+    assert (bare / "parts" / "toy" / "part.png").is_file() and (bare / "part.png").is_file()
 
 
 def test_an_interrupted_part_keeps_nothing(tmp_path):
