@@ -9,7 +9,8 @@ Method:
     On scikit-learn's 8 x 8 handwritten digits (the fixed stratified split of
     :mod:`qkv.data.digits`, ``data.seed`` 0), train with the recipes of
     ``configs/digits-vit.yaml`` and ``configs/digits-cnn.yaml`` (same steps, batch and
-    optimiser), each with ``train.seed`` 0, 1, 2: the ViT (2 x 2 patches, learned
+    optimiser, the whole cosine schedule), each with ``train.seed`` 0 to 4: the ViT (2 x 2
+    patches, learned
     positions), the same ViT without positions (``position_embeddings=False``) and the
     CNN of about the same parameter count; scikit-learn's ``SVC()`` on the same training
     split is the reference. On the test split (best checkpoint by validation accuracy):
@@ -20,16 +21,24 @@ Method:
        against the share of ink in the image (what attention spread evenly would give),
        and the same for the attention rollout (Abnar & Zuidema 2020); and how far the
        patches look, the mean attention distance in pixels between patch centres
-       (Dosovitskiy et al. 2021, fig. 7) against the distance of even attention;
+       (Dosovitskiy et al. 2021, fig. 7) against the distance of even attention and of
+       attention confined to a patch's 3 x 3 neighbourhood (what one 3 x 3 convolution
+       over the patches reaches);
     b. accuracy with the 16 patches shuffled at test time (one seeded permutation per
        image), with and without positions, and for the CNN on the same shuffled images;
-    c. accuracy and training time of the ViT against the CNN (mean and 95 % t interval
-       over the seeds), measured on this machine under whatever load it carries (one
-       torch thread per run).
+    c. accuracy and training time of the ViT against the CNN, measured on this machine
+       (one torch thread per run).
+
+    Accuracies are means over the seeds with a 95 % interval from the bootstrap over seeds
+    and test images (:mod:`qkv.lab.stats`); shares, distances and times a Student-t
+    interval over the seeds. The verdict is read off them: "relating distant parts" holds
+    when every layer's attention distance lies above the neighbourhood's, "helps" when the
+    ViT's accuracy lies above the CNN's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -42,6 +51,7 @@ from torch import Tensor
 
 from qkv.data.digits import Digits, load_digit_splits
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, seed_all
+from qkv.lab.stats import Interval, apart, bootstrap_ratio, t_interval
 from qkv.lab.training import training_bars
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.classify import predict
@@ -56,7 +66,7 @@ __all__ = [
     "Setting",
     "attention_distance",
     "ink_share",
-    "interval",
+    "neighbour_distance",
     "run",
     "shuffle_patches",
     "table",
@@ -68,8 +78,6 @@ INK = 0.5  # a pixel is ink when its value is at least half the maximum (8 of 16
 DATA_SEED = 0  # the split of configs/digits-*.yaml
 SHUFFLE_SEED = 1234
 PATCH = 2  # the ViT's patch side; the shuffled images move 2 x 2 blocks for every model
-# two-sided 95 % quantiles of Student's t for n - 1 degrees of freedom
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 VIT = {  # configs/digits-vit.yaml
     "type": "vit",
@@ -104,7 +112,7 @@ class Setting:
     cnn: dict[str, Any] = field(default_factory=lambda: dict(CNN))
 
 
-FULL = Setting(seeds=(0, 1, 2), steps=1500, warmup=100, eval_every=100)
+FULL = Setting(seeds=(0, 1, 2, 3, 4), steps=1500, warmup=100, eval_every=100)
 QUICK = Setting(
     seeds=(0,),
     steps=30,
@@ -184,13 +192,13 @@ def even_distance(grid: tuple[int, int], patch: int) -> float:
     return float(attention_distance(np.ones((n, n)), grid, patch))
 
 
-def interval(values: list[float]) -> dict[str, float]:
-    """Mean and the half-width of its 95 % Student t interval (0 for one value)."""
-    x = np.asarray(values, dtype=np.float64)
-    half = 0.0
-    if len(x) > 1:
-        half = _T95.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / np.sqrt(len(x))
-    return {"mean": float(x.mean()), "half_width": half, "values": [float(v) for v in x]}
+def neighbour_distance(grid: tuple[int, int], patch: int) -> float:
+    """The mean attention distance of attention spread evenly over each patch's 3 x 3
+    neighbourhood (itself and the up to 8 patches around it): the farthest a 3 x 3
+    convolution over the patches looks in one layer."""
+    r, c = np.divmod(np.arange(grid[0] * grid[1]), grid[1])
+    near = (abs(r[:, None] - r[None]) <= 1) & (abs(c[:, None] - c[None]) <= 1)
+    return float(attention_distance(near.astype(np.float64), grid, patch))
 
 
 @dataclass
@@ -199,6 +207,8 @@ class _Trained:
     seconds: float
     parameters: int
     best_valid: float
+    best_step: int
+    curve: list[dict[str, float]]  # step and validation accuracy of every evaluation
 
 
 def _train(name: str, model: dict[str, Any], setting: Setting, seed: int, out: Path) -> _Trained:
@@ -229,11 +239,18 @@ def _train(name: str, model: dict[str, Any], setting: Setting, seed: int, out: P
     ckpt = load_checkpoint(folder / "best.safetensors", training_state=False)
     model_ = ckpt.model.eval()
     n = sum(p.numel() for p in model_.parameters())
-    return _Trained(model_, result.seconds, n, result.best_bleu)
+    rows = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    curve = [
+        {"step": r["step"], "valid_accuracy": r["valid_accuracy"]}
+        for r in rows
+        if "valid_accuracy" in r
+    ]
+    return _Trained(model_, result.seconds, n, result.best_bleu, result.best_step, curve)
 
 
-def _accuracy(model: torch.nn.Module, images: Tensor, labels: Tensor) -> float:
-    return 100.0 * float((predict(model, images) == labels).double().mean())
+def _correct(model: torch.nn.Module, images: Tensor, labels: Tensor) -> list[int]:
+    """1 for each test image the model classifies right, 0 for the others."""
+    return (predict(model, images) == labels).int().tolist()
 
 
 @torch.no_grad()
@@ -259,6 +276,7 @@ def _where_it_looks(model: torch.nn.Module, test: Digits) -> dict[str, Any]:
         "distance": distance.mean(-1).tolist(),  # (L,) heads averaged
         "distance_head": distance.tolist(),
         "even_distance": even_distance(c.grid, PATCH),
+        "neighbour_distance": neighbour_distance(c.grid, PATCH),
     }
 
 
@@ -296,13 +314,19 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         for seed in setting.seeds:
             for name in MODELS:
                 trained = _train(f"{name}-seed{seed}", sections[name], setting, seed, out)
+                correct = _correct(trained.model, test.images, test.labels)
+                shuffled_correct = _correct(trained.model, shuffled, test.labels)
                 row: dict[str, Any] = {
                     "seed": seed,
                     "parameters": trained.parameters,
                     "seconds": trained.seconds,
                     "best_valid_accuracy": trained.best_valid,
-                    "accuracy": _accuracy(trained.model, test.images, test.labels),
-                    "shuffled_accuracy": _accuracy(trained.model, shuffled, test.labels),
+                    "best_step": trained.best_step,
+                    "curve": trained.curve,
+                    "accuracy": 100.0 * float(np.mean(correct)),
+                    "shuffled_accuracy": 100.0 * float(np.mean(shuffled_correct)),
+                    "correct": correct,
+                    "shuffled_correct": shuffled_correct,
                 }
                 if name != "cnn":
                     row["looks"] = _where_it_looks(trained.model, test)
@@ -317,7 +341,7 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         "svc_accuracy": svc,
         "test_images": len(test),
     }
-    figures = [_ink_figure(per_seed, out), _accuracy_figure(summary, svc, out)]
+    figures = [_ink_figure(summary, out), _accuracy_figure(summary, svc, out)]
     return LabRun(
         name="vision",
         quick=quick,
@@ -337,43 +361,58 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
 
 
 def _summary(per_seed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Mean and 95 % interval over the seeds of every number the verdict and table use."""
+    """Mean and 95 % interval of every number the verdict and table use: accuracies (in %)
+    bootstrapped over seeds and test images, the rest a t interval over the seeds."""
     out: dict[str, Any] = {}
     for name, rows in per_seed.items():
-        entry = {
-            key: interval([r[key] for r in rows])
-            for key in ("accuracy", "shuffled_accuracy", "seconds")
-        }
+        entry: dict[str, Any] = {}
+        for key, hits in (("accuracy", "correct"), ("shuffled_accuracy", "shuffled_correct")):
+            correct = np.array([r[hits] for r in rows], dtype=np.float64)  # (seeds, images)
+            share = bootstrap_ratio(correct, np.ones_like(correct))
+            entry[key] = Interval(100 * share.mean, 100 * share.low, 100 * share.high).as_dict()
+        entry["seconds"] = t_interval([r["seconds"] for r in rows]).as_dict()
+        entry["best_step"] = t_interval([r["best_step"] for r in rows]).as_dict()
         entry["parameters"] = rows[0]["parameters"]
         if "looks" in rows[0]:
             layers = len(rows[0]["looks"]["layer"])
             for key in ("layer", "rollout", "distance"):
-                entry[key] = [interval([r["looks"][key][i] for r in rows]) for i in range(layers)]
+                entry[key] = [
+                    t_interval([r["looks"][key][i] for r in rows]).as_dict() for i in range(layers)
+                ]
             entry["chance"] = rows[0]["looks"]["chance"]
             entry["even_distance"] = rows[0]["looks"]["even_distance"]
+            entry["neighbour_distance"] = rows[0]["looks"]["neighbour_distance"]
         out[name] = entry
     return out
 
 
-def _ink_figure(per_seed: dict[str, list[dict[str, Any]]], out: Path) -> str:
+def _errors(entries: list[dict[str, float]], scale: float = 1.0) -> np.ndarray:
+    """``(2, n)`` distances from each mean down to its interval's low end and up to its
+    high end, as matplotlib's ``yerr`` takes them."""
+    mean = np.array([e["mean"] for e in entries])
+    low, high = np.array([e["low"] for e in entries]), np.array([e["high"] for e in entries])
+    return scale * np.nan_to_num(np.stack([mean - low, high - mean]), posinf=0.0)
+
+
+def _ink_figure(summary: dict[str, Any], out: Path) -> str:
     """Per layer: the class token's share on ink against chance; the attention distance."""
     fig = new_figure(11, 4.2)
     left, right = fig.subplots(1, 2)
     width = 0.38
     for k, name in enumerate(("vit", "vit-no-positions")):
-        rows = per_seed[name]
-        layers = len(rows[0]["looks"]["layer"])
+        entry = summary[name]
+        layers = len(entry["layer"])
         for key, offset, hatch in (("layer", 0, None), ("rollout", layers + 1, "//")):
-            values = np.array([r["looks"][key] for r in rows])  # (seeds, L)
+            means = 100 * np.array([e["mean"] for e in entry[key]])
             x = np.arange(layers) + offset + (k - 0.5) * width
             label = f"{name}, {'per layer' if key == 'layer' else 'rollout'}"
-            left.bar(x, 100 * values.mean(0), width, color=f"C{k}", hatch=hatch, label=label)
-            if len(rows) > 1:
-                left.errorbar(x, 100 * values.mean(0), yerr=100 * _half(values),
-                              fmt="none", ecolor="black", capsize=3)  # fmt: skip
-        distances = np.array([r["looks"]["distance"] for r in rows])
-        right.plot(range(layers), distances.mean(0), "-o", color=f"C{k}", label=name)
-    chance = per_seed["vit"][0]["looks"]["chance"]
+            left.bar(x, means, width, color=f"C{k}", hatch=hatch, label=label)
+            left.errorbar(x, means, yerr=_errors(entry[key], 100), fmt="none", ecolor="black",
+                          capsize=3)  # fmt: skip
+        distances = np.array([e["mean"] for e in entry["distance"]])
+        right.errorbar(range(layers), distances, yerr=_errors(entry["distance"]), fmt="-o",
+                       color=f"C{k}", capsize=3, label=name)  # fmt: skip
+    chance = summary["vit"]["chance"]
     left.axhline(
         100 * chance, color="grey", ls="--", label=f"ink in the image ({100 * chance:.0f}%)"
     )
@@ -383,21 +422,17 @@ def _ink_figure(per_seed: dict[str, list[dict[str, Any]]], out: Path) -> str:
     left.set_xlabel("layer (L) and rollout through it (R)")
     left.set_ylim(0, 100)
     left.legend(fontsize=7, loc="upper left")
-    even = per_seed["vit"][0]["looks"]["even_distance"]
-    right.axhline(even, color="grey", ls="--", label="even attention")
+    right.axhline(summary["vit"]["even_distance"], color="grey", ls="--", label="even attention")
+    right.axhline(summary["vit"]["neighbour_distance"], color="grey", ls=":",
+                  label="3x3 neighbourhood (one convolution)")  # fmt: skip
     right.set_xticks(range(layers))
     right.set_xlabel("layer")
     right.set_ylabel("mean attention distance (pixels)")
     right.set_ylim(0, None)
-    right.legend(fontsize=8)
-    fig.suptitle("ViT on 8x8 digits (test split): where the class token and the patches look")
+    right.legend(fontsize=8, loc="lower right")
+    fig.suptitle("ViT on 8x8 digits (test split): where the class token and the patches look"
+                 " (mean, 95% CI)")  # fmt: skip
     return save_figure(fig, out / "vision-ink-share.png")
-
-
-def _half(values: np.ndarray) -> np.ndarray:
-    """Half-width of the 95 % t interval of each column (seeds in rows)."""
-    n = len(values)
-    return _T95.get(n - 1, 1.96) * values.std(0, ddof=1) / np.sqrt(n)
 
 
 def _accuracy_figure(summary: dict[str, Any], svc: float | None, out: Path) -> str:
@@ -407,58 +442,73 @@ def _accuracy_figure(summary: dict[str, Any], svc: float | None, out: Path) -> s
     x = np.arange(len(names))
     for k, (key, label) in enumerate((("accuracy", "test images"), ("shuffled_accuracy",
                                       "2x2 patches shuffled"))):  # fmt: skip
-        means = [summary[n][key]["mean"] for n in names]
-        halves = [summary[n][key]["half_width"] for n in names]
-        left.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=halves, capsize=3, label=label,
-                 color=f"C{k}")  # fmt: skip
+        entries = [summary[n][key] for n in names]
+        means = [e["mean"] for e in entries]
+        left.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=_errors(entries), capsize=3,
+                 label=label, color=f"C{k}")  # fmt: skip
     if svc is not None:
         left.axhline(svc, color="grey", ls="--", label=f"SVC() {svc:.1f}%")
     left.set_xticks(x, names)
     left.set_ylabel("test accuracy (%)")
     left.set_ylim(0, 118)  # room for the legend above the bars
     left.legend(fontsize=8, loc="upper center", ncols=3)
-    seconds = [summary[n]["seconds"]["mean"] for n in names]
-    halves = [summary[n]["seconds"]["half_width"] for n in names]
-    right.bar(x, seconds, 0.5, yerr=halves, capsize=3, color="C2")
+    seconds = [summary[n]["seconds"] for n in names]
+    right.bar(x, [e["mean"] for e in seconds], 0.5, yerr=_errors(seconds), capsize=3, color="C2")
     right.set_xticks(x, [f"{n}\n{summary[n]['parameters']:,} params" for n in names])
     right.set_ylabel("training time (s, one thread)")
     fig.suptitle("ViT with and without positions against a CNN of the same size (mean, 95% CI)")
     return save_figure(fig, out / "vision-accuracy.png")
 
 
-def _pm(entry: dict[str, float], digits: int = 1) -> str:
-    return f"{entry['mean']:.{digits}f} ± {entry['half_width']:.{digits}f}"
+def _ci(entry: dict[str, float], digits: int = 1, scale: float = 1.0) -> str:
+    return Interval(**entry).format(digits, scale)
 
 
 def _verdict(summary: dict[str, Any], svc: float | None) -> str:
-    """One line from the numbers: (a) ink share against chance, (b) shuffling, (c) ViT vs CNN."""
+    """One line from the intervals: (a) how far the patches look and where the class token
+    looks, (b) shuffling, (c) ViT against CNN; headed by what holds."""
     vit, bare, cnn = summary["vit"], summary["vit-no-positions"], summary["cnn"]
-    chance = 100 * vit["chance"]
-    shares = [100 * e["mean"] for e in vit["layer"]]
-    above = sum(s > chance for s in shares)
+    near, even = vit["neighbour_distance"], vit["even_distance"]
+    far = all(e["low"] > near for e in vit["distance"])
+    chance = vit["chance"]
+    above = [i for i, e in enumerate(vit["layer"]) if e["low"] > chance]
     part_a = (
-        f"(a) the class token puts {', '.join(f'{s:.0f}%' for s in shares)} of its attention "
-        f"on ink (layers 0..{len(shares) - 1}; rollout {100 * vit['rollout'][-1]['mean']:.0f}%) "
-        f"where ink is {chance:.0f}% of the image: above chance in {above} of {len(shares)} layers"
+        f"(a) the patches attend over {', '.join(_ci(e, 2) for e in vit['distance'])} pixels "
+        f"(layers 0..{len(vit['distance']) - 1}) where a 3x3 neighbourhood reaches "
+        f"{near:.2f} and even attention {even:.2f}; the class token puts "
+        f"{', '.join(_ci(e, 0, 100) + '%' for e in vit['layer'])} of its attention on ink "
+        f"where ink is {100 * chance:.0f}% of the image: above chance in layers "
+        f"{', '.join(map(str, above)) if above else 'none'}"
     )
-    drop = vit["accuracy"]["mean"] - vit["shuffled_accuracy"]["mean"]
-    bare_drop = bare["accuracy"]["mean"] - bare["shuffled_accuracy"]["mean"]
     part_b = (
-        f"(b) shuffling the patches takes the ViT from {vit['accuracy']['mean']:.1f}% to "
-        f"{vit['shuffled_accuracy']['mean']:.1f}% ({drop:.1f} points); without positions it "
-        f"reads {bare['accuracy']['mean']:.1f}% and {bare['shuffled_accuracy']['mean']:.1f}% "
-        f"shuffled ({bare_drop:.1f} points: it sees the patches as a set); the CNN falls from "
-        f"{cnn['accuracy']['mean']:.1f}% to {cnn['shuffled_accuracy']['mean']:.1f}%"
+        f"(b) shuffling the patches takes the ViT from {_ci(vit['accuracy'])}% to "
+        f"{_ci(vit['shuffled_accuracy'])}%; without positions it reads "
+        f"{_ci(bare['accuracy'])}% and {_ci(bare['shuffled_accuracy'])}% shuffled (it sees "
+        f"the patches as a set); the CNN falls from {_ci(cnn['accuracy'])}% to "
+        f"{_ci(cnn['shuffled_accuracy'])}%"
     )
-    better = "CNN" if cnn["accuracy"]["mean"] > vit["accuracy"]["mean"] else "ViT"
-    ratio = vit["seconds"]["mean"] / max(cnn["seconds"]["mean"], 1e-9)
+    a, c = Interval(**vit["accuracy"]), Interval(**cnn["accuracy"])
+    helps = a.mean > c.mean and apart(a, c)
+    if helps:
+        order = "the ViT is more accurate"
+    elif apart(a, c):
+        order = "the CNN is more accurate"
+    else:
+        order = "neither is more accurate (the intervals overlap)"
     part_c = (
-        f"(c) ViT {_pm(vit['accuracy'])}% in {vit['seconds']['mean']:.0f} s, CNN "
-        f"{_pm(cnn['accuracy'])}% in {cnn['seconds']['mean']:.0f} s (the ViT trains "
-        f"{ratio:.1f}x as long){f', SVC() {svc:.1f}%' if svc is not None else ''}: the "
-        f"{better} is more accurate on 8x8 digits"
+        f"(c) ViT {_ci(vit['accuracy'])}% in {vit['seconds']['mean']:.0f} s, CNN "
+        f"{_ci(cnn['accuracy'])}% in {cnn['seconds']['mean']:.0f} s"
+        f"{f', SVC() {svc:.1f}%' if svc is not None else ''}: {order}"
     )
-    return f"{part_a}; {part_b}; {part_c}"
+    if far and helps:
+        head = "holds"
+    elif far:
+        head = "holds for relating distant parts, not for helping accuracy"
+    elif helps:
+        head = "holds for helping accuracy, not for relating distant parts"
+    else:
+        head = "does not hold"
+    return f"{head}: {part_a}; {part_b}; {part_c}"
 
 
 def table(run: LabRun) -> Table:
@@ -466,14 +516,14 @@ def table(run: LabRun) -> Table:
     s = run.results["summary"]
     rows = []
     for name, e in s.items():
-        accuracy, shuffled = _pm(e["accuracy"]) + "%", _pm(e["shuffled_accuracy"]) + "%"
+        accuracy, shuffled = _ci(e["accuracy"]) + "%", _ci(e["shuffled_accuracy"]) + "%"
         rows.append(
             [name, f"{e['parameters']:,}", accuracy, shuffled, f"{e['seconds']['mean']:.0f} s"]
         )
     if run.results.get("svc_accuracy") is not None:
         rows.append(["SVC()", "", f"{run.results['svc_accuracy']:.1f}%", "", ""])
     for name in ("vit", "vit-no-positions"):
-        shares = ", ".join(f"{100 * e['mean']:.0f}%" for e in s[name]["layer"])
+        shares = ", ".join(_ci(e, 0, 100) + "%" for e in s[name]["layer"])
         rows.append([f"{name} on ink", "", shares, f"chance {100 * s[name]['chance']:.0f}%", ""])
     columns = ["model", "parameters", "test accuracy", "patches shuffled", "training"]
-    return Table("vision: ViT, ViT without positions, CNN (mean ± 95% CI)", columns, rows)
+    return Table("vision: ViT, ViT without positions, CNN (mean [95% interval])", columns, rows)

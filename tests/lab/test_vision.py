@@ -88,16 +88,76 @@ def test_ink_share_and_distance_against_direct_sums():
     assert got == pytest.approx(direct, abs=1e-12)
 
 
-def test_the_verdict_and_the_interval_follow_the_numbers(result):
-    from qkv.lab.vision import _verdict, interval
+def test_neighbour_distance_against_a_direct_sum():
+    from qkv.lab.vision import even_distance, neighbour_distance
+
+    cells = [(r, c) for r in range(4) for c in range(4)]
+    per_patch = []
+    for r, c in cells:
+        near = [(y, x) for y, x in cells if abs(y - r) <= 1 and abs(x - c) <= 1]
+        per_patch.append(np.mean([2 * np.hypot(y - r, x - c) for y, x in near]))
+    assert neighbour_distance((4, 4), 2) == pytest.approx(np.mean(per_patch), abs=1e-12)
+    assert neighbour_distance((4, 4), 2) < even_distance((4, 4), 2)
+
+
+def test_accuracies_come_from_the_images_each_model_got_right(result):
+    from qkv.lab.stats import Interval
+
+    for name, rows in result["results"]["models"].items():
+        for row in rows:
+            assert len(row["correct"]) == 359 and set(row["correct"]) <= {0, 1}
+            assert row["accuracy"] == pytest.approx(100 * np.mean(row["correct"]))
+            assert row["shuffled_accuracy"] == pytest.approx(100 * np.mean(row["shuffled_correct"]))
+            assert row["curve"] and row["best_step"] in [p["step"] for p in row["curve"]]
+        summary = Interval(**result["results"]["summary"][name]["accuracy"])
+        assert summary.mean == pytest.approx(np.mean([r["accuracy"] for r in rows]))
+        assert summary.low <= summary.mean <= summary.high  # over the test images
+
+
+def _floats(value):
+    """``value`` as the lab computed it: result.json writes inf and NaN as strings."""
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return float(value) if value in ("inf", "-inf", "nan") else value
+
+
+def _with(summary, **changes):
+    """``summary`` with some models' entries changed (``vit={"accuracy": ...}``)."""
+    out = {name: dict(entry) for name, entry in _floats(summary).items()}
+    for name, entry in changes.items():
+        out[name].update(entry)
+    return out
+
+
+def test_the_verdict_follows_the_intervals(result):
+    from qkv.lab.stats import Interval
+    from qkv.lab.vision import _verdict
 
     summary = result["results"]["summary"]
     verdict = result["verdict"]
-    assert f"{summary['vit']['accuracy']['mean']:.1f}%" in verdict
+    assert Interval(**summary["vit"]["accuracy"]).format(1) + "%" in verdict
     assert f"ink is {100 * summary['vit']['chance']:.0f}% of the image" in verdict
-    flipped = {**summary, "cnn": {**summary["cnn"], "accuracy": {"mean": 0.0, "half_width": 0}}}
-    assert "the ViT is more accurate" in _verdict(flipped, None)
-    best = {**summary, "cnn": {**summary["cnn"], "accuracy": {"mean": 100.0, "half_width": 0}}}
-    assert "the CNN is more accurate" in _verdict(best, None)
-    spread = interval([1.0, 2.0, 3.0])
-    assert spread["mean"] == 2.0 and spread["half_width"] == pytest.approx(4.303 / np.sqrt(3))
+    layers = len(summary["vit"]["distance"])
+    near = summary["vit"]["neighbour_distance"]
+    far = [{"mean": near + 1, "low": near + 0.5, "high": near + 1.5}] * layers
+    close = [{"mean": near, "low": near - 0.5, "high": near + 0.5}] * layers
+    high, low = (
+        {"mean": 99.0, "low": 98.0, "high": 100.0},
+        {"mean": 90.0, "low": 88.0, "high": 92.0},
+    )
+    both = _verdict(
+        _with(summary, vit={"distance": far, "accuracy": high}, cnn={"accuracy": low}), None
+    )
+    assert both.startswith("holds:") and "the ViT is more accurate" in both
+    cnn = _verdict(
+        _with(summary, vit={"distance": far, "accuracy": low}, cnn={"accuracy": high}), None
+    )
+    assert cnn.startswith("holds for relating distant parts, not for helping accuracy")
+    assert "the CNN is more accurate" in cnn
+    overlap = {"mean": 97.0, "low": 95.0, "high": 98.5}
+    tie = _verdict(
+        _with(summary, vit={"distance": close, "accuracy": overlap}, cnn={"accuracy": high}), None
+    )
+    assert tie.startswith("does not hold") and "neither is more accurate" in tie
