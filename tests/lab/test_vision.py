@@ -131,33 +131,46 @@ def _with(summary, **changes):
     return out
 
 
+def test_the_accuracy_difference_is_paired_over_the_same_images():
+    from qkv.lab.stats import Interval
+    from qkv.lab.vision import accuracy_difference
+
+    rng = np.random.default_rng()
+    a = [{"correct": rng.integers(0, 2, 200).tolist()} for _ in range(3)]
+    same = Interval(**accuracy_difference(a, a))
+    assert same.mean == same.low == same.high == 0  # every replicate draws the same images
+    b = [{"correct": [1] * 200} for _ in range(3)]
+    gap = Interval(**accuracy_difference(a, b))
+    want = np.mean([100 * (np.mean(r["correct"]) - 1) for r in a])
+    assert gap.mean == pytest.approx(want) and gap.low < gap.mean < gap.high < 0
+
+
 def test_the_verdict_follows_the_intervals(result):
     from qkv.lab.stats import Interval
     from qkv.lab.vision import _verdict
 
-    summary = result["results"]["summary"]
+    summary = _floats(result["results"]["summary"])
     verdict = result["verdict"]
     assert Interval(**summary["vit"]["accuracy"]).format(1) + "%" in verdict
+    assert Interval(**result["results"]["vit_minus_cnn"]).format(1) + " points" in verdict
     assert f"ink is {100 * summary['vit']['chance']:.0f}% of the image" in verdict
     layers = len(summary["vit"]["distance"])
     near = summary["vit"]["neighbour_distance"]
-    far = [{"mean": near + 1, "low": near + 0.5, "high": near + 1.5}] * layers
-    close = [{"mean": near, "low": near - 0.5, "high": near + 0.5}] * layers
-    high, low = (
-        {"mean": 99.0, "low": 98.0, "high": 100.0},
-        {"mean": 90.0, "low": 88.0, "high": 92.0},
+    far = _with(
+        summary,
+        vit={"distance": [{"mean": near + 1, "low": near + 0.5, "high": near + 2}] * layers},
     )
-    both = _verdict(
-        _with(summary, vit={"distance": far, "accuracy": high}, cnn={"accuracy": low}), None
+    close = _with(
+        summary, vit={"distance": [{"mean": near, "low": near - 0.5, "high": near + 1}] * layers}
     )
+    better, worse = (
+        {"mean": 2.0, "low": 0.5, "high": 3.5},
+        {"mean": -2.0, "low": -3.5, "high": -0.5},
+    )
+    both = _verdict(far, better, None)
     assert both.startswith("holds:") and "the ViT is more accurate" in both
-    cnn = _verdict(
-        _with(summary, vit={"distance": far, "accuracy": low}, cnn={"accuracy": high}), None
-    )
+    cnn = _verdict(far, worse, None)
     assert cnn.startswith("holds for relating distant parts, not for helping accuracy")
     assert "the CNN is more accurate" in cnn
-    overlap = {"mean": 97.0, "low": 95.0, "high": 98.5}
-    tie = _verdict(
-        _with(summary, vit={"distance": close, "accuracy": overlap}, cnn={"accuracy": high}), None
-    )
+    tie = _verdict(close, {"mean": -1.0, "low": -2.5, "high": 0.5}, None)
     assert tie.startswith("does not hold") and "neither is more accurate" in tie
