@@ -15,6 +15,11 @@ Method:
     the heads (Ward linkage on their standardised features), and ablate each head in turn
     (zero its slice of the concatenated head outputs, before the output projection) to
     measure how much the mean-pooled sentence embedding changes, :math:`1 - \\cos`.
+
+    Every feature comes with a 95 % interval from the bootstrap over the sentences. The
+    verdict counts the heads of each role whose interval lies wholly above one half (more
+    than half of the weight on the previous token, on the next, on itself, on [CLS], on
+    [SEP]); it holds when at least two roles have such heads.
 """
 
 from __future__ import annotations
@@ -37,13 +42,33 @@ from qkv.lab.common import (
     save_figure,
     steps_bar,
 )
+from qkv.lab.stats import bootstrap_ratios
 from qkv.models import BertModel, encode, load_tokenizer, minilm_path
 
-__all__ = ["FEATURES", "Setting", "QUICK", "FULL", "head_features", "ablate_head", "run", "table"]
+__all__ = [
+    "FEATURES",
+    "FULL",
+    "QUICK",
+    "ROLES",
+    "Setting",
+    "ablate_head",
+    "head_features",
+    "roles",
+    "run",
+    "table",
+]
 
 log = logging.getLogger(__name__)
 
 FEATURES = ("entropy", "distance", "cls", "sep", "self", "previous", "next")
+# the features that name a role when a head puts more than half its weight there
+ROLES = {
+    "previous": "the previous token",
+    "next": "the next token",
+    "self": "itself",
+    "cls": "[CLS]",
+    "sep": "[SEP]",
+}
 
 
 @dataclass(frozen=True)
@@ -106,11 +131,13 @@ def _js_sum(p: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def head_features(model, tokenizer, sentences: list[str], batch: int = 50) -> dict[str, np.ndarray]:
-    """Per-head features ``(L, H)`` averaged over every real query token, and JS ``(LH, LH)``."""
+    """Per-head features ``(L, H)`` averaged over every real query token, their 95 %
+    intervals (``low``, ``high``: feature -> ``(L, H)``, bootstrap over the sentences), and
+    JS ``(LH, LH)``."""
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    sums = {k: torch.zeros(n_layers * n_heads, dtype=torch.float64) for k in FEATURES}
+    per_sentence: dict[str, list[torch.Tensor]] = {k: [] for k in FEATURES}  # (LH,) each
+    lengths: list[int] = []
     js = torch.zeros(n_layers * n_heads, n_layers * n_heads, dtype=torch.float64)
-    rows = 0
     with steps_bar("attention maps", len(sentences)) as advance:
         for start in range(0, len(sentences), batch):
             encodings = tokenizer.encode_batch(sentences[start : start + batch])
@@ -121,12 +148,31 @@ def head_features(model, tokenizer, sentences: list[str], batch: int = 50) -> di
             for i, length in enumerate(mask.sum(-1).tolist()):
                 p = maps[i, :, :, :length, :length].flatten(0, 1)  # (L*H, t, t)
                 for k, v in _row_features(p).items():
-                    sums[k] += v
+                    per_sentence[k].append(v)
                 js += _js_sum(p)
-                rows += length
+                lengths.append(length)
                 advance()
-    feats = {k: (v / rows).reshape(n_layers, n_heads).numpy() for k, v in sums.items()}
-    return {**feats, "js": (js / rows).numpy(), "rows": rows}
+    rows = sum(lengths)
+    feats, low, high = {}, {}, {}
+    for k, sums in per_sentence.items():
+        mean, lo, hi = bootstrap_ratios(torch.stack(sums).numpy(), np.array(lengths))
+        feats[k], low[k], high[k] = (x.reshape(n_layers, n_heads) for x in (mean, lo, hi))
+    return {**feats, "low": low, "high": high, "js": (js / rows).numpy(), "rows": rows}
+
+
+def roles(features: dict) -> dict[str, list[tuple[str, float, float, float]]]:
+    """For each of :data:`ROLES`, the heads whose interval of that share lies wholly above
+    one half: ``(name, share, low, high)``, the largest share first."""
+    out = {}
+    for key in ROLES:
+        low = np.asarray(features["low"][key])
+        found = [
+            (f"L{layer}H{head}", float(features[key][layer][head]), float(low[layer, head]),
+             float(features["high"][key][layer][head]))
+            for layer, head in zip(*np.nonzero(low > 0.5))
+        ]  # fmt: skip
+        out[key] = sorted(found, key=lambda h: -h[1])
+    return out
 
 
 @contextmanager
@@ -248,14 +294,7 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         change = ablation(model, tokenizer, sentences[: setting.ablation_sentences])
     labels, link = clusters(feats, setting.clusters)
     figures = _figures(feats, labels, link, change, out)
-    ent = feats["entropy"]
-    positional = np.maximum(feats["previous"], feats["next"])
-    verdict = (
-        f"head entropy ranges {ent.min():.2f}–{ent.max():.2f} nats; "
-        f"{int((positional > 0.5).sum())} heads put > 50% on the previous or next token; "
-        f"mean JS divergence between heads {feats['js'][np.triu_indices(ent.size, 1)].mean():.2f} "
-        f"bits; ablating one head moves the embedding by up to {change.max():.4f} (1 − cos)"
-    )
+    verdict = _verdict(feats, change)
     return LabRun(
         name="heads",
         quick=quick,
@@ -274,6 +313,30 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         },
         figures=figures,
         verdict=verdict,
+    )
+
+
+def _verdict(feats: dict, change: np.ndarray) -> str:
+    """What the intervals decide: the roles with heads in them; then the spread."""
+    found = roles(feats)
+    filled = {k: heads for k, heads in found.items() if heads}
+    head = "holds" if len(filled) >= 2 else "does not hold"
+    parts = []
+    for key, heads in filled.items():
+        name, share, low, high = heads[0]
+        parts.append(
+            f"{len(heads)} head{'s' * (len(heads) > 1)} with more than half on {ROLES[key]} "
+            f"({name} {share:.2f} [{low:.2f}, {high:.2f}])"
+        )
+    none = ", ".join(ROLES[k] for k in ROLES if k not in filled)
+    ent = feats["entropy"]
+    pairs = feats["js"][np.triu_indices(ent.size, 1)]
+    return (
+        f"{head}: {'; '.join(parts) or 'no head puts more than half on one place'}"
+        f"{f' (none on {none})' if none else ''}; 95% intervals over the sentences; head "
+        f"entropy ranges {ent.min():.2f}–{ent.max():.2f} nats; JS divergence between heads "
+        f"{pairs.min():.3f}–{pairs.max():.2f} bits (mean {pairs.mean():.2f}); ablating one "
+        f"head moves the embedding by up to {change.max():.4f} (1 − cos)"
     )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "bootstrap",
     "bootstrap_bleu",
     "bootstrap_ratio",
+    "bootstrap_ratios",
     "separated",
     "t_interval",
     "t_quantile",
@@ -152,6 +153,40 @@ def bootstrap(
     tail = 100 * (1 - level) / 2
     low, high = np.nanpercentile(replicates, [tail, 100 - tail])
     return Interval(mean, float(low), float(high))
+
+
+def bootstrap_ratios(
+    numerators: np.ndarray,
+    denominators: np.ndarray,
+    *,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Many ratios of sums over the same items at once, with bootstrap intervals.
+
+    The one-seed case of :func:`bootstrap` for ``M`` statistics that share their items
+    and their denominator (the share of attention on [CLS] of every head, over the query
+    rows of the same sentences): each replicate draws the items with replacement (the
+    same draws as :func:`bootstrap_ratio` with the same ``seed``).
+
+    Args:
+        numerators: ``(N, M)``: for each of ``N`` items, the ``M`` numerators.
+        denominators: ``(N,)``: the denominator of each item.
+
+    Returns:
+        ``(mean, low, high)``, each ``(M,)``: ``sum(numerators) / sum(denominators)`` and
+        the percentile interval of the replicates.
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    n_items = len(den)
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)  # (R, N)
+    replicates = (weights @ num) / (weights @ den)[:, None]  # (R, M)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(replicates, [tail, 100 - tail], axis=0)
+    return num.sum(0) / den.sum(), low, high
 
 
 def bleu_counts(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:

@@ -35,6 +35,36 @@ def test_js_divergence_is_a_symmetric_matrix_with_zero_diagonal(result):
     assert js.max() <= 1 + 1e-9 and js[np.triu_indices(72, 1)].mean() > 0.05
 
 
+def test_every_feature_lies_in_its_interval_and_the_verdict_names_the_roles(result):
+    from qkv.lab.heads import FEATURES, ROLES, roles
+
+    r = result["results"]
+    for f in FEATURES:
+        mean, low, high = (np.array(x) for x in (r[f], r["low"][f], r["high"][f]))
+        assert np.all(low <= mean + 1e-12) and np.all(mean <= high + 1e-12)
+        assert np.any(low < high)  # 40 sentences do not agree on everything
+    found = roles(r)
+    filled = [k for k in ROLES if found[k]]
+    assert result["verdict"].startswith("holds" if len(filled) >= 2 else "does not hold")
+    for key in filled:
+        name, share, low, high = found[key][0]
+        assert f"more than half on {ROLES[key]} ({name} {share:.2f}" in result["verdict"]
+        assert low > 0.5
+
+
+def test_a_role_needs_its_whole_interval_above_one_half():
+    from qkv.lab.heads import FEATURES, roles
+
+    zeros = np.zeros((2, 3))
+    feats = {f: zeros.copy() for f in FEATURES}
+    low, high = {f: zeros.copy() for f in FEATURES}, {f: zeros.copy() for f in FEATURES}
+    feats["previous"][0, 1], low["previous"][0, 1], high["previous"][0, 1] = 0.9, 0.8, 0.95
+    feats["next"][1, 2], low["next"][1, 2], high["next"][1, 2] = 0.6, 0.45, 0.7  # not decided
+    found = roles({**feats, "low": low, "high": high})
+    assert found["previous"] == [("L0H1", 0.9, 0.8, 0.95)]
+    assert found["next"] == [] and found["cls"] == []
+
+
 def test_ablation_changes_embeddings(result):
     change = np.array(result["results"]["ablation_change"])
     assert change.shape == (6, 12) and change.max() > 0

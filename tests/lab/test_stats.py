@@ -103,6 +103,20 @@ def test_bootstrap_ratio_interval_covers_like_a_binomial():
     )
 
 
+def test_bootstrap_ratios_are_one_seed_bootstrap_ratios_at_once():
+    """Each column of bootstrap_ratios is bootstrap_ratio of that column (the same draws)."""
+    from qkv.lab.stats import bootstrap_ratios
+
+    rng = np.random.default_rng()
+    lengths = rng.integers(3, 20, 60).astype(float)  # query rows per sentence
+    shares = rng.random((60, 5)) * lengths[:, None]  # attention summed over those rows
+    mean, low, high = bootstrap_ratios(shares, lengths, resamples=500, seed=7)
+    for m in range(5):
+        iv = bootstrap_ratio(shares[None, :, m], lengths[None], resamples=500, seed=7)
+        assert (mean[m], low[m], high[m]) == pytest.approx((iv.mean, iv.low, iv.high), abs=1e-12)
+    assert np.all(low < mean) and np.all(mean < high)
+
+
 def test_seeds_that_disagree_widen_the_interval():
     same = np.ones((3, 50)) * 0.5
     spread = np.stack([np.full(50, v) for v in (0.2, 0.5, 0.8)])
