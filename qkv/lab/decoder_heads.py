@@ -16,7 +16,10 @@ Method:
     mean share on the first token (sink), on the previous token, on itself, its entropy
     (nats) and mean distance :math:`\\sum_j a_{ij}(i - j)`. A head is a sink, previous-token
     or self head when that share is above one half, else "spread". The sink share is also
-    split by rows of prompt tokens and rows of generated tokens.
+    split by rows of prompt tokens and rows of generated tokens. Every share has a 95 %
+    interval from the bootstrap over the prompts; the verdict counts the heads whose
+    interval lies wholly above one half, and holds when such sink heads are most of the
+    heads and at least one previous-token head is found.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, steps_bar
+from qkv.lab.stats import bootstrap_ratios
 from qkv.models import Llama, load_tokenizer
 from qkv.models.pretrained.generated_attention import generate_with_attention
 from qkv.models.pretrained.gguf import read_gguf_metadata, smollm2_path
@@ -93,10 +97,12 @@ def _diag(p: torch.Tensor, offset: int) -> torch.Tensor:
 
 @torch.no_grad()
 def head_features(model: Llama, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Mean features ``(L, H)`` over every row after the first of every prompt, and the
-    sink share over prompt rows and over generated rows."""
+    """Mean features ``(L, H)`` over every row after the first of every prompt, with their
+    95 % intervals (``low``, ``high``: feature -> ``(L, H)``, bootstrap over the prompts),
+    and the sink share over prompt rows and over generated rows."""
     c = model.config
-    sums = {k: torch.zeros(c.num_layers, c.num_heads, dtype=torch.float64) for k in FEATURES}
+    per_prompt: dict[str, list[torch.Tensor]] = {k: [] for k in FEATURES}  # (L, H) each
+    lengths = []
     sink_prompt = torch.zeros(c.num_layers, c.num_heads, dtype=torch.float64)
     sink_generated = torch.zeros_like(sink_prompt)
     rows = prompt_rows = generated_rows = 0
@@ -105,7 +111,8 @@ def head_features(model: Llama, prompts: list[list[int]], new_tokens: int) -> di
         for ids in prompts:
             new, maps = generate_with_attention(model, torch.tensor([ids]), new_tokens)
             for k, v in row_features(maps).items():
-                sums[k] += v
+                per_prompt[k].append(v)
+            lengths.append(maps.shape[-1] - 1)
             t = len(ids)
             sink_prompt += maps[..., 1:t, 0].double().sum(-1)
             sink_generated += maps[..., t:, 0].double().sum(-1)
@@ -114,10 +121,20 @@ def head_features(model: Llama, prompts: list[list[int]], new_tokens: int) -> di
             generated_rows += maps.shape[-1] - t
             texts.append(new)
             advance()
-    feats = {k: (v / rows).numpy() for k, v in sums.items()}
+    feats, low, high = {}, {}, {}
+    for k, sums in per_prompt.items():
+        mean, lo, hi = bootstrap_ratios(torch.stack(sums).flatten(1).numpy(), np.array(lengths))
+        feats[k], low[k], high[k] = (x.reshape(c.num_layers, c.num_heads) for x in (mean, lo, hi))
+    feats["low"], feats["high"] = low, high
     feats["sink_prompt_rows"] = (sink_prompt / max(prompt_rows, 1)).numpy()
     feats["sink_generated_rows"] = (sink_generated / max(generated_rows, 1)).numpy()
     return {**feats, "rows": rows, "new_ids": texts}
+
+
+def decided(feats: dict) -> dict[str, int]:
+    """How many heads have their sink, previous-token or self share's interval wholly
+    above one half."""
+    return {k: int((np.asarray(feats["low"][k]) > 0.5).sum()) for k in ("sink", "previous", "self")}
 
 
 def kinds(feats: dict) -> np.ndarray:
@@ -190,7 +207,18 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     counts = {k: int((kind == i).sum()) for i, k in enumerate(KINDS)}
     figures = _figures(feats, kind, out)
     sink = feats["sink"]
+    sure = decided(feats)
+    if sure["sink"] > sink.size / 2:
+        head = "holds" if sure["previous"] else "holds for the sink, not for previous-token heads"
+    else:
+        head = (
+            "holds for previous-token heads, not for the sink"
+            if sure["previous"]
+            else "does not hold"
+        )
     verdict = (
+        f"{head}: with the 95% interval over the prompts wholly above one half, "
+        f"{sure['sink']} sink, {sure['previous']} previous-token and {sure['self']} self heads; "
         f"{counts['sink']} of {sink.size} heads put more than half of their attention on the "
         f"first token (mean share {sink.mean():.2f}; {feats['sink_generated_rows'].mean():.2f} "
         f"on rows of generated tokens, {feats['sink_prompt_rows'].mean():.2f} on prompt "

@@ -176,11 +176,15 @@ def bootstrap_ratios(
 
     Returns:
         ``(mean, low, high)``, each ``(M,)``: ``sum(numerators) / sum(denominators)`` and
-        the percentile interval of the replicates.
+        the percentile interval of the replicates; with one item, which has no spread to
+        measure, ``(-inf, inf)``.
     """
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
     n_items = len(den)
+    if n_items < 2:
+        mean = num.sum(0) / den.sum()
+        return mean, np.full_like(mean, -math.inf), np.full_like(mean, math.inf)
     rng = np.random.default_rng(seed)
     weights = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)  # (R, N)
     replicates = (weights @ num) / (weights @ den)[:, None]  # (R, M)

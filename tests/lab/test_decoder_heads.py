@@ -55,6 +55,15 @@ def test_kinds_take_the_share_above_one_half():
     ]
 
 
+def test_a_head_is_decided_when_its_whole_interval_is_above_one_half():
+    low = {
+        "sink": np.array([[0.6, 0.49, 0.1]]),
+        "previous": np.array([[0.0, 0.0, 0.51]]),
+        "self": np.array([[0.0, 0.0, 0.0]]),
+    }
+    assert decoder_heads.decided({"low": low}) == {"sink": 1, "previous": 1, "self": 0}
+
+
 @pytest.mark.slow
 def test_quick_run_on_smollm2(lab_out):
     pytest.importorskip("gguf", reason="needs the gguf package: pip install 'qkv[llm]'")
@@ -73,3 +82,6 @@ def test_quick_run_on_smollm2(lab_out):
     for name in ("sink", "previous", "self", "sink_generated_rows"):
         assert ((np.array(r[name]) >= 0) & (np.array(r[name]) <= 1 + 1e-9)).all(), name
     assert result["figures"] and (lab_out / "decoder-heads" / "decoder_heads.png").is_file()
+    # one prompt has no interval over prompts, so no head is decided
+    assert result["verdict"].startswith("does not hold: with the 95% interval")
+    assert all(x == "-inf" for x in np.ravel(r["low"]["sink"]))

@@ -115,6 +115,8 @@ def test_bootstrap_ratios_are_one_seed_bootstrap_ratios_at_once():
         iv = bootstrap_ratio(shares[None, :, m], lengths[None], resamples=500, seed=7)
         assert (mean[m], low[m], high[m]) == pytest.approx((iv.mean, iv.low, iv.high), abs=1e-12)
     assert np.all(low < mean) and np.all(mean < high)
+    mean, low, high = bootstrap_ratios(shares[:1], lengths[:1])  # one item: no interval
+    assert mean == pytest.approx(shares[0] / lengths[0]) and np.all(np.isinf(low) & np.isinf(high))
 
 
 def test_seeds_that_disagree_widen_the_interval():
