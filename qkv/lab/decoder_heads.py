@@ -16,10 +16,10 @@ Method:
     mean share on the first token (sink), on the previous token, on itself, its entropy
     (nats) and mean distance :math:`\\sum_j a_{ij}(i - j)`. A head is a sink, previous-token
     or self head when that share is above one half, else "spread". The sink share is also
-    split by rows of prompt tokens and rows of generated tokens. Every share has a 95 %
-    interval from the bootstrap over the prompts; the verdict counts the heads whose
-    interval lies wholly above one half, and holds when such sink heads are most of the
-    heads and at least one previous-token head is found.
+    split by rows of prompt tokens and rows of generated tokens. Every share, and the
+    number of heads of each kind, has a 95 % interval from the bootstrap over the prompts;
+    the verdict holds when the interval of the number of sink heads lies above half the
+    heads and that of the previous-token heads above zero.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, steps_bar
-from qkv.lab.stats import bootstrap_ratios
+from qkv.lab.stats import bootstrap_ratios, ratio_replicates
 from qkv.models import Llama, load_tokenizer
 from qkv.models.pretrained.generated_attention import generate_with_attention
 from qkv.models.pretrained.gguf import read_gguf_metadata, smollm2_path
@@ -99,7 +99,8 @@ def _diag(p: torch.Tensor, offset: int) -> torch.Tensor:
 def head_features(model: Llama, prompts: list[list[int]], new_tokens: int) -> dict:
     """Mean features ``(L, H)`` over every row after the first of every prompt, with their
     95 % intervals (``low``, ``high``: feature -> ``(L, H)``, bootstrap over the prompts),
-    and the sink share over prompt rows and over generated rows."""
+    the interval of the number of heads of each kind (``heads_of_kind``), and the sink
+    share over prompt rows and over generated rows."""
     c = model.config
     per_prompt: dict[str, list[torch.Tensor]] = {k: [] for k in FEATURES}  # (L, H) each
     lengths = []
@@ -121,11 +122,17 @@ def head_features(model: Llama, prompts: list[list[int]], new_tokens: int) -> di
             generated_rows += maps.shape[-1] - t
             texts.append(new)
             advance()
-    feats, low, high = {}, {}, {}
+    feats, low, high, of_kind = {}, {}, {}, {}
     for k, sums in per_prompt.items():
-        mean, lo, hi = bootstrap_ratios(torch.stack(sums).flatten(1).numpy(), np.array(lengths))
+        stacked = torch.stack(sums).flatten(1).numpy()  # (prompts, L*H)
+        mean, lo, hi = bootstrap_ratios(stacked, np.array(lengths))
         feats[k], low[k], high[k] = (x.reshape(c.num_layers, c.num_heads) for x in (mean, lo, hi))
-    feats["low"], feats["high"] = low, high
+        if k in KINDS:  # how many heads put more than half there, in each replicate
+            of_kind[k] = {"mean": int((mean > 0.5).sum()), "low": -np.inf, "high": np.inf}
+            if len(lengths) > 1:
+                n = (ratio_replicates(stacked, np.array(lengths)) > 0.5).sum(1)
+                of_kind[k].update(zip(("low", "high"), np.percentile(n, [2.5, 97.5]).tolist()))
+    feats["low"], feats["high"], feats["heads_of_kind"] = low, high, of_kind
     feats["sink_prompt_rows"] = (sink_prompt / max(prompt_rows, 1)).numpy()
     feats["sink_generated_rows"] = (sink_generated / max(generated_rows, 1)).numpy()
     return {**feats, "rows": rows, "new_ids": texts}
@@ -206,26 +213,7 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     kind = kinds(feats)
     counts = {k: int((kind == i).sum()) for i, k in enumerate(KINDS)}
     figures = _figures(feats, kind, out)
-    sink = feats["sink"]
-    sure = decided(feats)
-    if sure["sink"] > sink.size / 2:
-        head = "holds" if sure["previous"] else "holds for the sink, not for previous-token heads"
-    else:
-        head = (
-            "holds for previous-token heads, not for the sink"
-            if sure["previous"]
-            else "does not hold"
-        )
-    verdict = (
-        f"{head}: with the 95% interval over the prompts wholly above one half, "
-        f"{sure['sink']} sink, {sure['previous']} previous-token and {sure['self']} self heads; "
-        f"{counts['sink']} of {sink.size} heads put more than half of their attention on the "
-        f"first token (mean share {sink.mean():.2f}; {feats['sink_generated_rows'].mean():.2f} "
-        f"on rows of generated tokens, {feats['sink_prompt_rows'].mean():.2f} on prompt "
-        f"rows); {counts['previous']} are previous-token heads, {counts['self']} self heads, "
-        f"{counts['spread']} spread their attention; layers 0-1 have "
-        f"{int((kind[:2] == 0).sum())} sink heads of {kind[:2].size}"
-    )
+    verdict = _verdict(feats, counts)
     return LabRun(
         name="decoder-heads",
         quick=quick,
@@ -239,6 +227,37 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
         },
         figures=figures,
         verdict=verdict,
+    )
+
+
+def _verdict(feats: dict, counts: dict[str, int]) -> str:
+    """Headed by what the intervals of the numbers of sink and previous-token heads decide."""
+    sink, kind = feats["sink"], kinds(feats)
+    of_kind, sure = feats["heads_of_kind"], decided(feats)
+    most = of_kind["sink"]["low"] > sink.size / 2
+    some = of_kind["previous"]["low"] >= 1
+    if most and some:
+        head = "holds"
+    elif most or some:
+        held, not_held = ("the sink", "previous-token heads")[:: 1 if most else -1]
+        head = f"holds for {held}, not for {not_held}"
+    else:
+        head = "does not hold"
+
+    def number(k: str) -> str:
+        n = of_kind[k]
+        return f"{n['mean']} [{n['low']:.0f}, {n['high']:.0f}]"
+
+    return (
+        f"{head}: {number('sink')} of {sink.size} heads put more than half of their "
+        f"attention on the first token, {number('previous')} on the previous token, "
+        f"{number('self')} on themselves (95% intervals over the prompts; heads whose own "
+        f"interval lies above one half: {sure['sink']} sink, {sure['previous']} previous-token, "
+        f"{sure['self']} self); the mean share on the first token is {sink.mean():.2f} "
+        f"({feats['sink_generated_rows'].mean():.2f} on rows of generated tokens, "
+        f"{feats['sink_prompt_rows'].mean():.2f} on prompt rows); {counts['spread']} heads "
+        f"spread their attention; layers 0-1 have {int((kind[:2] == 0).sum())} sink heads of "
+        f"{kind[:2].size}"
     )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "bootstrap_bleu",
     "bootstrap_ratio",
     "bootstrap_ratios",
+    "ratio_replicates",
     "separated",
     "t_interval",
     "t_quantile",
@@ -155,6 +156,27 @@ def bootstrap(
     return Interval(mean, float(low), float(high))
 
 
+def ratio_replicates(
+    numerators: np.ndarray, denominators: np.ndarray, *, resamples: int = RESAMPLES, seed: int = 0
+) -> np.ndarray:
+    """Bootstrap replicates of many ratios of sums over the same items: ``(R, M)``.
+
+    Each replicate draws the ``N`` items with replacement (the draws of
+    :func:`bootstrap_ratio` with the same ``seed``) and gives ``sum(numerators[:, m]) /
+    sum(denominators)`` over the drawn items, for each of the ``M`` columns.
+
+    Args:
+        numerators: ``(N, M)``: for each of ``N`` items, the ``M`` numerators.
+        denominators: ``(N,)``: the denominator of each item.
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    n_items = len(den)
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)  # (R, N)
+    return (weights @ num) / (weights @ den)[:, None]
+
+
 def bootstrap_ratios(
     numerators: np.ndarray,
     denominators: np.ndarray,
@@ -167,12 +189,7 @@ def bootstrap_ratios(
 
     The one-seed case of :func:`bootstrap` for ``M`` statistics that share their items
     and their denominator (the share of attention on [CLS] of every head, over the query
-    rows of the same sentences): each replicate draws the items with replacement (the
-    same draws as :func:`bootstrap_ratio` with the same ``seed``).
-
-    Args:
-        numerators: ``(N, M)``: for each of ``N`` items, the ``M`` numerators.
-        denominators: ``(N,)``: the denominator of each item.
+    rows of the same sentences), from :func:`ratio_replicates`.
 
     Returns:
         ``(mean, low, high)``, each ``(M,)``: ``sum(numerators) / sum(denominators)`` and
@@ -181,16 +198,13 @@ def bootstrap_ratios(
     """
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
-    n_items = len(den)
-    if n_items < 2:
-        mean = num.sum(0) / den.sum()
+    mean = num.sum(0) / den.sum()
+    if len(den) < 2:
         return mean, np.full_like(mean, -math.inf), np.full_like(mean, math.inf)
-    rng = np.random.default_rng(seed)
-    weights = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)  # (R, N)
-    replicates = (weights @ num) / (weights @ den)[:, None]  # (R, M)
+    replicates = ratio_replicates(num, den, resamples=resamples, seed=seed)
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(replicates, [tail, 100 - tail], axis=0)
-    return num.sum(0) / den.sum(), low, high
+    return mean, low, high
 
 
 def bleu_counts(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:

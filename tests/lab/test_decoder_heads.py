@@ -64,6 +64,34 @@ def test_a_head_is_decided_when_its_whole_interval_is_above_one_half():
     assert decoder_heads.decided({"low": low}) == {"sink": 1, "previous": 1, "self": 0}
 
 
+@pytest.mark.parametrize(
+    ("sink_low", "previous_low", "head"),
+    [
+        (3, 1, "holds:"),
+        (3, 0, "holds for the sink, not for previous-token heads:"),
+        (2, 1, "holds for previous-token heads, not for the sink:"),
+        (2, 0, "does not hold:"),
+    ],
+)
+def test_the_verdict_reads_the_intervals_of_the_numbers_of_heads(sink_low, previous_low, head):
+    shares = np.full((1, 4), 0.2)  # 4 heads: "most" is more than 2
+    feats = {
+        "sink": shares,
+        "previous": shares,
+        "self": shares,
+        "low": {k: shares for k in ("sink", "previous", "self")},
+        "sink_generated_rows": shares,
+        "sink_prompt_rows": shares,
+        "heads_of_kind": {
+            "sink": {"mean": 3, "low": sink_low, "high": 4},
+            "previous": {"mean": 1, "low": previous_low, "high": 2},
+            "self": {"mean": 0, "low": 0, "high": 0},
+        },
+    }
+    counts = {"sink": 3, "previous": 1, "self": 0, "spread": 0}
+    assert decoder_heads._verdict(feats, counts).startswith(head)
+
+
 @pytest.mark.slow
 def test_quick_run_on_smollm2(lab_out):
     pytest.importorskip("gguf", reason="needs the gguf package: pip install 'qkv[llm]'")
@@ -82,6 +110,7 @@ def test_quick_run_on_smollm2(lab_out):
     for name in ("sink", "previous", "self", "sink_generated_rows"):
         assert ((np.array(r[name]) >= 0) & (np.array(r[name]) <= 1 + 1e-9)).all(), name
     assert result["figures"] and (lab_out / "decoder-heads" / "decoder_heads.png").is_file()
-    # one prompt has no interval over prompts, so no head is decided
-    assert result["verdict"].startswith("does not hold: with the 95% interval")
+    # one prompt has no interval over prompts, so nothing is decided
+    assert result["verdict"].startswith("does not hold: ")
     assert all(x == "-inf" for x in np.ravel(r["low"]["sink"]))
+    assert r["heads_of_kind"]["sink"]["mean"] == r["counts"]["sink"]
