@@ -44,12 +44,30 @@ log = logging.getLogger(__name__)
 
 FEATURES = ("sink", "previous", "self", "entropy", "distance")
 KINDS = ("sink", "previous", "self", "spread")  # a head's kind: its share above 1/2, or none
-PROMPTS = (
+PROMPTS = (  # English prose, stories, facts, Korean, code, lists and dialogue
     "The three matrices of attention are called",
     "Once upon a time, in a small village by the sea,",
     "트랜스포머의 어텐션은 쿼리와 키를 비교해서",
     "def scaled_dot_product_attention(q, k, v):\n    ",
     "Water boils at 100 degrees Celsius because",
+    "The capital of France is Paris, and the capital of Japan is",
+    "Dear Sir or Madam, I am writing to ask about",
+    "서울은 한국의 수도이고, 부산은",
+    "for i in range(10):\n    if i % 2 == 0:\n        ",
+    "Step 1: Preheat the oven to 180 degrees. Step 2:",
+    "The mitochondria is the part of the cell that",
+    "She opened the door slowly and saw",
+    "오늘 날씨가 좋아서 우리는 공원에",
+    "SELECT name, age FROM users WHERE",
+    "A list of prime numbers: 2, 3, 5, 7, 11,",
+    "In 1969, the first humans to walk on the Moon were",
+    "The main difference between a cat and a dog is",
+    '{"name": "Alice", "age": 30, "city":',
+    "To learn a new language quickly, you should",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "저는 학생입니다. 저는 매일 아침",
+    "If x + 3 = 7, then x equals",
+    "The best way to make a cup of tea is to",
 )
 CHAT = "What is attention in a Transformer? Answer in one sentence."
 
