@@ -621,13 +621,40 @@ def _count(items: list, noun: str) -> str:
     return f"{len(items)} {noun}{'s' * (len(items) != 1)}"
 
 
+def _head(summary: dict[str, dict], exploding: dict, trained: dict) -> str:
+    """What the numbers decide: the gradient vanishes through the saturating recurrences
+    (tanh ρ=0.5, LSTM, GRU: far/near below 1/2), explodes without saturation (the growth
+    rates of the largest ρ, linear and ReLU, with intervals above 0) and in unclipped
+    training (a gradient norm above the clipping threshold), and stays flat through
+    self-attention (far/near within a factor 2 of 1)."""
+    rho = EXPLODE_RHOS[-1]
+    sides = {
+        "vanishing": all(
+            summary[m]["far_over_near"] < 0.5 for m in ("tanh ρ=0.5", "LSTM", "GRU") if m in summary
+        ),
+        "exploding": all(
+            exploding[f"{kind} ρ={rho}"]["rate"]["low"] > 0 for kind in ("linear", "relu")
+        )
+        and trained["runs"]["no clipping"]["max_norm"] > trained["threshold"],
+        "flat through attention": 0.5 <= summary["self-attention"]["far_over_near"] <= 2.0,
+    }
+    held = [name for name, ok in sides.items() if ok]
+    if len(held) == len(sides):
+        return "holds"
+    if not held:
+        return "does not hold"
+    not_held = [name for name in sides if name not in held]
+    return f"holds for {', '.join(held)}, not for {', '.join(not_held)}"
+
+
 def _verdict(summary: dict[str, dict], steps: int, exploding: dict, trained: dict) -> str:
     """What tanh RNNs keep at the reported distance, attention's far/near, the growth rates
     of the linear and ReLU recurrences, and the two GRU trainings."""
     k = reported_distance(steps)
     far_near = summary["self-attention"]["far_over_near"]
     verdict = (
-        f"tanh ρ=0.5 keeps {summary['tanh ρ=0.5'][f'k={k}']:.1e} of the gradient after {k} "
+        f"{_head(summary, exploding, trained)}: tanh ρ=0.5 keeps "
+        f"{summary['tanh ρ=0.5'][f'k={k}']:.1e} of the gradient after {k} "
         f"steps, ρ=1.5 keeps {summary['tanh ρ=1.5'][f'k={k}']:.1e}; self-attention's "
         f"far/near ratio is {far_near:.2f} ({_distance_effect(far_near)}); "
         f"{_explosion_verdict(exploding)}; {_training_verdict(trained)}"

@@ -171,6 +171,21 @@ def test_a_relu_recurrence_grows_with_log_rho_and_explodes_at_rho_2(result):
     assert all(r["rate"]["mean"] < r["log_rho"] for r in rows)
 
 
+def test_the_verdict_is_headed_by_what_the_numbers_decide(result):
+    from qkv.lab.gradients import _head
+
+    r = result["results"]
+    summary = {**r["summary"]}
+    exploding, trained = r["explosion"]["curves"], r["training"]
+    assert result["verdict"].startswith(_head(summary, exploding, trained) + ": ")
+    flat = {m: {**row, "far_over_near": 1.0} for m, row in summary.items()}  # nothing vanishes
+    assert _head(flat, exploding, trained).startswith("holds for") and "not for vanishing" in (
+        _head(flat, exploding, trained)
+    )
+    tame = {**trained, "threshold": float("inf")}  # no norm above the threshold
+    assert "exploding" in _head(summary, exploding, tame).split("not for")[-1]
+
+
 def test_the_verdict_gives_the_growth_rates(result):
     curves = result["results"]["explosion"]["curves"]
     rho = EXPLODE_RHOS[-1]

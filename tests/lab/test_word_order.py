@@ -59,13 +59,16 @@ def test_the_verdict_calls_equivariance_exact_only_when_the_numbers_are_at_round
     exact = result["results"]["max_abs_diff"]
     sims = result["results"]["minilm_cosine"]
     assert "(exact equivariance)" in _verdict(exact, sims)
+    assert _verdict(exact, sims).startswith("holds: ")
     assert "NOT equivariant" not in _verdict(exact, sims)
     least = min(min(d["attention + positions"], d["encoder + positions"]) for d in exact.values())
     assert f"with positions by at least {least:.1e}" in _verdict(exact, sims)
     broken = {pair: {**d, "encoder": 2e-2} for pair, d in exact.items()}
     assert "exact equivariance" not in _verdict(broken, sims)
     assert "up to 2.0e-02" in _verdict(broken, sims) and "NOT equivariant" in _verdict(broken, sims)
+    assert _verdict(broken, sims).startswith("does not hold: ")
     pair = next(iter(sims))
     moved = {**sims, pair: {**sims[pair], "positions zeroed": {"Sally": [1.0, 0.95]}}}
     assert "position embeddings zeroed still differs (cosine 0.950000)" in _verdict(exact, moved)
+    assert _verdict(exact, moved).startswith("does not hold: ")
     assert "still differs" not in _verdict(exact, sims)
