@@ -112,6 +112,13 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     return Interval(mean, mean - half, mean + half)
 
 
+def _draw_items(rng: np.random.Generator, n_items: int, resamples: int) -> np.ndarray:
+    """How often each of ``n_items`` items is drawn in each replicate: ``(R, N)``, each row
+    ``n_items`` draws with replacement (the first draws of a seed's generator, so every
+    bootstrap here with the same seed resamples the same items)."""
+    return rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)
+
+
 def bootstrap(
     counts: np.ndarray,
     statistic: Callable[[np.ndarray], float],
@@ -144,7 +151,7 @@ def bootstrap(
         return Interval(math.nan, math.nan, math.nan)
     mean = float(np.mean([statistic(c.sum(0)) for c in counts]))
     rng = np.random.default_rng(seed)
-    weights = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)  # (R, N)
+    weights = _draw_items(rng, n_items, resamples)  # (R, N)
     sums = np.einsum("rn,snk->srk", weights.astype(np.float64), counts)  # (S, R, K)
     scores = np.array([[statistic(sums[s, r]) for r in range(resamples)] for s in range(n_seeds)])
     drawn = rng.integers(0, n_seeds, size=(resamples, n_seeds))  # (R, S) seeds per replicate
@@ -171,9 +178,7 @@ def ratio_replicates(
     """
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
-    n_items = len(den)
-    rng = np.random.default_rng(seed)
-    weights = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=resamples)  # (R, N)
+    weights = _draw_items(np.random.default_rng(seed), len(den), resamples)  # (R, N)
     return (weights @ num) / (weights @ den)[:, None]
 
 

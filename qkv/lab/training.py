@@ -267,9 +267,10 @@ class Trained:
         }
 
 
-def read_curve(log_file: Path) -> list[dict[str, float]]:
+def read_curve(log_file: Path, score: str = "valid_bleu") -> list[dict[str, float]]:
     """The validation rows of a run's ``log.jsonl``: step, training seconds at that step,
-    validation loss and BLEU."""
+    validation loss and the validation ``score`` (BLEU for translators,
+    ``"valid_accuracy"`` for image classifiers)."""
     seconds: dict[int, float] = {}
     curve = []
     if not Path(log_file).is_file():
@@ -284,7 +285,7 @@ def read_curve(log_file: Path) -> list[dict[str, float]]:
                     "step": row["step"],
                     "seconds": seconds.get(row["step"], float("nan")),
                     "valid_loss": row["valid_loss"],
-                    "valid_bleu": row.get("valid_bleu", float("nan")),
+                    score: row.get(score, float("nan")),
                 }
             )
     return curve

@@ -10,10 +10,10 @@ Method:
     :mod:`qkv.data.digits`, ``data.seed`` 0), train with the recipes of
     ``configs/digits-vit.yaml`` and ``configs/digits-cnn.yaml`` (same steps, batch and
     optimiser, the whole cosine schedule), each with ``train.seed`` 0 to 4: the ViT (2 x 2
-    patches, learned
-    positions), the same ViT without positions (``position_embeddings=False``) and the
-    CNN of about the same parameter count; scikit-learn's ``SVC()`` on the same training
-    split is the reference. On the test split (best checkpoint by validation accuracy):
+    patches, learned positions), the same ViT without positions
+    (``position_embeddings=False``) and the CNN of about the same parameter count;
+    scikit-learn's ``SVC()`` on the same training split is the reference. On the test
+    split (best checkpoint by validation accuracy):
 
     a. where the class token looks: per layer, the share of its attention over the patches
        (heads averaged, renormalised over the patches, each patch's share spread evenly
@@ -39,7 +39,6 @@ Method:
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -53,7 +52,7 @@ from torch import Tensor
 from qkv.data.digits import Digits, load_digit_splits
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, seed_all
 from qkv.lab.stats import Interval, bootstrap, bootstrap_ratio, t_interval
-from qkv.lab.training import training_bars
+from qkv.lab.training import read_curve, training_bars
 from qkv.models.checkpoint import load_checkpoint
 from qkv.train.classify import predict
 from qkv.train.loop import train
@@ -210,7 +209,7 @@ class _Trained:
     parameters: int
     best_valid: float
     best_step: int
-    curve: list[dict[str, float]]  # step and validation accuracy of every evaluation
+    curve: list[dict[str, float]]  # step, seconds, validation loss and accuracy
 
 
 def _train(name: str, model: dict[str, Any], setting: Setting, seed: int, out: Path) -> _Trained:
@@ -241,12 +240,7 @@ def _train(name: str, model: dict[str, Any], setting: Setting, seed: int, out: P
     ckpt = load_checkpoint(folder / "best.safetensors", training_state=False)
     model_ = ckpt.model.eval()
     n = sum(p.numel() for p in model_.parameters())
-    rows = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-    curve = [
-        {"step": r["step"], "valid_accuracy": r["valid_accuracy"]}
-        for r in rows
-        if "valid_accuracy" in r
-    ]
+    curve = read_curve(folder / "log.jsonl", "valid_accuracy")
     return _Trained(model_, result.seconds, n, result.best_bleu, result.best_step, curve)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ import pytest
 from qkv.cli import main
 from qkv.errors import UserError
 from qkv.models import minilm_path, smollm2_path
+from tests.docs.markdown import Page, check_links, links, read_page, slug
 
 ROOT = Path(__file__).resolve().parents[2]
 TOUR = ROOT / "docs" / "tour.md"
@@ -53,56 +54,7 @@ SECTIONS = [
     (3, "vision"),
 ]
 
-FENCE = re.compile(r"^```(\S*)\s*$")
-LINK = re.compile(r"(!?)\[((?:[^\[\]]|`[^`]*`)*)\]\(([^)\s]+)\)")
 CODE_ANCHOR = re.compile(r"^#L(\d+)(?:-L(\d+))?$")
-
-
-@dataclass
-class Block:
-    lang: str
-    line: int  # 1-based line of the opening fence
-    lines: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Page:
-    blocks: list[Block]
-    prose: list[tuple[int, str]]  # (line number, text) outside code blocks
-    headings: list[tuple[int, str]]  # (level, text)
-
-
-def read_page(path: Path) -> Page:
-    blocks, prose, headings, block = [], [], [], None
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        fence = FENCE.match(line)
-        if block is None and fence:
-            block = Block(fence.group(1), number)
-        elif block is not None and line.strip() == "```":
-            blocks.append(block)
-            block = None
-        elif block is not None:
-            block.lines.append(line)
-        else:
-            prose.append((number, line))
-            heading = re.match(r"^(#{1,6}) (.+)$", line)
-            if heading:
-                headings.append((len(heading.group(1)), heading.group(2).strip()))
-    assert block is None, f"{path.name}: the block opened at line {block.line} is not closed"
-    return Page(blocks, prose, headings)
-
-
-def slug(heading: str) -> str:
-    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces -> '-'."""
-    text = re.sub(r"[^\w\- ]", "", heading.replace("`", "").lower())
-    return text.replace(" ", "-")
-
-
-def links(page: Page):
-    """(line, is image, text, target) of every link outside code blocks."""
-    for number, line in page.prose:
-        for m in LINK.finditer(line):
-            yield number, m.group(1) == "!", m.group(2), m.group(3)
 
 
 @dataclass
@@ -177,22 +129,7 @@ def test_code_links_point_at_the_lines_that_hold_the_named_code(page):
 
 
 def test_every_link_and_figure_exists(page):
-    anchors = {slug(text) for _, text in page.headings}
-    images = 0
-    for number, image, _, target in links(page):
-        if re.match(r"^[a-z]+:", target):
-            continue  # an address on the web
-        path, _, anchor = target.partition("#")
-        where = f"tour.md line {number}, {target}"
-        if not path:
-            assert anchor in anchors, f"{where}: no heading with that anchor"
-            continue
-        file = (TOUR.parent / path).resolve()
-        assert file.exists(), f"{where}: no such file"
-        if image:
-            assert file.suffix in (".png", ".svg") and file.stat().st_size > 0, where
-            images += 1
-    assert images >= 5
+    assert check_links(TOUR, page) >= 5
 
 
 def test_the_readme_links_to_every_section(page):
