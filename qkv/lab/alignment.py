@@ -34,7 +34,11 @@ Method:
     links whose target word's strongest source word (attention averaged over the target
     word's BPE pieces, summed over each source word's pieces) is the dictionary
     translation, with its bootstrap interval over pairs and seeds; content words (nouns,
-    places, 사랑) and pronouns (:data:`PRONOUNS`) are counted apart.
+    places, 사랑) and pronouns (:data:`PRONOUNS`) are counted apart. The same links picked
+    without attention are the baselines: the monotonic diagonal and a uniformly random
+    source word. The claim holds on Tatoeba for a model and direction whose content-word
+    fraction lies above both baselines' (intervals apart) and whose attention links each
+    word of the story's example to its translation in every seed.
 """
 
 from __future__ import annotations
@@ -89,8 +93,10 @@ __all__ = [
     "baselines",
     "dictionary_links",
     "run",
+    "story_links",
     "table",
     "tatoeba_part",
+    "tatoeba_verdict",
     "word_attention",
 ]
 
@@ -473,24 +479,55 @@ def _word_links(trained, src: str, tgt: str) -> tuple[np.ndarray, list[int]]:
     return words, [int(i) for i in words.argmax(1)]
 
 
-def _dictionary_hits(trained, pairs, direction: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per held-out pair ``(N, 2)``: dictionary links whose target word attends most to
-    the linked source word, and the number of links; column 0 content words (nouns,
-    places, 사랑), column 1 pronouns."""
+def _link_hits(pairs, direction: str, chooser) -> tuple[np.ndarray, np.ndarray]:
+    """Per held-out pair ``(N, 2)``: the dictionary links whose target word picks the
+    linked source word (or the chance that it does), and the number of links; column 0
+    content words (nouns, places, 사랑), column 1 pronouns. ``chooser(src, tgt)`` is called
+    once for each pair with links and returns ``picks(s, t)``: whether (or how likely)
+    target word ``t`` picks source word ``s``."""
     hits, totals = np.zeros((len(pairs), 2)), np.zeros((len(pairs), 2))
     for n, (src, tgt) in enumerate(pairs):
         ko, en = (src, tgt) if direction == "ko-en" else (tgt, src)
         links = dictionary_links(ko, en)
         if not links:
             continue
-        _, argmax = _word_links(trained, src, tgt)
+        picks = chooser(src, tgt)
         ko_words = ko.split()
         for k, e in links:
             s, t = (k, e) if direction == "ko-en" else (e, k)
             kind = int(_ko_entry(ko_words[k]) in PRONOUNS)
             totals[n, kind] += 1
-            hits[n, kind] += t < len(argmax) and argmax[t] == s
+            hits[n, kind] += picks(s, t)
     return hits, totals
+
+
+def _dictionary_hits(trained, pairs, direction: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_link_hits` of a model: a target word picks the source word it attends to
+    most (teacher-forced)."""
+
+    def strongest(src: str, tgt: str):
+        _, argmax = _word_links(trained, src, tgt)
+        return lambda s, t: t < len(argmax) and argmax[t] == s
+
+    return _link_hits(pairs, direction, strongest)
+
+
+def _link_baselines(pairs, direction: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """:func:`_link_hits` without attention: the monotonic diagonal (target word ``t`` of
+    ``T`` picks source word ``round(t (S-1)/(T-1))`` of ``S``) and a uniformly random
+    source word (the expected hits, ``1/S`` per link)."""
+
+    def diagonal(src: str, tgt: str):
+        n_src, n_tgt = len(src.split()), len(tgt.split())
+        return lambda s, t: round(t * (n_src - 1) / max(n_tgt - 1, 1)) == s
+
+    def uniform(src: str, tgt: str):
+        return lambda s, t: 1.0 / len(src.split())
+
+    return {
+        "diagonal": _link_hits(pairs, direction, diagonal),
+        "random (expected)": _link_hits(pairs, direction, uniform),
+    }
 
 
 def _tatoeba_data(t: TatoebaSetting, direction: str) -> dict[str, Any]:
@@ -534,6 +571,15 @@ def _story(trained, direction: str) -> dict[str, Any]:
         "target_tokens": trained.tgt_tok.tokens(tgt),
         "strongest source word": {w: src_words[i] for w, i in zip(tgt.split(), argmax)},
     }
+
+
+def story_links(direction: str) -> dict[str, str]:
+    """The story's target words and the source word :data:`DICTIONARY` links each to."""
+    ko, en = STORY[1].split(), STORY[0].split()
+    links = dictionary_links(STORY[1], STORY[0])
+    if direction == "ko-en":
+        return {en[e]: ko[k] for k, e in links}
+    return {ko[k]: en[e] for k, e in links}
 
 
 def _story_figure(stories: dict[str, list[dict]], direction: str, out: Path) -> tuple[str, dict]:
@@ -634,6 +680,13 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
             Interval(**results[name]["bleu"]).format(1),
             Interval(**results[name]["dictionary_aligned"]).format(2),
         )
+    base = {
+        name: {
+            kind: bootstrap_ratio(h[None, :, k], n[None, :, k], resamples=t.resamples).as_dict()
+            for k, kind in enumerate(("content", "pronouns"))
+        }
+        for name, (h, n) in _link_baselines(test, direction).items()
+    }
     stories = {name: [k["score"]["story"] for k in runs] for name, runs in kept.items()}
     story, links = _story_figure(stories, direction, out)
     figures = [story]
@@ -644,7 +697,12 @@ def _tatoeba_direction(out: Path, t: TatoebaSetting, direction: str) -> dict[str
     figures.append(curve_figure(curves, out / f"curves-tatoeba-{direction}.png", direction))
     return {
         "models": results,
-        "story": {"source": STORY[0] if direction == "en-ko" else STORY[1], **links},
+        "baselines": base,
+        "story": {
+            "source": STORY[0] if direction == "en-ko" else STORY[1],
+            "dictionary": story_links(direction),
+            **links,
+        },
         "training pairs holding the story's English sentence": sum(
             STORY[0].lower() in " ".join(pair).lower() for pair in train
         ),
@@ -772,6 +830,37 @@ def verdict(results: dict[str, dict], base: dict[str, dict]) -> str:
     return f"{head} (test AER, lower is better, 95% interval: {aers}; {differences})"
 
 
+def tatoeba_verdict(directions: dict[str, dict]) -> str:
+    """Which models, in which direction, put a content word's strongest attention on its
+    dictionary translation more often than both baselines (intervals apart) and link
+    every word of the story's example to its translation in every seed."""
+    good, bad, numbers = [], [], []
+    for direction, part in directions.items():
+        bases = {n: Interval(**b["content"]) for n, b in part["baselines"].items()}
+        for name, r in part["models"].items():
+            label = f"{direction} {name}"
+            aligned = Interval(**r["dictionary_aligned"])
+            above = all(aligned.mean > b.mean and apart(aligned, b) for b in bases.values())
+            seeds = part["story"][name]["strongest source word"]
+            right = sum(links == part["story"]["dictionary"] for links in seeds)
+            (good if above and right == len(seeds) else bad).append(label)
+            numbers.append(
+                f"{label} {aligned.format(0, 100)}% of {r['dictionary_links']} links, "
+                f"the story's links in {right} of {len(seeds)} seeds, "
+                f"BLEU {Interval(**r['bleu']).format(1)}"
+            )
+        numbers += [f"{direction} {n} baseline {b.format(0, 100)}%" for n, b in bases.items()]
+    if not bad:
+        head = "holds"
+    elif not good:
+        head = "does not hold"
+    else:
+        head = f"holds for {', '.join(good)}, not for {', '.join(bad)}"
+    return f"{head} (content words on their dictionary translation, 95% interval: " + (
+        "; ".join(numbers) + ")"
+    )
+
+
 def run(out: Path, *, quick: bool = False) -> LabRun:
     """Train the models, score their attention against the gold alignment, draw heatmaps."""
     setting = QUICK if quick else FULL
@@ -789,14 +878,7 @@ def run(out: Path, *, quick: bool = False) -> LabRun:
     figures += tatoeba.get("figures", [])
     text = f"toy: {verdict(results, base)}"
     if "directions" in tatoeba:
-        for direction, part in tatoeba["directions"].items():
-            text += f"; Tatoeba {direction}: " + ", ".join(
-                f"{n} BLEU {Interval(**r['bleu']).format(1)}, content words on their "
-                f"dictionary translation {Interval(**r['dictionary_aligned']).format(0, 100)}% "
-                f"of {r['dictionary_links']} links (pronouns "
-                f"{Interval(**r['pronouns_aligned']).format(0, 100)}% of {r['pronoun_links']})"
-                for n, r in part["models"].items()
-            )
+        text += f"; Tatoeba: {tatoeba_verdict(tatoeba['directions'])}"
     else:
         text += f"; Tatoeba skipped: {tatoeba['skipped']}"
     return LabRun(
@@ -837,6 +919,9 @@ def table(run: LabRun) -> Table:
                     f"dictionary {Interval(**r['dictionary_aligned']).format(0, 100)}%",
                 ]
             )
+        for name, b in part.get("baselines", {}).items():
+            content = Interval(**b["content"]).format(0, 100)
+            rows.append([f"Tatoeba {direction}: baseline {name}", "", "", f"dictionary {content}%"])
     if "skipped" in tatoeba:
         rows.append(["Tatoeba: skipped (reason in the verdict)", "", "", ""])
     return Table(

@@ -17,7 +17,9 @@ from qkv.lab.alignment import (
     aer_counts,
     baselines,
     dictionary_links,
+    story_links,
     tatoeba_part,
+    tatoeba_verdict,
     word_attention,
 )
 from tests.lab.conftest import quick_result
@@ -135,6 +137,74 @@ def test_dictionary_hits_count_content_words_and_pronouns_apart(monkeypatch):
     np.testing.assert_array_equal(hits, [[1, 2], [0, 1]])
 
 
+def test_link_baselines_pick_by_position_and_by_chance():
+    """On "나는 너를 사랑해" -> "I love you" the diagonal picks source word t for target
+    word t: 나/I is hit, 너/you and 사랑/love are not; a random word hits each link 1/3."""
+    from qkv.lab import alignment
+
+    pairs = [("나는 너를 사랑해", "I love you"), ("고양이들", "cats")]  # the second: no links
+    base = alignment._link_baselines(pairs, "ko-en")
+    hits, totals = base["diagonal"]
+    np.testing.assert_array_equal(totals, [[1, 2], [0, 0]])
+    np.testing.assert_array_equal(hits, [[0, 1], [0, 0]])
+    hits, totals = base["random (expected)"]
+    np.testing.assert_allclose(hits, [[1 / 3, 2 / 3], [0, 0]])
+    # English->Korean: the Korean words are the targets; 나는 (t=0) picks I, the rest miss
+    hits, totals = alignment._link_baselines([("I love you", "나는 너를 사랑해")], "en-ko")[
+        "diagonal"
+    ]
+    np.testing.assert_array_equal(totals, [[1, 2]])
+    np.testing.assert_array_equal(hits, [[0, 1]])
+
+
+def test_the_story_links_each_word_to_its_translation_in_both_directions():
+    assert story_links("ko-en") == {"I": "나는", "love": "사랑해", "you": "너를"}
+    assert story_links("en-ko") == {"나는": "I", "사랑해": "love", "너를": "you"}
+
+
+def _tatoeba_direction(aligned, seeds_right, base=(0.1, 0.2)):
+    """A part's record with a model whose content-word fraction is ``aligned`` (mean,
+    low, high), ``seeds_right`` of 3 seeds linking the story right, and two baselines."""
+    right, wrong = story_links("ko-en"), {"I": "너를", "love": "사랑해", "you": "나는"}
+    interval = dict(zip(("mean", "low", "high"), aligned))
+    return {
+        "models": {
+            "m": {
+                "dictionary_aligned": interval,
+                "dictionary_links": 41,
+                "bleu": {"mean": 16.0, "low": 14.0, "high": 18.0},
+            }
+        },
+        "baselines": {
+            f"b{i}": {"content": {"mean": b, "low": b - 0.05, "high": b + 0.05}}
+            for i, b in enumerate(base)
+        },
+        "story": {
+            "dictionary": right,
+            "m": {"strongest source word": [right] * seeds_right + [wrong] * (3 - seeds_right)},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("directions", "head"),
+    [
+        ({"ko-en": ((0.6, 0.5, 0.7), 3), "en-ko": ((0.5, 0.4, 0.6), 3)}, "holds ("),
+        ({"ko-en": ((0.6, 0.5, 0.7), 3), "en-ko": ((0.3, 0.2, 0.4), 3)}, "holds for ko-en m, "),
+        ({"ko-en": ((0.6, 0.5, 0.7), 2), "en-ko": ((0.5, 0.4, 0.6), 3)}, "holds for en-ko m, "),
+        ({"ko-en": ((0.2, 0.1, 0.3), 3), "en-ko": ((0.6, 0.5, 0.7), 1)}, "does not hold ("),
+    ],
+)
+def test_tatoeba_verdict_needs_both_baselines_below_and_the_story_right(directions, head):
+    """Above both baselines with intervals apart (0.3 [0.2, 0.4] overlaps the baseline
+    0.2 [0.15, 0.25]) and the story's three links right in every seed."""
+    parts = {d: _tatoeba_direction(a, right) for d, (a, right) in directions.items()}
+    text = tatoeba_verdict(parts)
+    assert text.startswith(head)
+    assert "ko-en m 60 [50, 70]%" in text or "ko-en m 20 [10, 30]%" in text
+    assert "ko-en b0 baseline 10 [5, 15]%" in text
+
+
 def test_word_attention_averages_target_pieces_and_sums_source_pieces():
     rng = np.random.default_rng(0)
     weights = rng.random((3, 4))
@@ -201,9 +271,13 @@ def test_tatoeba_part_trains_both_directions_and_reads_the_story(tmp_path):
         assert len(r["trainings"]) == 2 and all(t["steps"] <= 4 for t in r["trainings"])
         assert r["bleu"]["low"] <= r["bleu"]["mean"] <= r["bleu"]["high"]
         assert {"dictionary_aligned", "pronouns_aligned", "pronoun_links"} <= set(r)
+        assert set(en_ko["baselines"]) == {"diagonal", "random (expected)"}
         story = en_ko["story"][name]["strongest source word"]
         assert len(story) == 2 and set(story[0]) == {"나는", "너를", "사랑해"}
         assert set(story[0].values()) <= {"I", "love", "you"}
+    text = tatoeba_verdict(part["directions"])
+    assert "ko-en rnn-bahdanau" in text and "en-ko rnn-bahdanau" in text
+    assert " of 2 seeds" in text and "en-ko random (expected) baseline" in text
     names = {Path(f).name for f in part["figures"]}
     assert {"tatoeba-story-en-ko.png", "tatoeba-story-ko-en.png"} <= names
     assert {"curves-tatoeba-en-ko.png", "curves-tatoeba-ko-en.png"} <= names
