@@ -64,6 +64,7 @@ from qkv.lab.common import (
     new_figure,
     save_figure,
     seed_all,
+    verdict_head,
 )
 from qkv.lab.stats import Interval, apart, bootstrap_bleu, bootstrap_ratio, separated
 from qkv.lab.training import (
@@ -813,13 +814,7 @@ def verdict(results: dict[str, dict], base: dict[str, dict]) -> str:
             for b in base.values()
         )
     ]
-    worse = [n for n in results if n not in better]
-    if not worse:
-        head = "holds"
-    elif not better:
-        head = "does not hold"
-    else:
-        head = f"holds for {', '.join(better)}, not for {', '.join(worse)}"
+    head = verdict_head(better, [n for n in results if n not in better])
     aers = ", ".join(
         [f"{n} {Interval(**r['aer_best']).format(3)}" for n, r in results.items()]
         + [f"{n} baseline {Interval(**v).format(3)}" for n, v in base.items()]
@@ -850,14 +845,10 @@ def tatoeba_verdict(directions: dict[str, dict]) -> str:
                 f"BLEU {Interval(**r['bleu']).format(1)}"
             )
         numbers += [f"{direction} {n} baseline {b.format(0, 100)}%" for n, b in bases.items()]
-    if not bad:
-        head = "holds"
-    elif not good:
-        head = "does not hold"
-    else:
-        head = f"holds for {', '.join(good)}, not for {', '.join(bad)}"
-    return f"{head} (content words on their dictionary translation, 95% interval: " + (
-        "; ".join(numbers) + ")"
+    measured = "; ".join(numbers)
+    return (
+        f"{verdict_head(good, bad)} (content words on their dictionary translation, "
+        f"95% interval: {measured})"
     )
 
 

@@ -60,6 +60,7 @@ from qkv.lab.common import (
     new_figure,
     save_figure,
     seed_all,
+    verdict_head,
 )
 from qkv.lab.stats import (
     Interval,
@@ -464,14 +465,7 @@ def verdict(results: dict[str, dict]) -> str:
         f"{n} {Interval(**r['relative_drop']).format(0, 100)}%".replace("n/a%", "n/a")
         for n, r in results.items()
     )
-    if holds and not fails:
-        head = "holds"
-    elif fails and not holds:
-        head = "does not hold"
-    elif holds:
-        head = f"holds for {', '.join(holds)}, not for {', '.join(fails)}"
-    else:
-        head = "undecided"
+    head = verdict_head(holds, fails)
     if undecided:
         head += f" (undecided for {', '.join(undecided)}: no BLEU in the shortest bucket)"
     return f"{head} (relative BLEU drop, shortest to longest bucket, 95% interval: {drops})"

@@ -53,6 +53,7 @@ __all__ = [
     "shared_data",
     "staged_figures",
     "steps_bar",
+    "verdict_head",
     "versions",
     "write_kept",
     "write_result",
@@ -68,6 +69,18 @@ class Table:
     title: str
     columns: list[str]
     rows: list[list[str]]
+
+
+def verdict_head(held: list[str], not_held: list[str]) -> str:
+    """The start of a verdict from what the claim holds and does not hold for: "holds",
+    "does not hold", "holds for X, not for Y", or "undecided" when both are empty."""
+    if not held and not not_held:
+        return "undecided"
+    if not not_held:
+        return "holds"
+    if not held:
+        return "does not hold"
+    return f"holds for {', '.join(held)}, not for {', '.join(not_held)}"
 
 
 @dataclass

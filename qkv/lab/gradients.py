@@ -53,6 +53,7 @@ from qkv.lab.common import (
     save_figure,
     seed_all,
     steps_bar,
+    verdict_head,
 )
 from qkv.lab.stats import t_interval
 from qkv.models.translators.config import RNNSeq2SeqConfig
@@ -638,13 +639,9 @@ def _head(summary: dict[str, dict], exploding: dict, trained: dict) -> str:
         and trained["runs"]["no clipping"]["max_norm"] > trained["threshold"],
         "flat through attention": 0.5 <= summary["self-attention"]["far_over_near"] <= 2.0,
     }
-    held = [name for name, ok in sides.items() if ok]
-    if len(held) == len(sides):
-        return "holds"
-    if not held:
-        return "does not hold"
-    not_held = [name for name in sides if name not in held]
-    return f"holds for {', '.join(held)}, not for {', '.join(not_held)}"
+    return verdict_head(
+        [name for name, ok in sides.items() if ok], [name for name, ok in sides.items() if not ok]
+    )
 
 
 def _verdict(summary: dict[str, dict], steps: int, exploding: dict, trained: dict) -> str:

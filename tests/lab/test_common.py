@@ -8,7 +8,7 @@ import pytest
 
 from qkv.cli import main
 from qkv.lab import EXPERIMENTS, run_experiment
-from qkv.lab.common import LabRun, write_result
+from qkv.lab.common import LabRun, verdict_head, write_result
 
 
 def test_unknown_experiment_exits_2_and_lists_the_names(capsys):
@@ -415,3 +415,10 @@ def test_an_interrupted_part_keeps_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt), staged_figures(tmp_path):
         finished_part(tmp_path, "toy", {"lr": 1e-3}, compute)
     assert not (tmp_path / "parts").exists() and not (tmp_path / "half.png").exists()
+
+
+def test_verdict_head_names_what_the_claim_holds_for():
+    assert verdict_head(["a", "b"], []) == "holds"
+    assert verdict_head([], ["a"]) == "does not hold"
+    assert verdict_head(["a"], ["b", "c"]) == "holds for a, not for b, c"
+    assert verdict_head([], []) == "undecided"
