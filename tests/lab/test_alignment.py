@@ -162,7 +162,7 @@ def test_the_story_links_each_word_to_its_translation_in_both_directions():
     assert story_links("en-ko") == {"나는": "I", "사랑해": "love", "너를": "you"}
 
 
-def _tatoeba_direction(aligned, seeds_right, base=(0.1, 0.2)):
+def _direction_record(aligned, seeds_right, base=(0.1, 0.2)):
     """A part's record with a model whose content-word fraction is ``aligned`` (mean,
     low, high), ``seeds_right`` of 3 seeds linking the story right, and two baselines."""
     right, wrong = story_links("ko-en"), {"I": "너를", "love": "사랑해", "you": "나는"}
@@ -198,7 +198,7 @@ def _tatoeba_direction(aligned, seeds_right, base=(0.1, 0.2)):
 def test_tatoeba_verdict_needs_both_baselines_below_and_the_story_right(directions, head):
     """Above both baselines with intervals apart (0.3 [0.2, 0.4] overlaps the baseline
     0.2 [0.15, 0.25]) and the story's three links right in every seed."""
-    parts = {d: _tatoeba_direction(a, right) for d, (a, right) in directions.items()}
+    parts = {d: _direction_record(a, right) for d, (a, right) in directions.items()}
     text = tatoeba_verdict(parts)
     assert text.startswith(head)
     assert "ko-en m 60 [50, 70]%" in text or "ko-en m 20 [10, 30]%" in text
