@@ -26,7 +26,7 @@ from torch import Tensor
 
 from qkv.kernels.native import load_library, threads_for
 
-__all__ = ["MAX_ROWS", "linear", "linear_reference", "supports", "why_unavailable"]
+__all__ = ["MAX_ROWS", "library", "linear", "linear_reference", "supports", "why_unavailable"]
 
 SOURCE = Path(__file__).with_name("matvec.c")
 MAX_ROWS = 4  # rows per kernel call (matvec.c); more rows are a matrix product
@@ -69,7 +69,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()  # (R, in), R <= MAX_ROWS
     out = torch.empty(rows.shape[0], weight.shape[0])  # (R, out)
     b = None if bias is None else bias.float().contiguous()
-    getattr(_library(), _KERNELS[weight.dtype])(
+    getattr(library(), _KERNELS[weight.dtype])(
         rows.data_ptr(),
         rows.stride(0),
         weight.data_ptr(),
@@ -89,7 +89,9 @@ def why_unavailable() -> str | None:
     return _load()[1]
 
 
-def _library() -> ctypes.CDLL:
+def library() -> ctypes.CDLL:
+    """The built ``matvec.c`` (also :mod:`~qkv.kernels.decode_layer`'s); raises when
+    :func:`why_unavailable` gives a reason."""
     lib, reason = _load()
     if lib is None:
         raise RuntimeError(f"qkv matvec kernel unavailable: {reason}")

@@ -64,12 +64,38 @@ class LayerKV:
         if not self._writable():
             self._k, self._v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
         else:
-            if n + t > self._k.shape[-2]:
-                self._k, self._v = _grown(self.k, n + t), _grown(self.v, n + t)
+            self._make_room(t)
             self._k.narrow(2, n, t).copy_(k)
             self._v.narrow(2, n, t).copy_(v)
         self._length = n + t
         return self.k, self.v
+
+    @property
+    def in_place(self) -> bool:
+        """Whether new positions are written into the buffers in place (see
+        :meth:`reserve`): the cache holds positions, appends to them, and is writable."""
+        return self._k is not None and not self.static and self._writable()
+
+    def reserve(self, t: int) -> tuple[Tensor, Tensor]:
+        """The whole key and value buffers ``(B, Hkv, capacity, D)``, with room for ``t``
+        positions after the filled ones (grown if need be), for a caller that writes the
+        new keys and values there itself and then calls :meth:`advance`. Requires
+        :attr:`in_place`."""
+        if not self.in_place:
+            raise ValueError("reserve needs a cache that holds positions and is written in place")
+        self._make_room(t)
+        return self._k, self._v
+
+    def advance(self, t: int) -> None:
+        """Count ``t`` more positions as filled: those written after :meth:`reserve`."""
+        if self._k is None or not 0 <= self._length + t <= self._k.shape[-2]:
+            raise ValueError(f"cannot count {t} more positions: reserve room for them first")
+        self._length += t
+
+    def _make_room(self, t: int) -> None:
+        """Grow the buffers unless ``t`` more positions fit."""
+        if self._length + t > self._k.shape[-2]:
+            self._k, self._v = _grown(self.k, self._length + t), _grown(self.v, self._length + t)
 
     def _writable(self) -> bool:
         """Whether new positions may be written into the buffers in place: not under

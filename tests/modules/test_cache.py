@@ -73,6 +73,50 @@ def test_appends_write_in_place_and_equal_concatenation(steps):
     assert layer.length == sum(steps)
 
 
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(st.integers(0, 40), min_size=1, max_size=10))
+def test_positions_written_after_reserve_equal_appended_ones(steps):
+    """A caller that writes its positions itself (:meth:`LayerKV.reserve`, then
+    :meth:`LayerKV.advance`) leaves the cache as appending the same keys and values does
+    (outside autograd, where appends write in place)."""
+    written, appended = LayerKV(), LayerKV()
+    first_k, first_v = _kv(t=2)
+    written.append(first_k, first_v), appended.append(first_k, first_v)
+    for t in steps:
+        k, v = _kv(t=t)
+        with torch.no_grad():
+            kb, vb = written.reserve(t)
+        n = written.length
+        assert kb.shape[2] >= n + t and kb.is_contiguous()
+        kb[:, :, n : n + t], vb[:, :, n : n + t] = k, v
+        written.advance(t)
+        appended.append(k, v)
+        assert torch.equal(written.k, appended.k) and torch.equal(written.v, appended.v)
+
+
+def test_reserve_needs_a_cache_written_in_place():
+    """Empty, static, or under autograd: ``reserve`` refuses; ``advance`` beyond the room
+    reserved is refused too."""
+    layer = LayerKV()
+    assert not layer.in_place
+    with pytest.raises(ValueError, match="written in place"):
+        layer.reserve(1)
+    static = LayerKV()
+    static.set_static(*_kv(t=3))
+    with pytest.raises(ValueError, match="written in place"):
+        static.reserve(1)
+    layer.append(*_kv(t=3))
+    with torch.enable_grad():
+        assert not layer.in_place
+    with torch.no_grad():
+        assert layer.in_place
+        k, _ = layer.reserve(2)
+        with pytest.raises(ValueError, match="reserve room"):
+            layer.advance(k.shape[2] - 3 + 1)
+        layer.advance(2)
+    assert layer.length == 5
+
+
 def test_reorder_after_growth_keeps_the_chosen_rows():
     layer, ks = LayerKV(), []
     for t in (3, 1, 1, 80, 1):

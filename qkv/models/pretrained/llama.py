@@ -19,6 +19,7 @@ and :mod:`~qkv.models.pretrained.llama_hf` reads them from a Hugging Face folder
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 from qkv.distributed import ring_attention
 from qkv.errors import ConfigError
 from qkv.functional import combine_masks, scaled_dot_product_attention
+from qkv.kernels import decode_layer
 from qkv.models.inputs import check_position_ids, check_token_ids
 from qkv.models.pretrained.causal_lm import CausalLM, real_token_positions
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
@@ -293,6 +295,16 @@ class LlamaLayer(nn.Module):
         self.ff_norm = RMSNorm(c.dim, c.norm_eps)
         self.ff = SwiGLU(c.dim, c.inner_dim, c.activation, bias=c.mlp_bias)
 
+    def tensors(self) -> decode_layer.LayerWeights:
+        """The layer's weights as :func:`qkv.kernels.decode_layer.layer` takes them."""
+        a, ff = self.self_attn, self.ff
+        return decode_layer.LayerWeights(
+            *(self.attn_norm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight),
+            *(a.k_proj.bias, a.v_proj.weight, a.v_proj.bias, a.out_proj.weight, a.out_proj.bias),
+            *(self.ff_norm.weight, ff.gate_proj.weight, ff.gate_proj.bias, ff.up_proj.weight),
+            *(ff.up_proj.bias, ff.down_proj.weight, ff.down_proj.bias),
+        )
+
     def forward(self, x, cos, sin, *, key_mask=None, cache=None, need_weights=False):
         h, weights = self.self_attn(
             self.attn_norm(x), cos, sin, key_mask=key_mask, cache=cache, need_weights=need_weights
@@ -386,6 +398,10 @@ class Llama(CausalLM):
                 "train without it, or in one process"
             )
 
+        fused = self._fused_step(input_ids, key_mask, cache, need_weights)
+        if fused is not None:  # one token of one sequence on the CPU: the same layers in C
+            return self._decode_fused(input_ids, position_ids, cache, fused)
+
         x = self.tok_emb(input_ids)  # (B, T, E)
         rotary = x.dtype  # under autocast, that of the projected q and k (else the rotated
         # q and k come out float32 beside a bfloat16 v)
@@ -407,6 +423,59 @@ class Llama(CausalLM):
         x = x[:, -logits_to_keep:] if logits_to_keep else x  # (B, T or logits_to_keep, E)
         logits = self.lm_head(self.final_norm(x))  # (B, T, V)
         return LlamaOutput(logits=logits, attentions=attentions, cache=cache)
+
+    def _fused_step(self, input_ids, key_mask, cache, need_weights):
+        """The layers as :class:`~qkv.kernels.decode_layer.FusedLayer` when
+        :meth:`_decode_fused` serves this call, else ``None``: one new token of one
+        sequence after cached ones, nothing masked, no weights wanted, no gradient, SiLU,
+        no sequence parallelism, no autocast, float32 CPU weights and caches.
+
+        They are prepared at a cache's first fused step and kept for that cache (one
+        decoding run), where reading the layers' tensors at every token took longer than
+        the step's own small operations."""
+        if (
+            input_ids.shape != (1, 1)
+            or cache is None
+            or not all(kv.in_place for kv in cache.layers)
+            or need_weights
+            or torch.is_grad_enabled()
+            or self.config.activation != "silu"
+            or (key_mask is not None and not bool(key_mask.all()))
+            or torch.is_autocast_enabled(input_ids.device.type)
+            or any(kv.reserve(0)[0].dtype != torch.float32 for kv in cache.layers)
+        ):
+            return None
+        prepared = self.__dict__.setdefault("_fused_layers", weakref.WeakKeyDictionary())
+        if cache not in prepared:  # cache -> FusedLayers
+            if any(layer.self_attn.sequence_group is not None for layer in self.layers):
+                return None
+            tensors = [layer.tensors() for layer in self.layers]
+            if not all(map(decode_layer.supports, tensors)):
+                return None
+            c = self.config
+            prepared[cache] = [
+                decode_layer.FusedLayer(w, c.norm_eps, c.window(i), c.num_heads)
+                for i, w in enumerate(tensors)
+            ]
+        return prepared[cache]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickle) starts without the fused layers of
+        :meth:`_fused_step`: they hold the addresses of this model's weights."""
+        state = super().__getstate__()
+        state.pop("_fused_layers", None)
+        return state
+
+    def _decode_fused(self, input_ids, position_ids, cache, layers) -> LlamaOutput:
+        """:meth:`forward` for one token of one sequence, each layer one C call
+        (:class:`~qkv.kernels.decode_layer.FusedLayer`, tested against the layers' forward)."""
+        x = self.tok_emb(input_ids).view(-1)  # (E,): a new tensor, updated in place
+        cos, sin = (t.view(-1) for t in self.rope.cos_sin(position_ids, torch.float32))  # (D,)
+        for layer, kv in zip(layers, cache.layers):
+            layer(x, cos, sin, *kv.reserve(1), kv.length)  # caches (1, Hkv, capacity, D)
+            kv.advance(1)
+        logits = self.lm_head(self.final_norm(x.view(1, 1, -1)))  # (1, 1, V)
+        return LlamaOutput(logits=logits, attentions=[], cache=cache)
 
     @classmethod
     def from_weights(

@@ -1,15 +1,17 @@
 """The fast paths of decoding a causal LM: logits of the last positions only
-(``logits_to_keep``, what ``generate`` asks for), and bfloat16 weights read by the matvec
-kernel (:mod:`qkv.kernels.matvec`) through ``qkv.modules.Linear``."""
+(``logits_to_keep``, what ``generate`` asks for), bfloat16 weights read by the matvec
+kernel (:mod:`qkv.kernels.matvec`) through ``qkv.modules.Linear``, and a float32 Llama's
+token through each layer in one C call (:mod:`qkv.kernels.decode_layer`)."""
 
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
 
-from qkv.kernels import matvec
+from qkv.kernels import decode_layer, matvec
 from qkv.models import GPT, GPTConfig, Llama, LlamaConfig
 
 
@@ -77,3 +79,132 @@ def test_a_bfloat16_llama_decodes_through_the_kernel_as_float64_does():
     assert len(used) == 7 * 2 + 1
     scale = reference.abs().max()
     assert (step - reference).abs().max() <= 0.05 * scale
+
+
+needs_kernel = pytest.mark.skipif(
+    matvec.why_unavailable() is not None, reason=f"{matvec.why_unavailable()}"
+)
+
+
+def _fused_calls(monkeypatch) -> list[int]:
+    """Counts the calls of :class:`decode_layer.FusedLayer` (one per layer and token)."""
+    calls = []
+    call = decode_layer.FusedLayer.__call__
+
+    def counted(self, *args):
+        calls.append(1)
+        return call(self, *args)
+
+    monkeypatch.setattr(decode_layer.FusedLayer, "__call__", counted)
+    return calls
+
+
+def _varied_llama(**options) -> Llama:
+    """A small float32 Llama whose gains and biases are random too (not ones and zeros)."""
+    torch.manual_seed(1)
+    config = LlamaConfig(
+        vocab_size=101, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ff_dim=96, **options
+    )
+    model = Llama(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0.0, 0.5)
+    return model
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"qkv_bias": True, "out_bias": True, "mlp_bias": True},
+        {"sliding_window": 5, "full_layers": (1,)},
+        {"tie_embeddings": True, "head_dim": 24},
+    ],
+    ids=["llama", "biases", "window", "head-dim"],
+)
+def test_a_float32_llama_decodes_each_token_in_one_call_per_layer(monkeypatch, options):
+    """Decoding with the cache after a 3-token prompt: every step goes through the fused
+    layers (the caches grow past their room several times) and its logits equal those of
+    the layers' own forward pass over the whole sequence."""
+    model = _varied_llama(**options)
+    calls = _fused_calls(monkeypatch)
+    ids = torch.randint(0, 101, (1, 40))
+    with torch.no_grad():
+        full = model(ids).logits  # (1, 40, V): one pass, the layers' forward
+        cache = model.new_cache()
+        steps = [model(ids[:, :3], cache=cache).logits[:, -1:]]
+        steps += [model(ids[:, i : i + 1], cache=cache).logits for i in range(3, 40)]
+    assert len(calls) == 2 * 37 and cache.length == 40
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 2:], rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_generate_picks_the_tokens_of_the_layers_forward(monkeypatch):
+    """Greedy and sampled tokens are the same with the fused layers and without them."""
+    model = _varied_llama()
+    calls = _fused_calls(monkeypatch)
+    ids = torch.randint(0, 101, (1, 5))
+    greedy = model.generate(ids, 24, eos_token_id=[])
+    sampled = model.generate(ids, 24, eos_token_id=[], temperature=0.8, top_k=20, seed=3)
+    assert len(calls) == 2 * 23 * 2
+    monkeypatch.setattr(model, "_fused_step", lambda *args: None)  # the layers' forward
+    assert torch.equal(model.generate(ids, 24, eos_token_id=[]), greedy)
+    assert torch.equal(
+        model.generate(ids, 24, eos_token_id=[], temperature=0.8, top_k=20, seed=3), sampled
+    )
+    assert len(calls) == 2 * 23 * 2
+
+
+@needs_kernel
+def test_the_fused_layers_serve_one_float32_token_without_gradients_only(monkeypatch):
+    """Two sequences, the attention weights, a gradient, bfloat16 weights, a masked
+    token: each goes through the layers' forward."""
+    model = _varied_llama()
+    calls = _fused_calls(monkeypatch)
+    ids = torch.randint(0, 101, (2, 6))
+
+    def step(m, batch, **kw):
+        cache = m.new_cache()
+        m(batch[:, :5], cache=cache)
+        return m(batch[:, 5:], cache=cache, **kw)
+
+    with torch.no_grad():
+        step(model, ids)
+        out = step(model, ids[:1], need_weights=True)
+        assert len(out.attentions) == 2
+        step(copy.deepcopy(model).bfloat16(), ids[:1])
+        mask = torch.ones(1, 6, dtype=torch.long)
+        mask[0, 0] = 0
+        step(model, ids[:1], attention_mask=mask)
+    step(model, ids[:1])  # gradients on
+    assert calls == []
+    with torch.no_grad():
+        step(model, ids[:1], attention_mask=torch.ones(1, 6, dtype=torch.long))
+    assert len(calls) == 2
+
+
+@needs_kernel
+def test_a_copy_of_a_decoding_model_decodes_with_its_own_weights():
+    """Deep-copied or pickled while a cache holds its fused layers, the copy prepares its
+    own: changing the copy's weights changes the copy's tokens only."""
+    model = _varied_llama()
+    ids = torch.randint(0, 101, (1, 6))
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(ids[:, :5], cache=cache)
+        before = model(ids[:, 5:], cache=cache).logits  # fused layers kept for the cache
+        twin = copy.deepcopy(model)
+        restored = pickle.loads(pickle.dumps(model))
+        for m in (twin, restored):
+            assert (
+                m.generate(ids, 6, eos_token_id=[]).tolist()
+                == model.generate(ids, 6, eos_token_id=[]).tolist()
+            )
+        twin.layers[1].ff.down_proj.weight.mul_(-3.0)
+        twin_cache = twin.new_cache()
+        twin(ids[:, :5], cache=twin_cache)
+        changed = twin(ids[:, 5:], cache=twin_cache).logits
+        assert not torch.allclose(changed, before, atol=1e-3)
+        torch.testing.assert_close(changed, twin(ids).logits[:, -1:], rtol=1e-5, atol=1e-5)

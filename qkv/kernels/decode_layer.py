@@ -1,0 +1,222 @@
+"""One LLaMA decoder layer for one token, in one C call.
+
+Decoding a token through a layer of :class:`qkv.models.Llama` is seven matrix-vector
+products and, between them, some thirty small torch operations (two norms, the rotary
+positions, the cache write, attention over the cache, the gate): on the CPU each of those
+costs more in dispatch than in arithmetic, so that at one token they took about 40% of a
+float32 step where the products read every weight at the memory's rate (BENCHMARKS.md,
+'LLaMA-family decoding'). :class:`FusedLayer` does the whole layer in ``qkv_llama_layer_f32``
+(``matvec.c`` beside this file: the products are the :mod:`~qkv.kernels.matvec` kernel's,
+the rest plain loops), for float32 weights, one token, batch 1. The readable definition
+is :func:`layer_reference`, which is the layer of ``qkv/models/pretrained/llama.py``
+written for one token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.kernels import matvec
+
+__all__ = ["FusedLayer", "LayerWeights", "layer_reference", "supports"]
+
+
+class LayerWeights(NamedTuple):
+    """A decoder layer's tensors: the two RMSNorm gains ``(E,)``, the projections
+    ``(out, in)`` and their biases (``None`` for none)."""
+
+    attn_norm: Tensor
+    wq: Tensor
+    bq: Tensor | None
+    wk: Tensor
+    bk: Tensor | None
+    wv: Tensor
+    bv: Tensor | None
+    wo: Tensor
+    bo: Tensor | None
+    ff_norm: Tensor
+    wg: Tensor
+    bg: Tensor | None
+    wu: Tensor
+    bu: Tensor | None
+    wd: Tensor
+    bd: Tensor | None
+
+
+def layer_reference(
+    x: Tensor,
+    w: LayerWeights,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    length: int,
+    window: int | None,
+    eps: float,
+) -> Tensor:
+    """What :class:`FusedLayer` computes, in torch: ``x + Attn(RMSNorm(x))``, then that plus
+    ``SwiGLU(RMSNorm(.))``, for one token at position ``length``, whose rotated key and
+    value are written to ``k_cache`` and ``v_cache`` at ``length``.
+
+    Shape:
+        x ``(E,)``; cos and sin ``(D,)``; k_cache and v_cache ``(1, Hkv, capacity, D)``,
+        positions ``0 .. length-1`` filled. Returns ``(E,)``.
+    """
+
+    def norm(v: Tensor, gain: Tensor) -> Tensor:
+        return gain * (v * torch.rsqrt(v.pow(2).mean() + eps))
+
+    def rotate(v: Tensor) -> Tensor:
+        v1, v2 = v.chunk(2, dim=-1)
+        return v * cos + torch.cat([-v2, v1], dim=-1) * sin
+
+    k_cache, v_cache = k_cache[0], v_cache[0]  # (Hkv, capacity, D): one sequence
+    hkv, _, d = k_cache.shape
+    h = w.wq.shape[0] // d
+    n = norm(x, w.attn_norm)
+    q = rotate(F.linear(n, w.wq, w.bq).view(h, d))  # (H, D)
+    k_cache[:, length] = rotate(F.linear(n, w.wk, w.bk).view(hkv, d))
+    v_cache[:, length] = F.linear(n, w.wv, w.bv).view(hkv, d)
+    first = 0 if window is None else max(0, length + 1 - window)
+    keys = k_cache[:, first : length + 1].repeat_interleave(h // hkv, dim=0)  # (H, T, D)
+    values = v_cache[:, first : length + 1].repeat_interleave(h // hkv, dim=0)
+    p = torch.softmax(q[:, None] @ keys.transpose(1, 2) / d**0.5, dim=-1)  # (H, 1, T)
+    x = x + F.linear((p @ values).reshape(h * d), w.wo, w.bo)
+    n = norm(x, w.ff_norm)
+    return x + F.linear(F.silu(F.linear(n, w.wg, w.bg)) * F.linear(n, w.wu, w.bu), w.wd, w.bd)
+
+
+def supports(w: LayerWeights) -> bool:
+    """Whether :class:`FusedLayer` takes these weights: float32 CPU tensors, contiguous,
+    of one layer's shapes (``(out, in)`` projections, ``(out,)`` biases), and the kernel
+    built here."""
+    e, hd, hkvd, f = w.wq.shape[1], w.wq.shape[0], w.wk.shape[0], w.wg.shape[0]
+    shapes = {
+        "attn_norm": (e,), "wq": (hd, e), "bq": (hd,), "wk": (hkvd, e), "bk": (hkvd,),
+        "wv": (hkvd, e), "bv": (hkvd,), "wo": (e, hd), "bo": (e,), "ff_norm": (e,),
+        "wg": (f, e), "bg": (f,), "wu": (f, e), "bu": (f,), "wd": (e, f), "bd": (e,),
+    }  # fmt: skip
+    return (
+        all(
+            t is None
+            or (
+                t.shape == shapes[name]
+                and t.dtype == torch.float32
+                and t.device.type == "cpu"
+                and t.is_contiguous()
+            )
+            for name, t in w._asdict().items()
+        )
+        and matvec.why_unavailable() is None
+    )
+
+
+class FusedLayer:
+    """One decoder layer's weights, checked and addressed once, run for one token at a
+    time by :meth:`__call__` (in C, as :func:`layer_reference`).
+
+    Args:
+        weights: the layer's tensors (see :func:`supports`); they are held, so that their
+            memory stays where the kernel reads it.
+        eps: the RMSNorm epsilon.
+        window: the sliding window (each token sees the latest ``window`` tokens), or
+            ``None``.
+        heads: H (``Hkv`` and ``D`` come from the cache).
+    """
+
+    def __init__(self, weights: LayerWeights, eps: float, window: int | None, heads: int):
+        if not supports(weights):
+            raise ValueError("FusedLayer takes contiguous float32 CPU weights of one layer")
+        self.weights, self.eps, self.window, self.heads = weights, eps, window, heads
+        self._pointers = _Weights(*(None if t is None else t.data_ptr() for t in weights))
+
+    def __call__(
+        self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, length: int
+    ) -> Tensor:
+        """:func:`layer_reference` in place: ``x`` becomes the layer's output (and is
+        returned); the token's key and value are written at ``length`` of the caches.
+        The products run on torch's threads.
+
+        Shape:
+            x ``(E,)``; cos and sin ``(D,)``; k_cache and v_cache ``(1, Hkv, capacity,
+            D)``, contiguous float32 buffers with ``length < capacity``.
+        """
+        e, f = self.weights.wq.shape[1], self.weights.wg.shape[0]
+        _, hkv, capacity, d = k_cache.shape
+        for t, shape in ((x, (e,)), (cos, (d,)), (sin, (d,)), (k_cache, k_cache.shape)):
+            if t.shape != shape or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(
+                    f"FusedLayer: a float32 contiguous {shape}, got {t.dtype} {t.shape}"
+                )
+        if (
+            k_cache.shape != (1, hkv, capacity, d)
+            or v_cache.shape != k_cache.shape
+            or v_cache.dtype != torch.float32
+            or not v_cache.is_contiguous()
+            or self.heads * d != self.weights.wq.shape[0]
+            or hkv * d != self.weights.wk.shape[0]
+            or not 0 <= length < capacity
+        ):
+            raise ValueError(
+                f"FusedLayer: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} do not "
+                f"hold position {length} of this layer's (1, Hkv, capacity, D) keys and values"
+            )
+        done = _kernel()(
+            x.data_ptr(),
+            ctypes.byref(self._pointers),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            capacity,
+            length,
+            self.window or 0,
+            e,
+            self.heads,
+            hkv,
+            d,
+            f,
+            self.eps,
+            torch.get_num_threads(),
+        )
+        if done != 0:
+            raise MemoryError("qkv_llama_layer_f32: no memory for the scratch of one token")
+        return x
+
+
+class _Weights(ctypes.Structure):
+    """``qkv_llama_weights`` of ``matvec.c``: the addresses of :class:`LayerWeights`."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in LayerWeights._fields]
+
+
+@functools.cache
+def _kernel():
+    kernel = matvec.library().qkv_llama_layer_f32
+    kernel.restype = ctypes.c_int
+    address, count = ctypes.c_void_p, ctypes.c_long
+    kernel.argtypes = [
+        address,  # x
+        ctypes.POINTER(_Weights),
+        address,  # cos
+        address,  # sin
+        address,  # k_cache
+        address,  # v_cache
+        count,  # capacity
+        count,  # length
+        count,  # window (0: none)
+        count,  # E
+        count,  # H
+        count,  # Hkv
+        count,  # D
+        count,  # F
+        ctypes.c_float,  # eps
+        ctypes.c_int,  # threads
+    ]
+    return kernel
