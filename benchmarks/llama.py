@@ -14,7 +14,7 @@ process (``benchmarks/llama_worker.py``) with the same thread count pinned (1 an
 * prompt processing: a 1,024-token prompt and its first new token, the best of three
   (target: 1.2x faster);
 * peak resident memory of the whole process (load and both runs): at most transformers';
-* llama.cpp (llama-cpp-python built from source in ``~/.cache/qkv/llamacpp-venv``, or
+* llama.cpp (llama-cpp-python built from source in ``~/.cache/qkv/llamacpp-venv-noamx``, or
   ``--venv``): its decoding speed beside qkv's, and the share of greedy tokens that agree
   with qkv's over five prompts x 64 tokens (llama.cpp multiplies in quantised arithmetic,
   so the tokens part once a near tie falls the other way).
@@ -49,8 +49,15 @@ from qkv.models.pretrained.gguf_tokenizer import (  # noqa: E402
 )
 
 WORKER = Path(__file__).with_name("llama_worker.py")
-VENV = Path.home() / ".cache" / "qkv" / "llamacpp-venv"
+VENV = Path.home() / ".cache" / "qkv" / "llamacpp-venv-noamx"
 LLAMA_CPP = "llama-cpp-python==0.3.36"  # built from its source distribution
+# llama.cpp's AMX kernels crash (SIGSEGV in the first decode) on the Xeon virtual machine of
+# 2026-12-05, whose CPU reports AMX; built without them (AVX-512 kept), it runs
+CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+    "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+    "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+)
 WORDS = "query key value head layer token weight softmax mask cache".split()
 PREFILL_RUNS = 3  # the prompt processing is timed this many times, the best kept
 
@@ -120,12 +127,14 @@ def ensure_llamacpp(venv: Path) -> tuple[Path | None, str]:
             "pip",
             "install",
             "--quiet",
+            "--no-cache-dir",  # a wheel pip built before may have other CMAKE_ARGS
             "--no-binary",
             "llama-cpp-python",
             LLAMA_CPP,
         ],
         capture_output=True,
         text=True,
+        env=dict(os.environ, CMAKE_ARGS=CMAKE_ARGS),
     )
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()

@@ -296,7 +296,7 @@ class LlamaLayer(nn.Module):
         self.ff = SwiGLU(c.dim, c.inner_dim, c.activation, bias=c.mlp_bias)
 
     def tensors(self) -> decode_layer.LayerWeights:
-        """The layer's weights as :func:`qkv.kernels.decode_layer.layer` takes them."""
+        """The layer's weights as :class:`qkv.kernels.decode_layer.FusedLayer` takes them."""
         a, ff = self.self_attn, self.ff
         return decode_layer.LayerWeights(
             *(self.attn_norm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight),
