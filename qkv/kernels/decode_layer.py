@@ -145,20 +145,33 @@ class FusedLayer:
 
         Shape:
             x ``(E,)``; cos and sin ``(D,)``; k_cache and v_cache ``(1, Hkv, capacity,
-            D)``, contiguous float32 buffers with ``length < capacity``.
+            D)``, contiguous float32 buffers with ``length < capacity``; D even and Hkv
+            dividing H.
         """
         e, f = self.weights.wq.shape[1], self.weights.wg.shape[0]
         _, hkv, capacity, d = k_cache.shape
-        for t, shape in ((x, (e,)), (cos, (d,)), (sin, (d,)), (k_cache, k_cache.shape)):
-            if t.shape != shape or t.dtype != torch.float32 or not t.is_contiguous():
+        tensors = (
+            (x, (e,)),
+            (cos, (d,)),
+            (sin, (d,)),
+            (k_cache, k_cache.shape),
+            (v_cache, k_cache.shape),
+        )
+        for t, shape in tensors:
+            if (
+                t.shape != shape
+                or t.dtype != torch.float32
+                or t.device.type != "cpu"
+                or not t.is_contiguous()
+            ):
                 raise ValueError(
-                    f"FusedLayer: a float32 contiguous {shape}, got {t.dtype} {t.shape}"
+                    f"FusedLayer: a float32 contiguous CPU {shape}, got {t.dtype} {t.shape} "
+                    f"on {t.device}"
                 )
         if (
             k_cache.shape != (1, hkv, capacity, d)
-            or v_cache.shape != k_cache.shape
-            or v_cache.dtype != torch.float32
-            or not v_cache.is_contiguous()
+            or d % 2
+            or self.heads % hkv
             or self.heads * d != self.weights.wq.shape[0]
             or hkv * d != self.weights.wk.shape[0]
             or not 0 <= length < capacity

@@ -104,4 +104,10 @@ def test_refuses_what_it_cannot_take():
         fused(x.clone(), cos, sin, torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8), 3)
     with pytest.raises(ValueError, match="float32 contiguous"):
         fused(x.double(), cos, sin, torch.zeros(1, 2, 8, 8), torch.zeros(1, 2, 8, 8), 3)
+    with pytest.raises(ValueError, match="float32 contiguous"):  # the values' cache too
+        fused(x.clone(), cos, sin, torch.zeros(1, 2, 8, 8), torch.zeros(1, 2, 8, 8).double(), 3)
+    three = w._replace(wq=torch.randn(24, 32), wo=torch.randn(32, 24))  # 3 heads of 8
+    three = FusedLayer(three, 1e-5, None, 3)  # 2 key/value heads do not divide 3
+    with pytest.raises(ValueError, match="do not hold"):
+        three(x.clone(), cos, sin, torch.zeros(1, 2, 8, 8), torch.zeros(1, 2, 8, 8), 3)
     assert torch.equal(full, torch.zeros(1, 2, 3, 8))
