@@ -10,7 +10,7 @@
  *
  * qkv_llama_layer_f32 runs a whole LLaMA decoder layer for one token with these products
  * and the few small steps between them (norms, rotary positions, the cache, attention),
- * which in torch are some ten operations a layer, each costing more in dispatch than in
+ * which in torch are some thirty operations a layer, each costing more in dispatch than in
  * arithmetic at one token.
  *
  * References: qkv/kernels/matvec.py, linear_reference, and qkv/kernels/decode_layer.py,
