@@ -255,6 +255,10 @@ def run(out_dir: Path, quick: bool, venv: Path = VENV, llamacpp: bool = True) ->
                 limit_tps=limit16,
                 qkv_share_of_limit=q16["decode_tps"] / limit16,
                 transformers_bf16_tps=h16["decode_tps"],
+                # qkv's bfloat16 decoding keeps activations in float32, transformers'
+                # rounds them to bfloat16: tokens of both beside the float32 ones
+                qkv_bf16_vs_fp32=agreement([q16["tokens"]], [q32["tokens"]]),
+                transformers_bf16_vs_fp32=agreement([h16["tokens"]], [h32["tokens"]]),
             )
         )
         rows.append(

@@ -5,11 +5,13 @@ products and, between them, some thirty small torch operations (two norms, the r
 positions, the cache write, attention over the cache, the gate): on the CPU each of those
 costs more in dispatch than in arithmetic, so that at one token they took about 40% of a
 float32 step where the products read every weight at the memory's rate (BENCHMARKS.md,
-'LLaMA-family decoding'). :class:`FusedLayer` does the whole layer in ``qkv_llama_layer_f32``
+'LLaMA-family decoding'). :class:`FusedLayer` does the whole layer in ``qkv_llama_layer``
 (``matvec.c`` beside this file: the products are the :mod:`~qkv.kernels.matvec` kernel's,
-the rest plain loops), for float32 weights, one token, batch 1. The readable definition
-is :func:`layer_reference`, which is the layer of ``qkv/models/pretrained/llama.py``
-written for one token.
+the rest plain loops), for one token, batch 1, with float32 or bfloat16 weights and KV
+cache; the rest (the residual stream, norms, scores, sums) is float32 either way, where
+a bfloat16 model's own forward rounds every intermediate to bfloat16. The readable
+definition is :func:`layer_reference`, which is the layer of
+``qkv/models/pretrained/llama.py`` written for one token.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def layer_reference(
 ) -> Tensor:
     """What :class:`FusedLayer` computes, in torch: ``x + Attn(RMSNorm(x))``, then that plus
     ``SwiGLU(RMSNorm(.))``, for one token at position ``length``, whose rotated key and
-    value are written to ``k_cache`` and ``v_cache`` at ``length``.
+    value are written to ``k_cache`` and ``v_cache`` at ``length`` (rounded to the caches'
+    type). Everything else is computed in ``x``'s type.
 
     Shape:
         x ``(E,)``; cos and sin ``(D,)``; k_cache and v_cache ``(1, Hkv, capacity, D)``,
@@ -84,8 +87,8 @@ def layer_reference(
     k_cache[:, length] = rotate(F.linear(n, w.wk, w.bk).view(hkv, d))
     v_cache[:, length] = F.linear(n, w.wv, w.bv).view(hkv, d)
     first = 0 if window is None else max(0, length + 1 - window)
-    keys = k_cache[:, first : length + 1].repeat_interleave(h // hkv, dim=0)  # (H, T, D)
-    values = v_cache[:, first : length + 1].repeat_interleave(h // hkv, dim=0)
+    keys = k_cache[:, first : length + 1].to(x.dtype).repeat_interleave(h // hkv, dim=0)
+    values = v_cache[:, first : length + 1].to(x.dtype).repeat_interleave(h // hkv, dim=0)
     p = torch.softmax(q[:, None] @ keys.transpose(1, 2) / d**0.5, dim=-1)  # (H, 1, T)
     x = x + F.linear((p @ values).reshape(h * d), w.wo, w.bo)
     n = norm(x, w.ff_norm)
@@ -93,9 +96,9 @@ def layer_reference(
 
 
 def supports(w: LayerWeights) -> bool:
-    """Whether :class:`FusedLayer` takes these weights: float32 CPU tensors, contiguous,
-    of one layer's shapes (``(out, in)`` projections, ``(out,)`` biases), and the kernel
-    built here."""
+    """Whether :class:`FusedLayer` takes these weights: CPU tensors, all float32 or all
+    bfloat16, contiguous, of one layer's shapes (``(out, in)`` projections, ``(out,)``
+    gains and biases), and the kernel built here."""
     e, hd, hkvd, f = w.wq.shape[1], w.wq.shape[0], w.wk.shape[0], w.wg.shape[0]
     shapes = {
         "attn_norm": (e,), "wq": (hd, e), "bq": (hd,), "wk": (hkvd, e), "bk": (hkvd,),
@@ -103,11 +106,12 @@ def supports(w: LayerWeights) -> bool:
         "wg": (f, e), "bg": (f,), "wu": (f, e), "bu": (f,), "wd": (e, f), "bd": (e,),
     }  # fmt: skip
     return (
-        all(
+        w.wq.dtype in (torch.float32, torch.bfloat16)
+        and all(
             t is None
             or (
                 t.shape == shapes[name]
-                and t.dtype == torch.float32
+                and t.dtype == w.wq.dtype
                 and t.device.type == "cpu"
                 and t.is_contiguous()
             )
@@ -123,7 +127,8 @@ class FusedLayer:
 
     Args:
         weights: the layer's tensors (see :func:`supports`); they are held, so that their
-            memory stays where the kernel reads it.
+            memory stays where the kernel reads it. Of bfloat16 weights, the gains and
+            biases are held as float32 copies, the projections as they are.
         eps: the RMSNorm epsilon.
         window: the sliding window (each token sees the latest ``window`` tokens), or
             ``None``.
@@ -132,7 +137,17 @@ class FusedLayer:
 
     def __init__(self, weights: LayerWeights, eps: float, window: int | None, heads: int):
         if not supports(weights):
-            raise ValueError("FusedLayer takes contiguous float32 CPU weights of one layer")
+            raise ValueError(
+                "FusedLayer takes contiguous CPU weights of one layer, all float32 or all bfloat16"
+            )
+        self.dtype = weights.wq.dtype  # of the projections and the caches
+        weights = weights._replace(
+            **{
+                name: t.float()
+                for name, t in weights._asdict().items()
+                if t is not None and t.dim() == 1  # the gains and biases
+            }
+        )
         self.weights, self.eps, self.window, self.heads = weights, eps, window, heads
         self._pointers = _Weights(*(None if t is None else t.data_ptr() for t in weights))
 
@@ -144,29 +159,29 @@ class FusedLayer:
         The products run on torch's threads.
 
         Shape:
-            x ``(E,)``; cos and sin ``(D,)``; k_cache and v_cache ``(1, Hkv, capacity,
-            D)``, contiguous float32 buffers with ``length < capacity``; D even and Hkv
-            dividing H.
+            x ``(E,)``, cos and sin ``(D,)``: float32; k_cache and v_cache ``(1, Hkv,
+            capacity, D)`` of the weights' type, with ``length < capacity``; D even and
+            Hkv dividing H. All contiguous CPU tensors.
         """
         e, f = self.weights.wq.shape[1], self.weights.wg.shape[0]
         _, hkv, capacity, d = k_cache.shape
         tensors = (
-            (x, (e,)),
-            (cos, (d,)),
-            (sin, (d,)),
-            (k_cache, k_cache.shape),
-            (v_cache, k_cache.shape),
+            (x, (e,), torch.float32),
+            (cos, (d,), torch.float32),
+            (sin, (d,), torch.float32),
+            (k_cache, k_cache.shape, self.dtype),
+            (v_cache, k_cache.shape, self.dtype),
         )
-        for t, shape in tensors:
+        for t, shape, dtype in tensors:
             if (
                 t.shape != shape
-                or t.dtype != torch.float32
+                or t.dtype != dtype
                 or t.device.type != "cpu"
                 or not t.is_contiguous()
             ):
                 raise ValueError(
-                    f"FusedLayer: a float32 contiguous CPU {shape}, got {t.dtype} {t.shape} "
-                    f"on {t.device}"
+                    f"FusedLayer: a {str(dtype)[6:]} contiguous CPU {shape}, got {t.dtype} "
+                    f"{t.shape} on {t.device}"
                 )
         if (
             k_cache.shape != (1, hkv, capacity, d)
@@ -183,6 +198,7 @@ class FusedLayer:
         done = _kernel()(
             x.data_ptr(),
             ctypes.byref(self._pointers),
+            self.dtype == torch.bfloat16,
             cos.data_ptr(),
             sin.data_ptr(),
             k_cache.data_ptr(),
@@ -199,7 +215,7 @@ class FusedLayer:
             torch.get_num_threads(),
         )
         if done != 0:
-            raise MemoryError("qkv_llama_layer_f32: no memory for the scratch of one token")
+            raise MemoryError("qkv_llama_layer: no memory for the scratch of one token")
         return x
 
 
@@ -211,12 +227,13 @@ class _Weights(ctypes.Structure):
 
 @functools.cache
 def _kernel():
-    kernel = matvec.library().qkv_llama_layer_f32
+    kernel = matvec.library().qkv_llama_layer
     kernel.restype = ctypes.c_int
     address, count = ctypes.c_void_p, ctypes.c_long
     kernel.argtypes = [
         address,  # x
         ctypes.POINTER(_Weights),
+        ctypes.c_int,  # bfloat16 weights and caches (else float32)
         address,  # cos
         address,  # sin
         address,  # k_cache

@@ -8,10 +8,11 @@
  * that the hardware prefetcher follows (reading four rows side by side, four streams,
  * halved the rate on the machine of BENCHMARKS.md, 'LLaMA-family decoding').
  *
- * qkv_llama_layer_f32 runs a whole LLaMA decoder layer for one token with these products
- * and the few small steps between them (norms, rotary positions, the cache, attention),
- * which in torch are some thirty operations a layer, each costing more in dispatch than in
- * arithmetic at one token.
+ * qkv_llama_layer runs a whole LLaMA decoder layer for one token with these products and
+ * the few small steps between them (norms, rotary positions, the cache, attention), which
+ * in torch are some thirty operations a layer, each costing more in dispatch than in
+ * arithmetic at one token. Its weights and KV cache are float32 or bfloat16; everything
+ * else is float32.
  *
  * References: qkv/kernels/matvec.py, linear_reference, and qkv/kernels/decode_layer.py,
  * layer_reference. Built by qkv/kernels/native.py with the system C compiler and called
@@ -95,16 +96,40 @@ AVX512 void qkv_matvec_bf16(const float *x, long x_stride, const uint16_t *w, co
     matvec(x, x_stride, w, 1, b, y, y_stride, rows, out, in, threads);
 }
 
-/* ---- One LLaMA decoder layer for one token (float32 weights) ---------------------------
+/* ---- One LLaMA decoder layer for one token -----------------------------------------
  * x <- x + Attn(RMSNorm(x)); x <- x + SwiGLU(RMSNorm(x)), as qkv.models.Llama's layer
- * computes it for one new token, with its keys and values written into the cache.
+ * computes it for one new token, with its key and value written into the cache. The
+ * projections and the cache are float32, or all bfloat16 (bf16); the residual stream x,
+ * the gains, the biases and every sum are float32.
  */
 
-/* The layer's weights, (out, in) row-major float32; a bias may be NULL. */
+/* The layer's weights, (out, in) row-major, float32 or bfloat16; gains and biases
+ * float32, a bias may be NULL. */
 typedef struct {
-    const float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
-    const float *ff_norm, *wg, *bg, *wu, *bu, *wd, *bd;
+    const float *attn_norm;
+    const void *wq;
+    const float *bq;
+    const void *wk;
+    const float *bk;
+    const void *wv;
+    const float *bv;
+    const void *wo;
+    const float *bo;
+    const float *ff_norm;
+    const void *wg;
+    const float *bg;
+    const void *wu;
+    const float *bu;
+    const void *wd;
+    const float *bd;
 } qkv_llama_weights;
+
+/* float32 -> bfloat16 rounded to nearest, ties to even (as torch rounds); NaN stays NaN */
+static inline uint16_t to_bf16(float value) {
+    union { float f; uint32_t u; } bits = {value};
+    if ((bits.u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((bits.u + 0x7fffu + ((bits.u >> 16) & 1u)) >> 16);
+}
 
 /* y = RMSNorm(x) g over n values: x / sqrt(mean(x^2) + eps), times the gain */
 static void rms_norm(const float *x, const float *g, float eps, float *y, long n) {
@@ -125,12 +150,14 @@ static void rotate(float *v, const float *cos, const float *sin, long d) {
 }
 
 /* out = softmax(q K^T / sqrt(d)) V over the keys first..last of one key/value head;
- * keys and values are rows of d floats; p holds last - first + 1 floats */
-static AVX512 void attend(const float *q, const float *k, const float *v, long first, long last,
-                          long d, float *p, float *out) {
+ * keys and values are rows of d float32 or (bf16) bfloat16 values; p holds
+ * last - first + 1 floats */
+static AVX512 void attend(const float *q, const void *k, const void *v, int bf16, long first,
+                          long last, long d, float *p, float *out) {
     float scale = 1.0f / sqrtf((float)d), top = -INFINITY, total = 0.0f;
+    long row_bytes = d * (bf16 ? 2 : 4);
     for (long j = first; j <= last; j++) {
-        float s = dot1(q, k + j * d, d, 0) * scale;
+        float s = dot1(q, (const char *)k + j * row_bytes, d, bf16) * scale;
         p[j - first] = s;
         top = s > top ? s : top;
     }
@@ -142,12 +169,12 @@ static AVX512 void attend(const float *q, const float *k, const float *v, long f
     for (; i + 16 <= d; i += 16) { /* 16 columns of the weighted sum at a time */
         __m512 sum = _mm512_setzero_ps();
         for (long j = first; j <= last; j++)
-            sum = _mm512_fmadd_ps(_mm512_set1_ps(p[j - first]), _mm512_loadu_ps(v + j * d + i), sum);
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(p[j - first]), load16(v, j * d + i, bf16), sum);
         _mm512_storeu_ps(out + i, _mm512_div_ps(sum, _mm512_set1_ps(total)));
     }
     for (; i < d; i++) {
         float sum = 0.0f;
-        for (long j = first; j <= last; j++) sum += p[j - first] * v[j * d + i];
+        for (long j = first; j <= last; j++) sum += p[j - first] * load1(v, j * d + i, bf16);
         out[i] = sum / total;
     }
 }
@@ -157,20 +184,22 @@ static inline int threads_for(long out, int threads) {
     return (int)(threads < most ? threads : most);
 }
 
-static AVX512 void product(const float *x, const float *w, const float *b, float *y, long out,
-                           long in, int threads) {
-    matvec(x, 0, w, 0, b, y, 0, 1, out, in, threads_for(out, threads));
+static AVX512 void product(const float *x, const void *w, int bf16, const float *b, float *y,
+                           long out, long in, int threads) {
+    matvec(x, 0, w, bf16, b, y, 0, 1, out, in, threads_for(out, threads));
 }
 
 /* One token through one layer. x (e): the residual stream, updated in place. cos, sin
  * (d): the rotation of this token's position. k_cache, v_cache (hkv, capacity, d): the
  * cached keys and values, positions 0..length-1 filled; this token's go to position
  * `length`, and the token attends to positions from length + 1 - window (window 0: all).
+ * bf16: the projections and the caches are bfloat16 (a key or value is rounded once, as
+ * it is written), else float32.
  * Returns 0, or -1 when memory for the scratch could not be had (nothing written). */
-AVX512 int qkv_llama_layer_f32(float *x, const qkv_llama_weights *w, const float *cos,
-                               const float *sin, float *k_cache, float *v_cache, long capacity,
-                               long length, long window, long e, long h, long hkv, long d,
-                               long f, float eps, int threads) {
+AVX512 int qkv_llama_layer(float *x, const qkv_llama_weights *w, int bf16, const float *cos,
+                           const float *sin, void *k_cache, void *v_cache, long capacity,
+                           long length, long window, long e, long h, long hkv, long d, long f,
+                           float eps, int threads) {
     long last = length, first = window > 0 && length + 1 > window ? length + 1 - window : 0;
     long keys = last - first + 1;
     long floats = e + 2 * h * d + 2 * hkv * d + 2 * f + h * keys;
@@ -181,32 +210,39 @@ AVX512 int qkv_llama_layer_f32(float *x, const qkv_llama_weights *w, const float
 
     /* attention: project, rotate, append to the cache, attend per head, project back */
     rms_norm(x, w->attn_norm, eps, xn, e);
-    product(xn, w->wq, w->bq, q, h * d, e, threads);
-    product(xn, w->wk, w->bk, k, hkv * d, e, threads);
-    product(xn, w->wv, w->bv, v, hkv * d, e, threads);
+    product(xn, w->wq, bf16, w->bq, q, h * d, e, threads);
+    product(xn, w->wk, bf16, w->bk, k, hkv * d, e, threads);
+    product(xn, w->wv, bf16, w->bv, v, hkv * d, e, threads);
+    for (long g = 0; g < hkv; g++) rotate(k + g * d, cos, sin, d);
     for (long g = 0; g < hkv; g++) {
-        float *key = k_cache + (g * capacity + length) * d;
-        float *value = v_cache + (g * capacity + length) * d;
-        for (long i = 0; i < d; i++) key[i] = k[g * d + i], value[i] = v[g * d + i];
-        rotate(key, cos, sin, d);
+        long at = (g * capacity + length) * d; /* this token's row of head g */
+        for (long i = 0; i < d; i++) {
+            if (bf16) {
+                ((uint16_t *)k_cache)[at + i] = to_bf16(k[g * d + i]);
+                ((uint16_t *)v_cache)[at + i] = to_bf16(v[g * d + i]);
+            } else {
+                ((float *)k_cache)[at + i] = k[g * d + i];
+                ((float *)v_cache)[at + i] = v[g * d + i];
+            }
+        }
     }
-    long group = h / hkv; /* query heads per key/value head */
+    long group = h / hkv, head_bytes = capacity * d * (bf16 ? 2 : 4); /* per key/value head */
 #pragma omp parallel for num_threads(threads) schedule(static) /* the heads among the threads */
     for (long i = 0; i < h; i++) {
-        long g = i / group;
+        long g = i / group; /* group query heads share a key/value head */
         rotate(q + i * d, cos, sin, d);
-        attend(q + i * d, k_cache + g * capacity * d, v_cache + g * capacity * d, first, last, d,
-               p + i * keys, heads + i * d);
+        attend(q + i * d, (char *)k_cache + g * head_bytes, (char *)v_cache + g * head_bytes,
+               bf16, first, last, d, p + i * keys, heads + i * d);
     }
-    product(heads, w->wo, w->bo, xn, e, h * d, threads);
+    product(heads, w->wo, bf16, w->bo, xn, e, h * d, threads);
     for (long i = 0; i < e; i++) x[i] += xn[i];
 
     /* feed-forward: x + down(silu(gate(n)) * up(n)) */
     rms_norm(x, w->ff_norm, eps, xn, e);
-    product(xn, w->wg, w->bg, gate, f, e, threads);
-    product(xn, w->wu, w->bu, up, f, e, threads);
+    product(xn, w->wg, bf16, w->bg, gate, f, e, threads);
+    product(xn, w->wu, bf16, w->bu, up, f, e, threads);
     for (long i = 0; i < f; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    product(gate, w->wd, w->bd, xn, e, f, threads);
+    product(gate, w->wd, bf16, w->bd, xn, e, f, threads);
     for (long i = 0; i < e; i++) x[i] += xn[i];
     free(scratch);
     return 0;

@@ -428,7 +428,8 @@ class Llama(CausalLM):
         """The layers as :class:`~qkv.kernels.decode_layer.FusedLayer` when
         :meth:`_decode_fused` serves this call, else ``None``: one new token of one
         sequence after cached ones, nothing masked, no weights wanted, no gradient, SiLU,
-        no sequence parallelism, no autocast, float32 CPU weights and caches.
+        no sequence parallelism, no autocast, CPU weights and caches all float32 or all
+        bfloat16.
 
         They are prepared at a cache's first fused step and kept for that cache (one
         decoding run), where reading the layers' tensors at every token took longer than
@@ -442,7 +443,6 @@ class Llama(CausalLM):
             or self.config.activation != "silu"
             or (key_mask is not None and not bool(key_mask.all()))
             or torch.is_autocast_enabled(input_ids.device.type)
-            or any(kv.reserve(0)[0].dtype != torch.float32 for kv in cache.layers)
         ):
             return None
         prepared = self.__dict__.setdefault("_fused_layers", weakref.WeakKeyDictionary())
@@ -457,7 +457,10 @@ class Llama(CausalLM):
                 decode_layer.FusedLayer(w, c.norm_eps, c.window(i), c.num_heads)
                 for i, w in enumerate(tensors)
             ]
-        return prepared[cache]
+        layers = prepared[cache]
+        if any(kv.reserve(0)[0].dtype != f.dtype for kv, f in zip(cache.layers, layers)):
+            return None  # a cache of another type than the weights
+        return layers
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (``copy.deepcopy``, pickle) starts without the fused layers of
@@ -468,13 +471,15 @@ class Llama(CausalLM):
 
     def _decode_fused(self, input_ids, position_ids, cache, layers) -> LlamaOutput:
         """:meth:`forward` for one token of one sequence, each layer one C call
-        (:class:`~qkv.kernels.decode_layer.FusedLayer`, tested against the layers' forward)."""
-        x = self.tok_emb(input_ids).view(-1)  # (E,): a new tensor, updated in place
+        (:class:`~qkv.kernels.decode_layer.FusedLayer`, tested against the layers' forward).
+        The residual stream between the layers is float32, of bfloat16 weights too."""
+        x = self.tok_emb(input_ids).view(-1).float()  # (E,): a new tensor, updated in place
         cos, sin = (t.view(-1) for t in self.rope.cos_sin(position_ids, torch.float32))  # (D,)
         for layer, kv in zip(layers, cache.layers):
             layer(x, cos, sin, *kv.reserve(1), kv.length)  # caches (1, Hkv, capacity, D)
             kv.advance(1)
-        logits = self.lm_head(self.final_norm(x.view(1, 1, -1)))  # (1, 1, V)
+        x = x.to(self.tok_emb.weight.dtype).view(1, 1, -1)
+        logits = self.lm_head(self.final_norm(x))  # (1, 1, V)
         return LlamaOutput(logits=logits, attentions=[], cache=cache)
 
     @classmethod

@@ -1,7 +1,7 @@
 """The fast paths of decoding a causal LM: logits of the last positions only
 (``logits_to_keep``, what ``generate`` asks for), bfloat16 weights read by the matvec
-kernel (:mod:`qkv.kernels.matvec`) through ``qkv.modules.Linear``, and a float32 Llama's
-token through each layer in one C call (:mod:`qkv.kernels.decode_layer`)."""
+kernel (:mod:`qkv.kernels.matvec`) through ``qkv.modules.Linear``, and a float32 or
+bfloat16 Llama's token through each layer in one C call (:mod:`qkv.kernels.decode_layer`)."""
 
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ def test_greedy_tokens_are_those_of_full_logits():
 
 @pytest.mark.skipif(matvec.why_unavailable() is not None, reason=f"{matvec.why_unavailable()}")
 def test_a_bfloat16_llama_decodes_through_the_kernel_as_float64_does():
-    """A bfloat16 Llama decoding one token: every projection is a kernel product, and the
-    logits equal a float64 copy of the same (bfloat16) weights within bfloat16 rounding
-    of the activations."""
+    """A bfloat16 Llama decoding one token of two sequences (the layers' forward): every
+    projection is a kernel product, and the logits equal a float64 copy of the same
+    (bfloat16) weights within bfloat16 rounding of the activations."""
     model = _llama().bfloat16()
     exact = copy.deepcopy(model).double()
-    ids = torch.randint(0, 101, (1, 7))
+    ids = torch.randint(0, 101, (2, 7))
     used = []
     hook = lambda m, args: used.append(matvec.supports(args[0], m.weight, m.bias))  # noqa: E731
     handles = [
@@ -141,6 +141,35 @@ def test_a_float32_llama_decodes_each_token_in_one_call_per_layer(monkeypatch, o
 
 
 @needs_kernel
+def test_a_bfloat16_llama_decodes_in_one_call_per_layer_nearer_float64(monkeypatch):
+    """bfloat16 weights and cache: every step after the prompt goes through the fused
+    layers, which keep the activations in float32, so that their logits are nearer a
+    float64 copy of the same weights than those of the layers' forward, which rounds
+    each activation to bfloat16."""
+    model = _varied_llama(qkv_bias=True, sliding_window=5, full_layers=(1,)).bfloat16()
+    exact = copy.deepcopy(model).double()
+    calls = _fused_calls(monkeypatch)
+    ids = torch.randint(0, 101, (1, 40))
+
+    def decode():
+        with torch.no_grad():
+            cache = model.new_cache()
+            steps = [model(ids[:, :3], cache=cache).logits[:, -1:]]
+            steps += [model(ids[:, i : i + 1], cache=cache).logits for i in range(3, 40)]
+        return torch.cat(steps, 1).double()  # (1, 38, V)
+
+    with torch.no_grad():
+        reference = exact(ids).logits[:, 2:]
+    fused = decode()
+    assert len(calls) == 2 * 37
+    monkeypatch.setattr(model, "_fused_step", lambda *args: None)  # the layers' forward
+    rounded = decode()
+    assert len(calls) == 2 * 37
+    assert (fused - reference).abs().max() <= 0.02 * reference.abs().max()
+    assert (fused - reference).abs().mean() < (rounded - reference).abs().mean()
+
+
+@needs_kernel
 def test_generate_picks_the_tokens_of_the_layers_forward(monkeypatch):
     """Greedy and sampled tokens are the same with the fused layers and without them."""
     model = _varied_llama()
@@ -158,9 +187,9 @@ def test_generate_picks_the_tokens_of_the_layers_forward(monkeypatch):
 
 
 @needs_kernel
-def test_the_fused_layers_serve_one_float32_token_without_gradients_only(monkeypatch):
-    """Two sequences, the attention weights, a gradient, bfloat16 weights, a masked
-    token: each goes through the layers' forward."""
+def test_the_fused_layers_serve_one_token_without_gradients_only(monkeypatch):
+    """Two sequences, the attention weights, a gradient, a cache of another type than
+    the weights, a masked token: each goes through the layers' forward."""
     model = _varied_llama()
     calls = _fused_calls(monkeypatch)
     ids = torch.randint(0, 101, (2, 6))
@@ -174,7 +203,11 @@ def test_the_fused_layers_serve_one_float32_token_without_gradients_only(monkeyp
         step(model, ids)
         out = step(model, ids[:1], need_weights=True)
         assert len(out.attentions) == 2
-        step(copy.deepcopy(model).bfloat16(), ids[:1])
+        half = copy.deepcopy(model).bfloat16()
+        cache = half.new_cache()
+        half(ids[:1, :5], cache=cache)
+        with pytest.raises(ValueError, match="cannot follow"):  # the layers' own refusal
+            half.float()(ids[:1, 5:], cache=cache)  # float32 weights, a bfloat16 cache
         mask = torch.ones(1, 6, dtype=torch.long)
         mask[0, 0] = 0
         step(model, ids[:1], attention_mask=mask)
