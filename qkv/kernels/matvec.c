@@ -43,20 +43,22 @@ static inline float load1(const void *w, long i, int bf16) {
     return wide.f;
 }
 
-#define AHEAD 2048 /* bytes of weights asked for before they are read (see dot1) */
+#define AHEAD 4096 /* bytes of weights asked for before they are read (see dot1) */
 
 /* sum_i x[i] w[i] for one row of x and one row of weights, i < in: four sums side by
  * side over blocks of 64 inputs, then blocks of 16, then one by one. Each block asks for
- * the weights AHEAD bytes further on (a prefetch never faults, past the end included):
- * over the matrices of a 30-layer model on one thread this read 13.0 GB/s where the same
- * loop without it read 11.4 and a sum of the same matrices 12.8 (BENCHMARKS.md,
- * 'LLaMA-family decoding') */
+ * the weights AHEAD bytes further on, into L2 (a prefetch never faults, past the end
+ * included): over the matrices of SmolLM2's layers on one thread this read float32 at
+ * 12.4-12.9 GB/s and bfloat16 at 11.2-11.9, where no prefetch read 11.4 in float32, and
+ * a prefetch 2 KB ahead into L1 12.3 and 9.8 (a sum of the same memory: 12-13 GB/s;
+ * BENCHMARKS.md, 'LLaMA-family decoding'). matvec and attend call it with bf16 a
+ * constant, so that each type gets its own loop, without a test of bf16 inside. */
 static inline AVX512 float dot1(const float *x, const void *w, long in, int bf16) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     long i = 0, size = bf16 ? 2 : 4;
     for (; i + 64 <= in; i += 64) {
         const char *ahead = (const char *)w + i * size + AHEAD;
-        for (long line = 0; line < 64 * size; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        for (long line = 0; line < 64 * size; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
         a0 = _mm512_fmadd_ps(load16(w, i, bf16), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(load16(w, i + 16, bf16), _mm512_loadu_ps(x + i + 16), a1);
         a2 = _mm512_fmadd_ps(load16(w, i + 32, bf16), _mm512_loadu_ps(x + i + 32), a2);
@@ -81,7 +83,9 @@ static inline AVX512 void matvec(const float *x, long x_stride, const void *w, i
     for (long o = 0; o < out; o++) {
         const void *wo = (const char *)w + o * row_bytes;
         for (long r = 0; r < rows; r++) /* rows after the first read the weights from L1 */
-            y[r * y_stride + o] = dot1(x + r * x_stride, wo, in, bf16) + (b ? b[o] : 0.0f);
+            y[r * y_stride + o] = (bf16 ? dot1(x + r * x_stride, wo, in, 1) /* one loop */
+                                        : dot1(x + r * x_stride, wo, in, 0)) /* per type */
+                                  + (b ? b[o] : 0.0f);
     }
 }
 
@@ -157,7 +161,8 @@ static AVX512 void attend(const float *q, const void *k, const void *v, int bf16
     float scale = 1.0f / sqrtf((float)d), top = -INFINITY, total = 0.0f;
     long row_bytes = d * (bf16 ? 2 : 4);
     for (long j = first; j <= last; j++) {
-        float s = dot1(q, (const char *)k + j * row_bytes, d, bf16) * scale;
+        const char *key = (const char *)k + j * row_bytes;
+        float s = (bf16 ? dot1(q, key, d, 1) : dot1(q, key, d, 0)) * scale;
         p[j - first] = s;
         top = s > top ? s : top;
     }
