@@ -155,14 +155,13 @@ static void rotate(float *v, const float *cos, const float *sin, long d) {
 
 /* out = softmax(q K^T / sqrt(d)) V over the keys first..last of one key/value head;
  * keys and values are rows of d float32 or (bf16) bfloat16 values; p holds
- * last - first + 1 floats */
-static AVX512 void attend(const float *q, const void *k, const void *v, int bf16, long first,
+ * last - first + 1 floats. Called with bf16 a constant (one loop per type, as dot1). */
+static inline AVX512 void attend(const float *q, const void *k, const void *v, int bf16, long first,
                           long last, long d, float *p, float *out) {
     float scale = 1.0f / sqrtf((float)d), top = -INFINITY, total = 0.0f;
     long row_bytes = d * (bf16 ? 2 : 4);
     for (long j = first; j <= last; j++) {
-        const char *key = (const char *)k + j * row_bytes;
-        float s = (bf16 ? dot1(q, key, d, 1) : dot1(q, key, d, 0)) * scale;
+        float s = dot1(q, (const char *)k + j * row_bytes, d, bf16) * scale;
         p[j - first] = s;
         top = s > top ? s : top;
     }
@@ -236,8 +235,12 @@ AVX512 int qkv_llama_layer(float *x, const qkv_llama_weights *w, int bf16, const
     for (long i = 0; i < h; i++) {
         long g = i / group; /* group query heads share a key/value head */
         rotate(q + i * d, cos, sin, d);
-        attend(q + i * d, (char *)k_cache + g * head_bytes, (char *)v_cache + g * head_bytes,
-               bf16, first, last, d, p + i * keys, heads + i * d);
+        const char *keys_g = (char *)k_cache + g * head_bytes;
+        const char *values_g = (char *)v_cache + g * head_bytes;
+        if (bf16)
+            attend(q + i * d, keys_g, values_g, 1, first, last, d, p + i * keys, heads + i * d);
+        else
+            attend(q + i * d, keys_g, values_g, 0, first, last, d, p + i * keys, heads + i * d);
     }
     product(heads, w->wo, bf16, w->bo, xn, e, h * d, threads);
     for (long i = 0; i < e; i++) x[i] += xn[i];
