@@ -66,27 +66,39 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
+_reusing = 0  # blocks of reuse_freed_memory entered and not left, in all threads
+_reusing_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def reuse_freed_memory() -> Iterator[None]:
     """Within the block, glibc serves every allocation from its heap and keeps freed memory.
 
     Sets ``M_MMAP_MAX = 0`` (no ``mmap`` per large allocation) and a trim threshold of
-    ``2**31 - 1`` bytes, so the activations of one training step reuse the pages of the
-    previous one instead of faulting in fresh zeroed pages. Memory freed inside the block is
-    kept by the process rather than returned to the system; the glibc defaults are restored
-    on exit.
+    ``2**31 - 1`` bytes, so the activations of one training step (or of a long prompt,
+    layer after layer) reuse the pages of the previous one instead of faulting in fresh
+    zeroed pages. Memory freed inside the block is kept by the process rather than returned
+    to the system; the glibc defaults are restored when the last block open is left (a
+    block may open inside another: ``generate`` within a training loop).
     """
+    global _reusing
     libc = _libc()
     if libc is None:
         yield
         return
-    libc.mallopt(_M_MMAP_MAX, 0)
-    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    with _reusing_lock:
+        _reusing += 1
+        if _reusing == 1:
+            libc.mallopt(_M_MMAP_MAX, 0)
+            libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
     try:
         yield
     finally:
-        for param, value in _GLIBC_DEFAULTS.items():
-            libc.mallopt(param, value)
+        with _reusing_lock:
+            _reusing -= 1
+            if _reusing == 0:
+                for param, value in _GLIBC_DEFAULTS.items():
+                    libc.mallopt(param, value)
 
 
 def bound_onednn_caches(capacity: int = 32) -> None:

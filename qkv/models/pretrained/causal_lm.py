@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from qkv.kernels.cpu.memory import reuse_freed_memory
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, with_defaults
 from qkv.models.pretrained.generation import DecodingRules, decode, prompt_mask
 from qkv.models.pretrained.lm_beam import beam_decode
@@ -111,31 +112,35 @@ class CausalLM(nn.Module):
         )
         if attention_mask is None:
             attention_mask = prompt_mask(input_ids, rules)
-        if num_beams != 1:
-            return beam_decode(
-                self,
-                input_ids,
-                max_new_tokens,
-                num_beams,
-                rules,
-                length_penalty=length_penalty,
-                early_stopping=early_stopping,
-                num_return_sequences=num_return_sequences,
-                attention_mask=attention_mask,
-            )
         generator = None
         if seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-        return decode(
-            self,
-            input_ids,
-            max_new_tokens,
-            rules,
-            attention_mask=attention_mask,
-            use_cache=use_cache,
-            generator=generator,
-            num_return_sequences=num_return_sequences,
-        )
+        # A long prompt's activations (MiBs each) are freed and allocated again layer after
+        # layer: kept in the heap, their pages are not faulted in afresh each time (a
+        # 1,024-token prompt about 10% faster: BENCHMARKS.md, 'LLaMA-family decoding')
+        with reuse_freed_memory():
+            if num_beams != 1:
+                return beam_decode(
+                    self,
+                    input_ids,
+                    max_new_tokens,
+                    num_beams,
+                    rules,
+                    length_penalty=length_penalty,
+                    early_stopping=early_stopping,
+                    num_return_sequences=num_return_sequences,
+                    attention_mask=attention_mask,
+                )
+            return decode(
+                self,
+                input_ids,
+                max_new_tokens,
+                rules,
+                attention_mask=attention_mask,
+                use_cache=use_cache,
+                generator=generator,
+                num_return_sequences=num_return_sequences,
+            )
 
 
 def real_token_positions(

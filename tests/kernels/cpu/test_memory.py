@@ -49,6 +49,28 @@ print(plain, reused)
 """
 
 
+def test_blocks_inside_blocks_restore_the_defaults_when_the_last_is_left(monkeypatch):
+    """A block inside another (``generate`` inside a training loop) leaves the outer one's
+    setting in force; the defaults come back when the outer one ends."""
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+
+    monkeypatch.setattr(memory, "_libc", lambda: Libc())
+    with memory.reuse_freed_memory():
+        set_ = list(calls)
+        with memory.reuse_freed_memory():
+            pass
+        assert calls == set_  # the inner block changed nothing
+    assert set_ == [(memory._M_MMAP_MAX, 0), (memory._M_TRIM_THRESHOLD, 2**31 - 1)]
+    assert calls[2:] == list(memory._GLIBC_DEFAULTS.items())
+    with pytest.raises(RuntimeError), memory.reuse_freed_memory():
+        raise RuntimeError  # left by an error: restored all the same
+    assert calls[-2:] == list(memory._GLIBC_DEFAULTS.items()) and memory._reusing == 0
+
+
 def test_onednn_caches_are_bounded_unless_the_user_set_them():
     script = """
 import os

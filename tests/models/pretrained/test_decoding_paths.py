@@ -5,6 +5,7 @@ bfloat16 Llama's token through each layer in one C call (:mod:`qkv.kernels.decod
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 
@@ -13,6 +14,7 @@ import torch
 
 from qkv.kernels import decode_layer, matvec
 from qkv.models import GPT, GPTConfig, Llama, LlamaConfig
+from qkv.models.pretrained import causal_lm
 
 
 def _llama() -> Llama:
@@ -241,3 +243,23 @@ def test_a_copy_of_a_decoding_model_decodes_with_its_own_weights():
         changed = twin(ids[:, 5:], cache=twin_cache).logits
         assert not torch.allclose(changed, before, atol=1e-3)
         torch.testing.assert_close(changed, twin(ids).logits[:, -1:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_generate_runs_the_model_where_freed_memory_is_kept(monkeypatch, beams):
+    """Every forward pass of ``generate`` (greedy or beam search) runs inside
+    ``reuse_freed_memory``, which is left when ``generate`` returns."""
+    inside = []
+
+    @contextlib.contextmanager
+    def recorded():
+        inside.append(True)
+        yield
+        inside.append(False)
+
+    monkeypatch.setattr(causal_lm, "reuse_freed_memory", recorded)
+    model = _llama()
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(inside[-1:] == [True]))
+    model.generate(torch.randint(0, 101, (1, 5)), 4, eos_token_id=[], num_beams=beams)
+    assert seen and all(seen) and inside == [True, False]
