@@ -156,8 +156,8 @@ static void rotate(float *v, const float *cos, const float *sin, long d) {
 /* out = softmax(q K^T / sqrt(d)) V over the keys first..last of one key/value head;
  * keys and values are rows of d float32 or (bf16) bfloat16 values; p holds
  * last - first + 1 floats. Called with bf16 a constant (one loop per type, as dot1). */
-static inline AVX512 void attend(const float *q, const void *k, const void *v, int bf16, long first,
-                          long last, long d, float *p, float *out) {
+static inline AVX512 void attend(const float *q, const void *k, const void *v, int bf16,
+                                 long first, long last, long d, float *p, float *out) {
     float scale = 1.0f / sqrtf((float)d), top = -INFINITY, total = 0.0f;
     long row_bytes = d * (bf16 ? 2 : 4);
     for (long j = first; j <= last; j++) {

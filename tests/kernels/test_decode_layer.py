@@ -137,3 +137,39 @@ def test_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="do not hold"):
         three(x.clone(), cos, sin, torch.zeros(1, 2, 8, 8), torch.zeros(1, 2, 8, 8), 3)
     assert torch.equal(full, torch.zeros(1, 2, 3, 8))
+
+
+def test_a_bfloat16_cache_entry_is_torchs_rounding_of_the_float32_one():
+    """Keys and values written to a bfloat16 cache are rounded as torch rounds float32 to
+    bfloat16: to nearest, ties to even, infinities kept, NaN a NaN. One input of 1 (an
+    RMSNorm without epsilon leaves it 1) and angle 0 make each entry the float32 sum of a
+    weight and a bias, both bfloat16, which can fall exactly between two bfloat16 values.
+    (Keys are rotated, which mixes an infinity into NaN: the values carry those.)"""
+    after_one = 1.0 + 2.0**-7  # the bfloat16 after 1.0
+    ties = [1.0, after_one, -1.0, -after_one, 3.0, 1e30, 1.0, 2.0**-130]
+    ties_bias = [2.0**-8, 2.0**-8, -(2.0**-8), -(2.0**-8), 2.0**-20, 1e30, 2.0**-9, 2.0**-131]
+    specials = [float("inf"), -float("inf"), 3e38, 1.0, 2.0, -5.0, 0.0, float("nan")]
+    specials_bias = [1.0, 1.0, 3e38, 2.0**-8, 2.0**-7, -(2.0**-6), -0.0, 1.0]
+    d = len(ties)
+    bf = torch.bfloat16
+
+    def column(values):
+        return torch.tensor(values).to(bf)[:, None]  # (d, 1): one input
+
+    w = LayerWeights(
+        *(torch.ones(1, dtype=bf), torch.ones(d, 1, dtype=bf), None),  # norm, wq, bq
+        *(column(ties), column(ties_bias)[:, 0], column(specials), column(specials_bias)[:, 0]),
+        *(torch.zeros(1, d, dtype=bf), None, torch.ones(1, dtype=bf)),  # wo, bo, ff_norm
+        *(torch.zeros(1, 1, dtype=bf), None, torch.zeros(1, 1, dtype=bf), None),  # wg .. bu
+        *(torch.zeros(1, 1, dtype=bf), None),  # wd, bd
+    )
+    k_cache, v_cache = torch.zeros(1, 1, 1, d, dtype=bf), torch.zeros(1, 1, 1, d, dtype=bf)
+    FusedLayer(w, 0.0, None, 1)(torch.ones(1), torch.ones(d), torch.zeros(d), k_cache, v_cache, 0)
+    for written, weight, bias in ((k_cache, w.wk, w.bk), (v_cache, w.wv, w.bv)):
+        expected = (weight.float()[:, 0] + bias.float()).to(bf)  # float32 sums, rounded
+        written = written.view(-1)
+        same = (written.view(torch.int16) == expected.view(torch.int16)) | (
+            written.isnan() & expected.isnan()
+        )
+        assert same.all(), (written.tolist(), expected.tolist())
+    assert v_cache.view(-1)[[0, 1, 2]].tolist() == [float("inf"), -float("inf"), float("inf")]
