@@ -179,9 +179,10 @@ class FusedLayer:
                 or t.device.type != "cpu"
                 or not t.is_contiguous()
             ):
+                kind = str(dtype).removeprefix("torch.")
                 raise ValueError(
-                    f"FusedLayer: a {str(dtype)[6:]} contiguous CPU {shape}, got {t.dtype} "
-                    f"{t.shape} on {t.device}"
+                    f"FusedLayer: a {kind} contiguous CPU {shape}, got {t.dtype} {t.shape} "
+                    f"on {t.device}"
                 )
         if (
             k_cache.shape != (1, hkv, capacity, d)

@@ -1,4 +1,4 @@
-"""Keeping freed memory for reuse while training, where the default costs time.
+"""Keeping freed memory for reuse while training or generating, where the default costs time.
 
 On a virtual machine a page fault is expensive: filling fresh memory takes several times as
 long as the same write into memory already faulted in. glibc hands out every allocation
@@ -8,10 +8,12 @@ afresh at every step, and a large share of a training run's time goes to the ker
 :func:`reuse_freed_memory` keeps them in the heap instead: training is faster, at about the
 same peak memory.
 
-``qkv train`` enters it after data preparation and model building, around the loop only. In
+``qkv train`` enters it after data preparation and model building, around the loop only,
+and a causal LM's ``generate`` around its decoding (a long prompt's activations). In
 a separate test script that entered it before the tokenizer training, the training steps
 faulted *more* pages than with glibc's defaults (not explained yet): the benefit depends on
-the heap's layout and has been measured only for the loop as ``qkv train`` runs it.
+the heap's layout and has been measured only for the loop as ``qkv train`` runs it and for
+a 1,024-token prompt of ``generate`` (BENCHMARKS.md, 'LLaMA-family decoding').
 
 The attention weights beside a fused kernel are the other large, repeated allocation (512
 MiB at ``B=4, H=8, T=2048``): :data:`kept_results` hands their storage out again once the
