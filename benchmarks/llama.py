@@ -273,6 +273,15 @@ def run(out_dir: Path, quick: bool, venv: Path = VENV, llamacpp: bool = True) ->
         )
         rows.append(
             result(
+                f"prefill {prefill_len} + 1 token bf16 weights, {t}",
+                q16["prefill_s"],
+                "transformers bf16",
+                h16["prefill_s"],
+                transformers_fp32_s=h32["prefill_s"],  # the target's peer is fp32 (above)
+            )
+        )
+        rows.append(
+            result(
                 f"peak RSS fp32, {t}",
                 q32["peak_rss_mib"],
                 "transformers fp32",
