@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from qkv.errors import UserError
+from qkv.kernels.cpu.memory import reuse_freed_memory
 from qkv.models import Llama, load_tokenizer
 from qkv.models.pretrained.generation import sample_next
 from qkv.models.pretrained.gguf import read_gguf_metadata, smollm2_path
@@ -111,13 +112,14 @@ def stream_tokens(
     """
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     cache = model.new_cache()
-    logits = model(input_ids, cache=cache).logits[:, -1]  # (1, V): prefill
-    for _ in range(max_new_tokens):
+    with reuse_freed_memory():  # the prompt's activations, as in generate
+        logits = model(input_ids, cache=cache, logits_to_keep=1).logits[:, -1]  # (1, V)
+    for made in range(1, max_new_tokens + 1):
         token = sample_next(logits.float(), temperature, top_k, top_p, generator)  # (1,)
         yield int(token)
-        if int(token) in eos_token_id:
-            return
-        logits = model(token.view(1, 1), cache=cache).logits[:, -1]  # (1, V): one step
+        if int(token) in eos_token_id or made == max_new_tokens:
+            return  # (no step through the model after the last token)
+        logits = model(token.view(1, 1), cache=cache, logits_to_keep=1).logits[:, -1]
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.cli.generate import stream_tokens
 from qkv.errors import ModelFileError
 from qkv.models import Llama
 from qkv.models.pretrained.gguf import read_gguf, smollm2_path
@@ -53,6 +54,21 @@ def test_tokens_stream_as_the_model_makes_them(tiny, monkeypatch, capsys):
     assert len(streamed[:-1]) >= len(text.rstrip("\ufffd"))  # held back: a split character only
     assert len([w for w in out.writes if w]) > 2  # piece by piece, not once at the end
     assert "tokens/s" in err and len(err.strip().splitlines()) == 1
+
+
+def test_streamed_tokens_are_generates_from_the_last_positions_logits(tiny):
+    """The prompt and each step ask the model for the last position's logits only (not a
+    product over the whole vocabulary at every position of the prompt), there is no step
+    after the last token, and the tokens are those of ``generate``."""
+    model = Llama.from_pretrained(tiny)
+    kept = []
+    model.register_forward_hook(
+        lambda m, args, kwargs, out: kept.append(kwargs.get("logits_to_keep")), with_kwargs=True
+    )
+    ids = torch.randint(3, 200, (1, 9))
+    streamed = list(stream_tokens(model, ids, 6))
+    assert kept == [1] * 6
+    assert streamed == model.generate(ids, 6, eos_token_id=[])[0, 9:].tolist()
 
 
 def test_prompt_from_stdin_and_sampling_with_a_seed(tiny, monkeypatch, capsys):
