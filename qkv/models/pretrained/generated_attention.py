@@ -60,13 +60,13 @@ def generate_with_attention(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     cache = model.new_cache()
-    out = model(input_ids, cache=cache, need_weights=True)  # prefill: the prompt's rows
+    out = model(input_ids, cache=cache, need_weights=True, logits_to_keep=1)  # the prompt
     rows = [[a[0].float()] for a in out.attentions]  # L lists of (H, t, Tk)
     new_ids: list[int] = []
     while True:
         token = sample_next(out.logits[:, -1].float())  # (1,): argmax
         new_ids.append(int(token))
-        out = model(token.view(1, 1), cache=cache, need_weights=True)  # one row per layer
+        out = model(token.view(1, 1), cache=cache, need_weights=True, logits_to_keep=1)
         for layer, a in zip(rows, out.attentions):
             layer.append(a[0].float())  # (H, 1, Tk)
         if len(new_ids) == max_new_tokens or new_ids[-1] in eos_token_id:
