@@ -9,7 +9,8 @@ afresh at every step, and a large share of a training run's time goes to the ker
 same peak memory.
 
 ``qkv train`` enters it after data preparation and model building, around the loop only,
-and a causal LM's ``generate`` around its decoding (a long prompt's activations). In
+a causal LM's ``generate`` around its decoding and ``qkv generate`` around the prompt (a
+long prompt's activations). In
 a separate test script that entered it before the tokenizer training, the training steps
 faulted *more* pages than with glibc's defaults (not explained yet): the benefit depends on
 the heap's layout and has been measured only for the loop as ``qkv train`` runs it and for
