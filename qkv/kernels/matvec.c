@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "exp16.h"
+
 #define AVX512 __attribute__((target("avx512f")))
 
 int qkv_cpu_ok(void) {
@@ -136,21 +138,39 @@ static inline uint16_t to_bf16(float value) {
 }
 
 /* y = RMSNorm(x) g over n values: x / sqrt(mean(x^2) + eps), times the gain */
-static void rms_norm(const float *x, const float *g, float eps, float *y, long n) {
-    float squares = 0.0f;
-    for (long i = 0; i < n; i++) squares += x[i] * x[i];
+static inline AVX512 void rms_norm(const float *x, const float *g, float eps, float *y, long n) {
+    __m512 squares16 = _mm512_setzero_ps();
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        squares16 = _mm512_fmadd_ps(v, v, squares16);
+    }
+    float squares = _mm512_reduce_add_ps(squares16);
+    for (; i < n; i++) squares += x[i] * x[i];
     float r = 1.0f / sqrtf(squares / (float)n + eps);
-    for (long i = 0; i < n; i++) y[i] = g[i] * (x[i] * r);
+    for (i = 0; i < n; i++) y[i] = g[i] * (x[i] * r);
 }
 
 /* v <- v cos + rotate_half(v) sin over one head of d values, rotate_half(v1, v2) = (-v2, v1) */
-static void rotate(float *v, const float *cos, const float *sin, long d) {
+static inline AVX512 void rotate(float *v, const float *cos, const float *sin, long d) {
     long half = d / 2;
     for (long i = 0; i < half; i++) {
         float a = v[i], b = v[i + half];
         v[i] = a * cos[i] - b * sin[i];
         v[i + half] = b * cos[i + half] + a * sin[i + half];
     }
+}
+
+/* gate <- SiLU(gate) * up = gate / (1 + exp(-gate)) * up over n values */
+static inline AVX512 void silu_times(float *gate, const float *up, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 /* out = softmax(q K^T / sqrt(d)) V over the keys first..last of one key/value head;
@@ -249,9 +269,41 @@ AVX512 int qkv_llama_layer(float *x, const qkv_llama_weights *w, int bf16, const
     rms_norm(x, w->ff_norm, eps, xn, e);
     product(xn, w->wg, bf16, w->bg, gate, f, e, threads);
     product(xn, w->wu, bf16, w->bu, up, f, e, threads);
-    for (long i = 0; i < f; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    silu_times(gate, up, f);
     product(gate, w->wd, bf16, w->bd, xn, e, f, threads);
     for (long i = 0; i < e; i++) x[i] += xn[i];
     free(scratch);
     return 0;
+}
+
+/* ---- The steps between the products of a prompt --------------------------------------
+ * Over many tokens the products are matrix products (torch's), and what lies between them
+ * is the same few steps as above, row after row: here each is one pass over its rows,
+ * split among `threads` OpenMP threads.
+ */
+
+/* y[r] = RMSNorm(x[r]) g for rows r < rows of n values */
+AVX512 void qkv_rms_norm_rows(const float *x, const float *g, float eps, float *y, long rows,
+                              long n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long r = 0; r < rows; r++) rms_norm(x + r * n, g, eps, y + r * n, n);
+}
+
+/* Rotate every head of v (batch, tokens, heads, d) in place; token t of sequence b turns
+ * by cos, sin rows b * cs_batch + t of d values (cs_batch 0: one rotation for the batch) */
+AVX512 void qkv_rotate_rows(float *v, const float *cos, const float *sin, long batch,
+                            long tokens, long heads, long d, long cs_batch, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long row = 0; row < batch * tokens; row++) {
+        long at = (row / tokens * cs_batch + row % tokens) * d;
+        for (long i = 0; i < heads; i++) rotate(v + (row * heads + i) * d, cos + at, sin + at, d);
+    }
+}
+
+/* gate <- SiLU(gate) * up over n values, in blocks among the threads */
+AVX512 void qkv_silu_times(float *gate, const float *up, long n, int threads) {
+    long block = 4096;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long start = 0; start < n; start += block)
+        silu_times(gate + start, up + start, n - start < block ? n - start : block);
 }

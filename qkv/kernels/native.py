@@ -205,10 +205,11 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
 
 def build(compiler: str, folder: Path, source_path: Path = SOURCE) -> Path:
     """The shared library of ``source_path`` (a C file beside this module) for
-    ``compiler``, compiled into ``folder`` unless a build of the same source and compiler
-    is there already; written atomically (a reader never sees a half-written file, and
-    concurrent builds of the same name agree)."""
-    source = source_path.read_bytes()
+    ``compiler``, compiled into ``folder`` unless a build of the same source, headers
+    (the ``.h`` files beside it) and compiler is there already; written atomically (a
+    reader never sees a half-written file, and concurrent builds of the same name agree)."""
+    headers = sorted(source_path.parent.glob("*.h"))
+    source = b"".join(path.read_bytes() for path in [source_path, *headers])
     version = subprocess.run([compiler, "--version"], capture_output=True, timeout=60).stdout
     digest = hashlib.sha256(source + version + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = folder / f"{source_path.stem}-{digest}.so"

@@ -26,12 +26,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.distributed import ring_attention
 from qkv.errors import ConfigError
 from qkv.functional import combine_masks, scaled_dot_product_attention
-from qkv.kernels import decode_layer
+from qkv.kernels import decode_layer, layer_steps
 from qkv.models.inputs import check_position_ids, check_token_ids
 from qkv.models.pretrained.causal_lm import CausalLM, real_token_positions
 from qkv.models.pretrained.gen_defaults import GenerationDefaults, read_generation_defaults
@@ -312,6 +313,48 @@ class LlamaLayer(nn.Module):
         x = x + h  # (B, T, E)
         return x + self.ff(self.ff_norm(x)), weights
 
+    def forward_prompt(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerKV | None) -> Tensor:
+        """:meth:`forward` at inference on float32 CPU tokens without padding, faster: the
+        same products and attention, the norms, rotations and gate in C
+        (:mod:`qkv.kernels.layer_steps`, one pass each), and each residual sum inside its
+        product (``addmm_``). ``x`` is updated in place and returned; tested against
+        :meth:`forward`. :meth:`Llama.forward` decides when it serves (``_fused_prompt``).
+
+        Shape:
+            x ``(B, T, E)``, contiguous; cos and sin ``(B or 1, T, D)``.
+        """
+        a, ff = self.self_attn, self.ff
+        b, t, e = x.shape
+        h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
+        rows = x.view(b * t, e)  # the residual stream, updated in place
+
+        def product(inputs: Tensor, linear: Linear) -> Tensor:  # (B*T, in) -> (B*T, out)
+            return F.linear(inputs, linear.weight, linear.bias)
+
+        def add_product(inputs: Tensor, linear: Linear) -> None:  # rows += inputs W^T + b
+            rows.addmm_(inputs, linear.weight.t())
+            if linear.bias is not None:
+                rows.add_(linear.bias)
+
+        n = layer_steps.rms_norm_rows(
+            rows, self.attn_norm.weight, self.attn_norm.eps, torch.empty_like(rows)
+        )
+        q = layer_steps.rotate_rows(product(n, a.q_proj).view(b, t, h, d), cos, sin)
+        k = layer_steps.rotate_rows(product(n, a.k_proj).view(b, t, hkv, d), cos, sin)
+        q, k, v = (
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            product(n, a.v_proj).view(b, t, hkv, d).transpose(1, 2),
+        )
+        if cache is not None:
+            k, v = cache.append(k, v)
+        out = scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
+        add_product(out.transpose(1, 2).reshape(b * t, h * d), a.out_proj)
+        layer_steps.rms_norm_rows(rows, self.ff_norm.weight, self.ff_norm.eps, n)
+        gate = layer_steps.silu_times(product(n, ff.gate_proj), product(n, ff.up_proj))
+        add_product(gate, ff.down_proj)
+        return x
+
 
 class Llama(CausalLM):
     """Decoder-only language model of the LLaMA family (LLaMA, Mistral, Qwen2).
@@ -401,6 +444,8 @@ class Llama(CausalLM):
         fused = self._fused_step(input_ids, key_mask, cache, need_weights)
         if fused is not None:  # one token of one sequence on the CPU: the same layers in C
             return self._decode_fused(input_ids, position_ids, cache, fused)
+        if self._fused_prompt(input_ids, key_mask, cache, need_weights):
+            return self._prompt_fused(input_ids, position_ids, cache, logits_to_keep)
 
         x = self.tok_emb(input_ids)  # (B, T, E)
         rotary = x.dtype  # under autocast, that of the projected q and k (else the rotated
@@ -461,6 +506,39 @@ class Llama(CausalLM):
         if any(kv.reserve(0)[0].dtype != f.dtype for kv, f in zip(cache.layers, layers)):
             return None  # a cache of another type than the weights
         return layers
+
+    def _fused_prompt(self, input_ids, key_mask, cache, need_weights) -> bool:
+        """Whether :meth:`_prompt_fused` serves this call: inference (eval mode, no
+        gradient, no autocast) of float32 CPU weights, SiLU, nothing masked, no weights
+        wanted, no sequence parallelism, every key within the sliding windows, and the
+        kernel built here."""
+        tk = input_ids.shape[1] + (cache.length if cache is not None else 0)
+        return (
+            not self.training
+            and not need_weights
+            and not torch.is_grad_enabled()
+            and not torch.is_autocast_enabled(input_ids.device.type)
+            and self.config.activation == "silu"
+            and (key_mask is None or bool(key_mask.all()))
+            and all(
+                layer.self_attn.sequence_group is None
+                and (layer.self_attn.window is None or tk <= layer.self_attn.window)
+                and decode_layer.supports(layer.tensors())
+                and layer.self_attn.q_proj.weight.dtype == torch.float32
+                for layer in self.layers
+            )
+            and layer_steps.supports(self.tok_emb.weight)
+        )
+
+    def _prompt_fused(self, input_ids, position_ids, cache, logits_to_keep) -> LlamaOutput:
+        """:meth:`forward` through :meth:`LlamaLayer.forward_prompt`."""
+        x = self.tok_emb(input_ids)  # (B, T, E): a new tensor, updated in place
+        cos, sin = (c.squeeze(1).contiguous() for c in self.rope.cos_sin(position_ids, x.dtype))
+        for i, layer in enumerate(self.layers):
+            layer.forward_prompt(x, cos, sin, None if cache is None else cache[i])
+        x = x[:, -logits_to_keep:] if logits_to_keep else x  # (B, T or logits_to_keep, E)
+        logits = self.lm_head(self.final_norm(x))  # (B, T, V)
+        return LlamaOutput(logits=logits, attentions=[], cache=cache)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (``copy.deepcopy``, pickle) starts without the fused layers of

@@ -1,7 +1,9 @@
 """The fast paths of decoding a causal LM: logits of the last positions only
 (``logits_to_keep``, what ``generate`` asks for), bfloat16 weights read by the matvec
-kernel (:mod:`qkv.kernels.matvec`) through ``qkv.modules.Linear``, and a float32 or
-bfloat16 Llama's token through each layer in one C call (:mod:`qkv.kernels.decode_layer`)."""
+kernel (:mod:`qkv.kernels.matvec`) through ``qkv.modules.Linear``, a float32 or bfloat16
+Llama's token through each layer in one C call (:mod:`qkv.kernels.decode_layer`), and a
+float32 prompt through the layers with their small steps in C
+(:mod:`qkv.kernels.layer_steps`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import torch
 from qkv.kernels import decode_layer, matvec
 from qkv.models import GPT, GPTConfig, Llama, LlamaConfig
 from qkv.models.pretrained import causal_lm
+from qkv.models.pretrained.llama import LlamaLayer
+from qkv.modules.positional import DynamicRopeScaling
 
 
 def _llama() -> Llama:
@@ -263,3 +267,81 @@ def test_generate_runs_the_model_where_freed_memory_is_kept(monkeypatch, beams):
     model.register_forward_pre_hook(lambda m, args: seen.append(inside[-1:] == [True]))
     model.generate(torch.randint(0, 101, (1, 5)), 4, eos_token_id=[], num_beams=beams)
     assert seen and all(seen) and inside == [True, False]
+
+
+def _prompt_calls(monkeypatch) -> list[int]:
+    """Counts the calls of ``LlamaLayer.forward_prompt`` (one per layer and forward pass)."""
+    calls = []
+    forward = LlamaLayer.forward_prompt
+
+    def counted(self, *args):
+        calls.append(1)
+        return forward(self, *args)
+
+    monkeypatch.setattr(LlamaLayer, "forward_prompt", counted)
+    return calls
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"qkv_bias": True, "out_bias": True, "mlp_bias": True},
+        {"sliding_window": 16},
+        {"tie_embeddings": True, "head_dim": 24},
+        {"rope_scaling": DynamicRopeScaling(factor=2.0, max_len=4)},
+    ],
+    ids=["llama", "biases", "window", "head-dim", "dynamic-rope"],
+)
+def test_a_float32_prompt_goes_through_the_layer_steps_as_float64_does(monkeypatch, options):
+    """Two unpadded prompts, whole and in two parts with the cache: every layer runs
+    ``forward_prompt``, and the logits and the cached keys and values equal those of a
+    float64 copy (the layers' forward) as closely as the layers' forward in float32 does."""
+    model = _varied_llama(**options)
+    exact = copy.deepcopy(model).double()
+    ids = torch.randint(0, 101, (2, 9))
+    calls = _prompt_calls(monkeypatch)
+
+    def run(m):  # the logits of the whole prompt, of its two parts, and the parts' cache
+        cache = m.new_cache()
+        parts = torch.cat([m(ids[:, :4], cache=cache).logits, m(ids[:, 4:], cache=cache).logits], 1)
+        return m(ids).logits, parts, cache
+
+    with torch.no_grad():
+        fast = run(model)
+        assert len(calls) == 3 * 2
+        reference = run(exact)
+        monkeypatch.setattr(model, "_fused_prompt", lambda *args: False)  # the layers' forward
+        forward = run(model)
+    assert len(calls) == 3 * 2
+    for i in (0, 1):
+        error = (forward[i].double() - reference[i]).abs().max().item()
+        tolerance = max(4 * error, 1e-5)
+        torch.testing.assert_close(fast[i].double(), reference[i], rtol=0, atol=tolerance)
+    for kv, exact_kv in zip(fast[2].layers, reference[2].layers):
+        torch.testing.assert_close(kv.k.double(), exact_kv.k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kv.v.double(), exact_kv.v, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_the_layer_steps_serve_float32_inference_without_masks_or_weights_only(monkeypatch):
+    """A padded token, the attention weights, a gradient, training mode, bfloat16 weights,
+    keys beyond a sliding window: each goes through the layers' forward."""
+    calls = _prompt_calls(monkeypatch)
+    model = _varied_llama(sliding_window=8, full_layers=(1,))
+    ids = torch.randint(0, 101, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, 0] = 0
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+        assert len(model(ids, need_weights=True).attentions) == 2
+        model.bfloat16()(ids)
+        model.float()(torch.randint(0, 101, (1, 9)))  # 9 keys, a window of 8
+        model.train()(ids)
+        model.eval()
+    model(ids)  # gradients on
+    assert calls == []
+    with torch.no_grad():
+        model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long))
+    assert len(calls) == 2
