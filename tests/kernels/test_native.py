@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import shutil
 import subprocess
@@ -180,6 +181,19 @@ def test_a_build_is_cached_and_written_atomically(tmp_path, monkeypatch):
     )
     assert native.build(compiler, tmp_path) == first
     assert calls == [[compiler, "--version"]]  # no second compile
+
+
+def test_a_header_beside_the_source_is_part_of_the_build(tmp_path):
+    """A changed header gives a new build: the kernels include ``exp16.h``."""
+    compiler = shutil.which("cc") or pytest.skip("needs a C compiler")
+    source = tmp_path / "kernel.c"
+    source.write_text('#include "value.h"\nint qkv_value(void) { return VALUE; }\n')
+    (tmp_path / "value.h").write_text("#define VALUE 1\n")
+    first = native.build(compiler, tmp_path / "built", source)
+    (tmp_path / "value.h").write_text("#define VALUE 2\n")
+    second = native.build(compiler, tmp_path / "built", source)
+    assert first != second
+    assert [ctypes.CDLL(str(so)).qkv_value() for so in (first, second)] == [1, 2]
 
 
 def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
