@@ -62,7 +62,8 @@ def test_the_layer_equals_its_float64_reference(
     A bfloat16 entry is the reference's rounding of it, but for the rare entry that the
     float32 sums put on the other side of a rounding boundary (about one in 4,000 on a
     SmolLM2-sized layer), which then is one bfloat16 step away, and shifts the output by
-    its weight in it."""
+    its weight in it; an entry whose sums cancel to near zero (a rotated key of 7e-7 from
+    terms near 1) is float32's error of those sums away."""
     (h, hkv), d = groups, 2 * half
     g = torch.Generator().manual_seed(seed)
     dtype = torch.bfloat16 if bfloat16 else torch.float32
@@ -93,7 +94,8 @@ def test_the_layer_equals_its_float64_reference(
         rounded = torch.cat([k64[0, :, length], v64[0, :, length]]).double()
         apart = written != rounded
         assert apart.sum().item() <= 1 + 0.01 * apart.numel()
-        assert torch.all((written - rounded).abs() <= rounded.abs() * 2**-7)  # one step
+        # one step, or float32's error of the sums where they cancel to near zero
+        assert torch.all((written - rounded).abs() <= rounded.abs() * 2**-7 + 1e-5)
     else:
         torch.testing.assert_close(k_cache, k64.float(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(v_cache, v64.float(), rtol=1e-5, atol=1e-5)
