@@ -428,7 +428,7 @@ def _figure(results: dict[str, dict], buckets, title: str, path: Path, *, em: bo
     ax_bleu.legend(fontsize=8)
     seeds = len(next(iter(results.values()))["trainings"]) if results else 0
     fig.suptitle(
-        f"{title}: quality against sentence length, {seeds} seed(s) per model "
+        f"{title}: quality against sentence length\n{seeds} seed(s) per model "
         "(cf. Bahdanau et al. 2015, Fig. 2)",
         fontsize=10,
     )
