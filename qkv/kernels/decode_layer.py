@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.kernels import matvec
+from qkv.kernels import layer_steps, matvec
 
 __all__ = ["FusedLayer", "LayerWeights", "layer_reference", "supports"]
 
@@ -73,11 +73,10 @@ def layer_reference(
     """
 
     def norm(v: Tensor, gain: Tensor) -> Tensor:
-        return gain * (v * torch.rsqrt(v.pow(2).mean() + eps))
+        return layer_steps.rms_norm_reference(v, gain, eps)
 
-    def rotate(v: Tensor) -> Tensor:
-        v1, v2 = v.chunk(2, dim=-1)
-        return v * cos + torch.cat([-v2, v1], dim=-1) * sin
+    def rotate(v: Tensor) -> Tensor:  # (heads, D), one rotation for all
+        return layer_steps.rotate_reference(v, cos, sin)
 
     k_cache, v_cache = k_cache[0], v_cache[0]  # (Hkv, capacity, D): one sequence
     hkv, _, d = k_cache.shape

@@ -44,10 +44,10 @@ def rotate_reference(v: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary positions: ``v cos + rotate_half(v) sin``, ``rotate_half(v1, v2) = (-v2, v1)``.
 
     Shape:
-        v ``(B, T, heads, D)``; cos and sin ``(B or 1, T, D)``.
+        v ``(..., D)``; cos and sin broadcast to it.
     """
     v1, v2 = v.chunk(2, dim=-1)
-    return v * cos[:, :, None] + torch.cat([-v2, v1], dim=-1) * sin[:, :, None]
+    return v * cos + torch.cat([-v2, v1], dim=-1) * sin
 
 
 def silu_times_reference(gate: Tensor, up: Tensor) -> Tensor:
@@ -83,7 +83,8 @@ def rms_norm_rows(x: Tensor, gain: Tensor, eps: float, out: Tensor) -> Tensor:
 
 
 def rotate_rows(v: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`rotate_reference` in place; returns ``v``.
+    """:func:`rotate_reference` in place, each token's cos and sin over all its heads;
+    returns ``v``.
 
     Shape:
         v ``(B, T, heads, D)``, D even; cos and sin ``(B or 1, T, D)``.

@@ -56,7 +56,9 @@ def test_rotate_rows_equals_the_float64_reference(b, t, heads, half, shared, see
     angles = torch.rand(1 if shared else b, t, half, generator=g) * 20
     angles = torch.cat([angles, angles], dim=-1)
     cos, sin = angles.cos(), angles.sin()
-    want = layer_steps.rotate_reference(v.double(), cos.double(), sin.double())
+    want = layer_steps.rotate_reference(
+        v.double(), cos[:, :, None].double(), sin[:, :, None].double()
+    )
     assert layer_steps.rotate_rows(v, cos, sin) is v
     torch.testing.assert_close(v.double(), want, rtol=1e-5, atol=1e-6)
 
