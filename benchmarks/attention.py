@@ -113,6 +113,50 @@ def functional_rows(ts: list[int], peak: float) -> list[dict]:
     return rows
 
 
+def cpu_flash_rows(quick: bool) -> list[dict]:
+    """The ``cpu_flash`` backend against SDPA at inference, grouped heads as in SmolLM2
+    (9 query heads over 3 key/value heads, D=64): causal prompts, and a few query rows
+    over a long prefix, all of it visible (one decoding row ``auto`` leaves to SDPA)."""
+    rows = []
+    cases = (
+        [(1024, 1024), (16, 1024), (1, 1024)]
+        if quick
+        else [
+            (1024, 1024),
+            (4096, 4096),
+            (16, 1024),
+            (4, 1024),
+            (1, 1024),
+        ]
+    )
+    for tq, tk in cases:
+        q = torch.randn(1, tq, 9, D).transpose(1, 2)  # as a model's projections come out
+        k, v = (torch.randn(1, tk, 3, D).transpose(1, 2) for _ in range(2))
+
+        causal = tq == tk
+
+        def peer():
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=True
+            )
+
+        def ours():
+            return qkv.scaled_dot_product_attention(q, k, v, causal=causal, backend="cpu_flash")
+
+        ours_s, sdpa_s = _pair(ours, peer, False, (q, k, v))
+        chosen = qkv.explain_dispatch(q, k, v, causal=causal).chosen
+        kind = "causal" if causal else "full"
+        rows.append(
+            result(
+                f"qkv cpu_flash, GQA 9/3, Tq={tq} Tk={tk} {kind} fwd (auto: {chosen})",
+                ours_s,
+                "torch SDPA",
+                sdpa_s,
+            )
+        )
+    return rows
+
+
 def module_rows(ts: list[int]) -> list[dict]:
     rows, e = [], H * D
     for t in ts:
@@ -201,7 +245,7 @@ def run(out_dir: Path = Path("benchmarks/results"), quick: bool = False) -> dict
     torch.manual_seed(0)
     peak = matmul_gflops()
     ts = [128, 512] if quick else [128, 512, 2048]
-    rows = functional_rows(ts, peak) + module_rows(ts)
+    rows = functional_rows(ts, peak) + cpu_flash_rows(quick) + module_rows(ts)
     rows += half_training_rows([32, 512] if quick else [32, 128, 512])
     rows += memory_rows(2048 if quick else 8192)
     notes = (

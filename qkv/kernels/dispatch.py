@@ -24,6 +24,7 @@ from qkv.errors import ConfigError
 from qkv.kernels.base import AttentionRequest, AttentionResult, Backend
 from qkv.kernels.chunked import ChunkedBackend
 from qkv.kernels.cpu import vml
+from qkv.kernels.cpu_flash import CPUFlashBackend
 from qkv.kernels.ranges import key_ranges
 from qkv.kernels.reference import ReferenceBackend
 from qkv.kernels.sdpa import SDPABackend
@@ -44,12 +45,12 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, Backend] = {
-    b.name: b for b in (SDPABackend(), ReferenceBackend(), ChunkedBackend())
+    b.name: b for b in (CPUFlashBackend(), SDPABackend(), ReferenceBackend(), ChunkedBackend())
 }  # the optional triton backend joins on first use
 
 # Fastest first. Reference comes before chunked because it computes weights and lse in one
 # pass; `auto` skips it when the score matrix would be too large (see REFERENCE_MAX_BYTES).
-PREFERENCE = ["triton", "sdpa", "reference", "chunked"]
+PREFERENCE = ["triton", "cpu_flash", "sdpa", "reference", "chunked"]
 REFERENCE_MAX_BYTES = 1 << 30
 # On the CPU, `auto` moves chunked first when the mask hides this share of a large score
 # matrix in whole blocks (a sliding window, document masks, padding): chunked never

@@ -130,18 +130,22 @@ def test_forcing_an_unsupported_backend_lists_reasons():
 
 
 def test_the_lse_goes_to_the_reference_unless_its_scores_pass_the_auto_limit():
-    """The lse is the reference's or chunked's: the reference while its score matrix fits in
-    REFERENCE_MAX_BYTES, chunked beyond (expanded tensors: nothing is allocated)."""
+    """The lse under autograd is the reference's or chunked's: the reference while its score
+    matrix fits in REFERENCE_MAX_BYTES, chunked beyond (expanded tensors: nothing is
+    allocated). At float32 CPU inference, cpu_flash returns it without a score matrix."""
     t = 4096
-    big = torch.zeros(()).expand(8, 16, t, 64)  # 8 GiB of float32 scores
+    big = torch.zeros(()).expand(8, 16, t, 64).requires_grad_()  # 8 GiB of float32 scores
     assert 8 * 16 * t * t * 4 > REFERENCE_MAX_BYTES
     d = qkv.explain_dispatch(big, big, big, need_lse=True)
     assert d.chosen == "chunked"
     assert d.reasons["reference"] == ["its score matrix would take 8.0 GiB (auto limit 1 GiB)"]
+    assert "has no backward pass (inference only)" in d.reasons["cpu_flash"]
     small = big[:, :, :256]
     d = qkv.explain_dispatch(small, small, small, need_lse=True)
     assert d.chosen == "reference"
     assert "  chunked: could run, but reference comes first" in str(d).splitlines()
+    with torch.no_grad():
+        assert qkv.explain_dispatch(big, big, big, need_lse=True).chosen == "cpu_flash"
 
 
 # --- chunked before SDPA on the CPU where the mask hides blocks ------------------------------

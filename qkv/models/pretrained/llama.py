@@ -313,46 +313,55 @@ class LlamaLayer(nn.Module):
         x = x + h  # (B, T, E)
         return x + self.ff(self.ff_norm(x)), weights
 
-    def forward_prompt(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerKV | None) -> Tensor:
+    def forward_prompt(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerKV | None, keep: int | None = None
+    ) -> Tensor:
         """:meth:`forward` at inference on float32 CPU tokens without padding, faster: the
         same products and attention, the norms, rotations and gate in C
         (:mod:`qkv.kernels.layer_steps`, one pass each), and each residual sum inside its
         product (``addmm_``). ``x`` is updated in place and returned; tested against
         :meth:`forward`. :meth:`Llama.forward` decides when it serves (``_fused_prompt``).
 
+        With ``keep``, only the last ``keep`` positions come out (the last layer, when
+        only their logits are wanted): the keys and values of every position are still
+        made (and cached), but the queries, attention, output product and feed-forward
+        only of those positions, the others' outputs being used nowhere.
+
         Shape:
-            x ``(B, T, E)``, contiguous; cos and sin ``(B or 1, T, D)``.
+            x ``(B, T, E)``, contiguous; cos and sin ``(B or 1, T, D)``. Returns
+            ``(B, T, E)`` (``x``), or ``(B, keep, E)`` with ``keep``.
         """
         a, ff = self.self_attn, self.ff
         b, t, e = x.shape
         h, hkv, d = a.num_heads, a.num_kv_heads, a.head_dim
-        rows = x.view(b * t, e)  # the residual stream, updated in place
 
-        def product(inputs: Tensor, linear: Linear) -> Tensor:  # (B*T, in) -> (B*T, out)
+        def product(inputs: Tensor, linear: Linear) -> Tensor:  # (rows, in) -> (rows, out)
             return F.linear(inputs, linear.weight, linear.bias)
 
-        def add_product(inputs: Tensor, linear: Linear) -> None:  # rows += inputs W^T + b
-            rows.addmm_(inputs, linear.weight.t())
+        def add_product(rows: Tensor, inputs: Tensor, linear: Linear) -> None:
+            rows.addmm_(inputs, linear.weight.t())  # rows += inputs W^T + b
             if linear.bias is not None:
                 rows.add_(linear.bias)
 
         n = layer_steps.rms_norm_rows(
-            rows, self.attn_norm.weight, self.attn_norm.eps, torch.empty_like(rows)
+            x.view(b * t, e), self.attn_norm.weight, self.attn_norm.eps, torch.empty(b * t, e)
         )
-        q = layer_steps.rotate_rows(product(n, a.q_proj).view(b, t, h, d), cos, sin)
         k = layer_steps.rotate_rows(product(n, a.k_proj).view(b, t, hkv, d), cos, sin)
-        q, k, v = (
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            product(n, a.v_proj).view(b, t, hkv, d).transpose(1, 2),
-        )
+        v = product(n, a.v_proj).view(b, t, hkv, d)
+        if keep is not None and keep < t:  # from here on, the last `keep` positions only
+            x, t = x[:, -keep:].contiguous(), keep
+            n = n.view(b, -1, e)[:, -keep:].contiguous().view(b * t, e)
+            cos, sin = (c[:, -keep:].contiguous() for c in (cos, sin))
+        rows = x.view(b * t, e)  # the residual stream, updated in place
+        q = layer_steps.rotate_rows(product(n, a.q_proj).view(b, t, h, d), cos, sin)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             k, v = cache.append(k, v)
-        out = scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
-        add_product(out.transpose(1, 2).reshape(b * t, h * d), a.out_proj)
-        layer_steps.rms_norm_rows(rows, self.ff_norm.weight, self.ff_norm.eps, n)
+        out = scaled_dot_product_attention(q.transpose(1, 2), k, v, causal=True)  # (B, H, T, D)
+        add_product(rows, out.transpose(1, 2).reshape(b * t, h * d), a.out_proj)
+        n = layer_steps.rms_norm_rows(rows, self.ff_norm.weight, self.ff_norm.eps, n)
         gate = layer_steps.silu_times(product(n, ff.gate_proj), product(n, ff.up_proj))
-        add_product(gate, ff.down_proj)
+        add_product(rows, gate, ff.down_proj)
         return x
 
 
@@ -534,8 +543,10 @@ class Llama(CausalLM):
         """:meth:`forward` through :meth:`LlamaLayer.forward_prompt`."""
         x = self.tok_emb(input_ids)  # (B, T, E): a new tensor, updated in place
         cos, sin = (c.squeeze(1).contiguous() for c in self.rope.cos_sin(position_ids, x.dtype))
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            layer.forward_prompt(x, cos, sin, None if cache is None else cache[i])
+            keep = logits_to_keep if i == last and logits_to_keep else None
+            x = layer.forward_prompt(x, cos, sin, None if cache is None else cache[i], keep)
         x = x[:, -logits_to_keep:] if logits_to_keep else x  # (B, T or logits_to_keep, E)
         logits = self.lm_head(self.final_norm(x))  # (B, T, V)
         return LlamaOutput(logits=logits, attentions=[], cache=cache)

@@ -303,25 +303,37 @@ def test_a_float32_prompt_goes_through_the_layer_steps_as_float64_does(monkeypat
     ids = torch.randint(0, 101, (2, 9))
     calls = _prompt_calls(monkeypatch)
 
-    def run(m):  # the logits of the whole prompt, of its two parts, and the parts' cache
-        cache = m.new_cache()
+    def run(m):
+        """The logits of the whole prompt, of its two parts with the cache, and of the last
+        positions of each part (``logits_to_keep``: the last layer computes only those
+        positions' outputs), with the two caches."""
+        cache, kept = m.new_cache(), m.new_cache()
         parts = torch.cat([m(ids[:, :4], cache=cache).logits, m(ids[:, 4:], cache=cache).logits], 1)
-        return m(ids).logits, parts, cache
+        tails = torch.cat(
+            [
+                m(ids[:, :4], cache=kept, logits_to_keep=1).logits,
+                m(ids[:, 4:], cache=kept, logits_to_keep=2).logits,
+            ],
+            1,
+        )
+        return m(ids).logits, parts, tails, cache, kept
 
     with torch.no_grad():
         fast = run(model)
-        assert len(calls) == 3 * 2
+        assert len(calls) == 5 * 2
         reference = run(exact)
         monkeypatch.setattr(model, "_fused_prompt", lambda *args: False)  # the layers' forward
         forward = run(model)
-    assert len(calls) == 3 * 2
-    for i in (0, 1):
+    assert len(calls) == 5 * 2
+    for i in (0, 1, 2):
         error = (forward[i].double() - reference[i]).abs().max().item()
         tolerance = max(4 * error, 1e-5)
         torch.testing.assert_close(fast[i].double(), reference[i], rtol=0, atol=tolerance)
-    for kv, exact_kv in zip(fast[2].layers, reference[2].layers):
-        torch.testing.assert_close(kv.k.double(), exact_kv.k, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(kv.v.double(), exact_kv.v, rtol=1e-5, atol=1e-5)
+    assert fast[2].shape[1] == 3
+    for i in (3, 4):
+        for kv, exact_kv in zip(fast[i].layers, reference[i].layers):
+            torch.testing.assert_close(kv.k.double(), exact_kv.k, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(kv.v.double(), exact_kv.v, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
