@@ -61,8 +61,8 @@ class CPUFlashBackend(Backend):
             reasons.append("has no backward pass (inference only)")
         if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_SIZE:
             reasons.append(f"head sizes up to {MAX_HEAD_SIZE}")
-        if torch.compiler.is_compiling():
-            reasons.append("torch.compile cannot trace a ctypes call")
+        if torch.compiler.is_compiling():  # (and would trace the first build's checks)
+            return reasons + ["torch.compile cannot trace a ctypes call"]
         why = why_unavailable()
         if why is not None:
             reasons.append(why)
@@ -84,7 +84,7 @@ class CPUFlashBackend(Backend):
         # which the heads' outputs are concatenated for the output projection (a view then)
         out = torch.empty(b, tq, h, dv).transpose(1, 2)
         lse = torch.empty(b, h, tq) if req.need_lse else None
-        if out.numel() == 0:
+        if b * h * tq == 0:
             return AttentionResult(out=out, lse=lse)
         args = []
         for t in (q, k, v, out):

@@ -214,11 +214,13 @@ def choose(req: AttentionRequest) -> str:
 
 def _signature(req: AttentionRequest) -> tuple | None:
     """Everything a backend's ``why_not`` and the measured exceptions read from a request
-    without a mask, weights or lse; ``None`` for any other request."""
+    without a mask, weights or lse; ``None`` for any other request. Whether torch.compile
+    is tracing is part of it: a C kernel called eagerly cannot run inside a graph."""
     if req.mask is not None or req.need_weights or req.need_lse:
         return None
     q, k, v = req.q, req.k, req.v
     return (
+        torch.compiler.is_compiling(),
         q.device,
         q.dtype,
         q.shape,

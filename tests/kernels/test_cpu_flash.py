@@ -155,3 +155,19 @@ def test_asked_for_by_name_it_refuses_what_it_cannot_do():
     big = torch.randn(1, 1, 4, cpu_flash.MAX_HEAD_SIZE + 1)
     with pytest.raises(ValueError, match="head sizes up to 512"):
         qkv.scaled_dot_product_attention(big, big, big, backend="cpu_flash")
+
+
+def test_under_torch_compile_auto_leaves_it_to_sdpa():
+    """A ctypes call cannot be traced: in a graph ``auto`` takes SDPA, also for a call
+    whose signature an eager call had remembered as cpu_flash's."""
+    torch._dynamo.reset()
+    q = torch.randn(1, 4, 64, 16)
+    k, v = torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16)
+
+    def attend(q, k, v):
+        return qkv.scaled_dot_product_attention(q, k, v, causal=True)
+
+    assert qkv.explain_dispatch(q, k, v, causal=True).chosen == "cpu_flash"
+    eager = attend(q, k, v)
+    compiled = torch.compile(attend, fullgraph=True, backend="eager")(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

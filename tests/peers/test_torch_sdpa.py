@@ -215,6 +215,37 @@ def test_scaled_dot_product_fused_attention_vs_math_cpu_sampled(backend, case):
     _check_vs_math(backend, *case)
 
 
+INFERENCE_CASES = [  # (batch, seq_len, n_head, n_kv_head, head_dim, causal): float32
+    (batch, seq, heads, heads, d, causal)
+    for batch, seq, heads, d, causal in itertools.product(
+        [2, 12], [267, 1030], [1, 3], [8, 16], [False, True]
+    )
+    if not (batch == 12 and seq == 1030)
+] + [(12, 100, 4, 2, 8, True), (12, 100, 6, 1, 8, False)]  # the GQA test's heads
+
+
+@pytest.mark.parametrize(
+    "case",
+    INFERENCE_CASES,
+    ids=lambda c: f"B{c[0]}-T{c[1]}-H{c[2]}/{c[3]}-D{c[4]}" + ("-causal" if c[5] else ""),
+)
+def test_cpu_flash_vs_math_cpu(case):
+    """pytorch/pytorch test/test_transformers.py,
+    TestSDPA.test_scaled_dot_product_fused_attention_vs_math_cpu and its GQA test, the
+    part that ``cpu_flash`` serves: float32 inference without a mask (train=False), the
+    whole grid of batch, seq_len, n_head and head_dim, q, k and v strided views of one
+    packed projection; torch's tolerances for its fused CPU kernel."""
+    batch, seq_len, n_head, n_kv, head_dim, causal = case
+    sizes = [n_head * head_dim, n_kv * head_dim, n_kv * head_dim]
+    x = torch.randn(batch, seq_len, sum(sizes))
+    q, k, v = (t.view(batch, seq_len, -1, head_dim).transpose(1, 2) for t in x.split(sizes, dim=2))
+    with torch.no_grad():
+        got = qkv.scaled_dot_product_attention(q, k, v, causal=causal, backend="cpu_flash")
+        assert qkv.explain_dispatch(q, k, v, causal=causal).chosen == "cpu_flash"
+    want = math_sdpa(q, k, v, causal="top_left" if causal else None, dtype=torch.float32)
+    _close(got, want, *TOL[torch.float32])
+
+
 # --- TestSDPA.test_scaled_dot_product_fused_attention_mask_vs_math_cpu ---------------------
 
 MASK_GRID = list(itertools.product(ALL_DTYPES, [2, 4], [False, True], [False, True]))

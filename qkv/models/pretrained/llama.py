@@ -344,7 +344,7 @@ class LlamaLayer(nn.Module):
                 rows.add_(linear.bias)
 
         n = layer_steps.rms_norm_rows(
-            x.view(b * t, e), self.attn_norm.weight, self.attn_norm.eps, torch.empty(b * t, e)
+            x.view(b * t, e), self.attn_norm.weight, self.attn_norm.eps, x.new_empty(b * t, e)
         )
         k = layer_steps.rotate_rows(product(n, a.k_proj).view(b, t, hkv, d), cos, sin)
         v = product(n, a.v_proj).view(b, t, hkv, d)
