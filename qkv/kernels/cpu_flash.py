@@ -28,15 +28,24 @@ import torch
 from qkv.kernels.base import AttentionRequest, AttentionResult, Backend
 from qkv.kernels.native import load_library, threads_for
 
-__all__ = ["CPUFlashBackend", "MAX_HEAD_SIZE", "MIN_ROWS_PER_KV_HEAD", "why_unavailable"]
+__all__ = [
+    "AUTO_MAX_HEAD_SIZE",
+    "CPUFlashBackend",
+    "MAX_HEAD_SIZE",
+    "MIN_ROWS_PER_KV_HEAD",
+    "why_unavailable",
+]
 
 SOURCE = Path(__file__).with_name("cpu_flash.c")
 MAX_HEAD_SIZE = 512  # MAX_D in cpu_flash.c: one tile's rows live on the stack
-# `auto` leaves to SDPA a request with fewer query rows than this per key/value head
-# (Tq times the query heads sharing it): the kernel computes 6 rows at a time and first
-# copies the keys, which decoding one token at a time does not repay (measured:
-# BENCHMARKS.md, 'CPU flash attention').
-MIN_ROWS_PER_KV_HEAD = 16
+# `auto` takes the kernel where it was faster than SDPA's CPU kernel in every measured case:
+# at least this many query rows per key/value head (Tq times the query heads sharing it),
+# which repay the copy of the keys into panels and read each block of keys and values for
+# many rows, and head sizes up to AUTO_MAX_HEAD_SIZE (at D = 128 the outputs of six rows
+# do not fit the registers, and it was as fast or slower). Measured: BENCHMARKS.md, 'CPU
+# flash attention'.
+MIN_ROWS_PER_KV_HEAD = 64
+AUTO_MAX_HEAD_SIZE = 64
 
 
 class CPUFlashBackend(Backend):
@@ -72,12 +81,17 @@ class CPUFlashBackend(Backend):
         reasons = self.why_not(req)
         if req.q.shape[-2] * req.groups < MIN_ROWS_PER_KV_HEAD:
             reasons.append(
-                f"fewer than {MIN_ROWS_PER_KV_HEAD} query rows per key/value head: SDPA is faster"
+                f"fewer than {MIN_ROWS_PER_KV_HEAD} query rows per key/value head: "
+                "SDPA is as fast or faster"
             )
+        if max(req.q.shape[-1], req.v.shape[-1]) > AUTO_MAX_HEAD_SIZE:
+            reasons.append(f"head sizes over {AUTO_MAX_HEAD_SIZE}: SDPA is as fast or faster")
         return reasons
 
     def __call__(self, req: AttentionRequest) -> AttentionResult:
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (req.q, req.k, req.v))
+        if k.stride(2) * 16 > 2**31 - 1:  # the kernel gathers 16 keys at int offsets
+            k = k.contiguous()
         b, h, tq, d = q.shape
         hkv, tk, dv = k.shape[1], k.shape[2], v.shape[3]
         # written position-major, (B, Tq, H, Dv) seen as (B, H, Tq, Dv): the layout in

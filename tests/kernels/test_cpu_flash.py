@@ -123,17 +123,20 @@ def test_large_and_infinite_scores_follow_the_formula():
 
 
 def test_auto_takes_it_for_float32_cpu_inference_of_enough_rows():
-    def chosen(tq, tk, heads=9, kv_heads=3, dtype=torch.float32, grad=False, **kw):
-        q = torch.randn(1, heads, tq, 64, dtype=dtype, requires_grad=grad)
-        k, v = (torch.randn(1, kv_heads, tk, 64, dtype=dtype) for _ in range(2))
+    def chosen(tq, tk, heads=9, kv_heads=3, d=64, dtype=torch.float32, grad=False, **kw):
+        q = torch.randn(1, heads, tq, d, dtype=dtype, requires_grad=grad)
+        k, v = (torch.randn(1, kv_heads, tk, d, dtype=dtype) for _ in range(2))
         return qkv.explain_dispatch(q, k, v, **kw)
 
     assert chosen(1024, 1024, causal=True).chosen == "cpu_flash"
-    assert chosen(6, 100).chosen == "cpu_flash"  # 18 rows per key/value head
+    assert chosen(22, 100).chosen == "cpu_flash"  # 66 rows per key/value head
+    assert chosen(21, 100).chosen == "sdpa"  # 63
     decode = chosen(1, 300, causal=True)  # decoding one token: SDPA
     assert decode.chosen == "sdpa"
     assert "query rows per key/value head" in " ".join(decode.reasons["cpu_flash"])
-    assert chosen(8, 8, heads=4, kv_heads=4).chosen == "sdpa"
+    assert chosen(63, 63, heads=4, kv_heads=4).chosen == "sdpa"
+    wide = chosen(1024, 1024, d=128, causal=True)
+    assert wide.chosen == "sdpa" and "head sizes over 64" in " ".join(wide.reasons["cpu_flash"])
     for other, reason in [
         (chosen(64, 64, grad=True), "no backward pass"),
         (chosen(64, 64, dtype=torch.bfloat16), "float32 only"),
