@@ -105,8 +105,7 @@ INLINE void scores(const float *qs, const float *kt, long d_size, float *s, __m5
  * MR rows; the last of the NV vectors keeps only the columns of `tail`. Called with NV a
  * constant, so that each width gets its own loop with the sums in registers. */
 INLINE void add_values(float *o, long o_stride, const float *corr, const float *p,
-                                     const float *v, long vst, long nk, long c, int nv,
-                                     __mmask16 tail) {
+                       const float *v, long vst, long nk, long c, int nv, __mmask16 tail) {
     __m512 a[MR][4];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
@@ -134,9 +133,9 @@ INLINE void add_values(float *o, long o_stride, const float *corr, const float *
         for (int u = 0; u < nv; u++) _mm512_storeu_ps(o + i * o_stride + c + 16 * u, a[i][u]);
 }
 
-static AVX512 void add_values_all(float *o, long o_stride, const float *corr,
-                                         const float *p, const float *v, long vst, long nk,
-                                         long dv) {
+/* add_values over all dv columns: 64 at a time, then the 16-column vectors left. */
+static AVX512 void add_values_all(float *o, long o_stride, const float *corr, const float *p,
+                                  const float *v, long vst, long nk, long dv) {
     long c = 0;
     for (; c + 64 <= dv; c += 64) add_values(o, o_stride, corr, p, v, vst, nk, c, 4, 0xFFFF);
     long left = dv - c;
