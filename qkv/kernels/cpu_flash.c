@@ -35,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exp16.h"
+
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline, target("avx512f")))
 #define MR 6      /* query rows per tile */
@@ -45,25 +47,6 @@
 int qkv_cpu_ok(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f");
-}
-
-/* 2^x for 16 floats: x = n + r with |r| <= 1/2, 2^r from its Taylor series to r^7
- * (coefficients ln(2)^k / k!; the first term left out is below 6e-9 of the result), times
- * 2^n. Results below the smallest normal float (x < -126) are zero, as in exp16. */
-INLINE __m512 exp2_16(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5252733804059840e-5f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.5403530393381608e-4f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
-    return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
 /* The first n lanes of 16 (none for n <= 0). */
@@ -230,24 +213,19 @@ static AVX512 void tile_finish(const Tile *t, long dv, long dvp) {
     }
 }
 
-/* The keys of one head, k rows kst apart, into panels of 32 (kt[n / 32][d][n % 32],
- * zeros past tk), panels [p0, p1): a gather of 16 keys for each d. */
-static AVX512 void pack_keys(float *kt, const float *k, long kst, long tk, long d_size, long p0,
-                             long p1) {
+/* Panel p of one head's keys (k: rows kst apart) into kt, the head's panels of 32
+ * (kt[n / 32][d][n % 32], zeros past tk): a gather of 16 keys for each d. */
+static AVX512 void pack_panel(float *kt, const float *k, long kst, long tk, long d_size, long p) {
     __m512i rows = _mm512_mullo_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         _mm512_set1_epi32((int)kst));
-    for (long p = p0; p < p1; p++) {
-        float *to = kt + p * 32 * d_size;
-        long n0 = 32 * p;
-        __mmask16 lo = first(tk - n0), hi = first(tk - n0 - 16);
-        const float *k0 = k + n0 * kst, *k1 = k + (n0 + 16) * kst;
-        for (long d = 0; d < d_size; d++) {
-            _mm512_store_ps(to + 32 * d,
-                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lo, rows, k0 + d, 4));
-            _mm512_store_ps(to + 32 * d + 16,
-                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), hi, rows, k1 + d, 4));
-        }
+    float *to = kt + p * 32 * d_size;
+    long n0 = 32 * p;
+    __mmask16 lo = first(tk - n0), hi = first(tk - n0 - 16);
+    const float *k0 = k + n0 * kst, *k1 = k + (n0 + 16) * kst;
+    for (long d = 0; d < d_size; d++) {
+        _mm512_store_ps(to + 32 * d, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lo, rows, k0 + d, 4));
+        _mm512_store_ps(to + 32 * d + 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), hi, rows, k1 + d, 4));
     }
 }
 
@@ -275,8 +253,8 @@ AVX512 void qkv_flash_attention(const float *q, long qsb, long qsh, long qst, co
 #pragma omp for schedule(static)
         for (long hp = 0; hp < heads_kv * panels; hp++) {
             long bg = hp / panels, p = hp % panels;
-            pack_keys(kt + bg * panel, k + bg / kv_heads * ksb + bg % kv_heads * ksh, kst, tk,
-                      d_size, p, p + 1);
+            pack_panel(kt + bg * panel, k + bg / kv_heads * ksb + bg % kv_heads * ksh, kst, tk,
+                       d_size, p);
         }
         /* then the tiles, GT of them walking over the keys side by side (each block of
          * keys and values is read once from memory for the GT), head after head (its keys
