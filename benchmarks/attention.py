@@ -163,7 +163,7 @@ def module_rows(ts: list[int]) -> list[dict]:
         for need_weights in (False, True):
             for backward in (False, True):
                 peer = nn.MultiheadAttention(e, H, batch_first=True)
-                ours = qkv.MultiHeadAttention.from_torch(peer)
+                ours = qkv.TorchMultiheadAttention.from_torch(peer)
                 x = torch.randn(B, t, e, requires_grad=backward)
 
                 def theirs():

@@ -34,8 +34,8 @@ B, E, H = 4, 512, 8
 def variants(t: int) -> dict:
     """The functions to time at sequence length ``t``: name -> zero-argument call."""
     peer = nn.MultiheadAttention(E, H, batch_first=True).eval()
-    ours = qkv.MultiHeadAttention.from_torch(peer).eval()
-    reference = qkv.MultiHeadAttention.from_torch(peer).eval()
+    ours = qkv.TorchMultiheadAttention.from_torch(peer).eval()
+    reference = qkv.TorchMultiheadAttention.from_torch(peer).eval()
     reference.backend = "reference"
     x = torch.randn(B, t, E)
     future = torch.ones(t, t, dtype=torch.bool).triu(1)  # torch's polarity: True = hidden

@@ -17,9 +17,11 @@ __all__ = [
     "CorpusError",
     "DeviceError",
     "DownloadError",
+    "ImageError",
     "LaunchError",
     "ModelFileError",
     "OutputFolderError",
+    "SearchError",
     "UserError",
 ]
 
@@ -52,6 +54,16 @@ class CheckpointError(UserError, ValueError):
 class ModelFileError(UserError, ValueError):
     """A pretrained model file (a GGUF file, ...) that cannot be read, or of an architecture
     qkv does not run; the message names the file and what is wrong."""
+
+
+class ImageError(UserError, ValueError):
+    """An image file that cannot be used as a model's input (not a PNG, undecodable, a size
+    or shape the model cannot take, one flat grey); the message names the file."""
+
+
+class SearchError(UserError, ValueError):
+    """Search settings that cannot be used (beam, n-best, batch size), or a search larger
+    than the free memory; the message names the settings to change."""
 
 
 class DownloadError(UserError, RuntimeError):

@@ -1,7 +1,8 @@
 """The ``qkv`` command line: parses arguments and calls library functions.
 
-Each sub-command lives in the library; this file only builds the parser and maps the
-errors that mean "bad input" to a one-line message and exit code 2.
+Each sub-command lives in the library; this file only builds the parser, picks each
+command's handler (:data:`HANDLERS`) and maps the errors that mean "bad input" to a
+one-line message and exit code 2.
 """
 
 from __future__ import annotations
@@ -28,13 +29,21 @@ HANDLERS = {
     "train": ("qkv.cli.train", "run_cli"),
     "translate": ("qkv.cli.translate", "run_translate"),
     "evaluate": ("qkv.cli.evaluate", "run_evaluate"),
-    "show": ("qkv.cli.show", "run_cli"),
+    "show": ("qkv.cli", "run_show"),
     "lab": ("qkv.cli.lab", "run_cli"),
     "bench": ("qkv.cli.bench", "run_cli"),
     "data": ("qkv.cli.data", "run_cli"),
     "generate": ("qkv.cli.generate", "run_cli"),
     "sample": ("qkv.cli.sample", "run_cli"),
 }
+
+
+def run_show(args: argparse.Namespace) -> int | None:
+    """``qkv show``: where a ViT looks on an image with ``--image`` or ``--digit``
+    (:mod:`qkv.cli.show_image`), else the attention of a text model (:mod:`qkv.cli.show`)."""
+    image = args.image is not None or args.digit is not None
+    module = importlib.import_module("qkv.cli.show_image" if image else "qkv.cli.show")
+    return module.run_cli(args)
 
 
 # names listed in --help (kept here so that the parser imports no torch)

@@ -2,8 +2,8 @@
 the accuracy and confusion matrix of an image classifier on its recipe's test (or valid) split.
 
 What the user sees is decided here (scores, one-line errors, exit codes); translating is
-:func:`qkv.cli.translate.translate_lines`, scoring :func:`qkv.translate.evaluate.bleu` and
-:func:`~qkv.translate.evaluate.chrf`.
+:func:`qkv.translate.translator.translate_lines`, scoring :func:`qkv.translate.evaluate.bleu`
+and :func:`~qkv.translate.evaluate.chrf`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ import stat
 import sys
 from pathlib import Path
 
-from qkv.cli.translate import check_search_args, load_translator, read_stdin, translate_lines
-from qkv.data.corpus import read_lines
+from qkv.data.corpus import read_lines, read_stdin
 from qkv.data.prepare import held_out_pairs
 from qkv.errors import CheckpointError, ConfigError, CorpusError, UserError
 from qkv.files import cache_root
 from qkv.models.checkpoint import load_checkpoint, saved_extra
 from qkv.train.classify import confusion_matrix, image_splits, predict
+from qkv.train.progress import terminal_progress
 from qkv.train.recipe import IMAGE_DATA, recipe_from_dict
 from qkv.translate.evaluate import bleu, chrf, decoding_settings, unknown_tokens
+from qkv.translate.translator import check_search_settings, load_translator, translate_lines
 
 __all__ = ["run_evaluate"]
 
@@ -40,7 +41,7 @@ def run_evaluate(args) -> int:
     recipe = (saved_extra(args.checkpoint) or {}).get("recipe")
     if isinstance(recipe, dict) and (recipe.get("data") or {}).get("kind") in IMAGE_DATA:
         return evaluate_images(args)
-    check_search_args(args)
+    check_search_settings(args.beam)
     if args.src == "-" and args.ref == "-":
         raise UserError("--src - and --ref -: only one of them can be read from stdin")
     tokenize = getattr(args, "tokenize", None)
@@ -48,7 +49,9 @@ def run_evaluate(args) -> int:
     model, src_tok, tgt_tok, extra = load_translator(args.checkpoint)
     src, ref = _evaluation_texts(args, extra)
     _warn_unknown_tokens(src_tok, src)
-    hyps = [n[0].text for n in translate_lines(model, src_tok, tgt_tok, src, args)]
+    with terminal_progress("translate", "sentences", len(src)) as progress:
+        nbest = translate_lines(model, src_tok, tgt_tok, src, beam=args.beam, progress=progress)
+    hyps = [n[0].text for n in nbest]
     # the same checkpoint scores differently under greedy and beam search: say which ran
     decoding = f"decoding: {decoding_settings(model, args.beam)}"
     print(f"{bleu(hyps, ref, tokenize=tokenize)}  {decoding}")

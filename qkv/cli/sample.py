@@ -2,9 +2,9 @@
 
 CHECKPOINT is a checkpoint of a text recipe (``data.kind: text``) or its run folder (its
 best checkpoint). The prompt (default a line break, as nanoGPT's ``sample.py`` starts) is
-printed, then each new token as soon as it is drawn (a byte-level BPE token that ends
-inside a UTF-8 character waits for the next); the speed goes to stderr at the end. The
-same ``--seed`` draws the same text.
+printed, then the text of each new token as soon as it is drawn (:func:`qkv.generate`;
+past a GPT's positions, on the latest ``max_len`` tokens, as nanoGPT crops them); the
+speed goes to stderr at the end. The same ``--seed`` draws the same text.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from qkv.cli.generate import write_text
 from qkv.data.text import utf8_problem
+from qkv.engine import generate
 from qkv.errors import UserError
-from qkv.train.language import load_language_model, model_positions, stream_sample
+from qkv.models.load import CAUSAL_LM, checkpoint_file, describe, load
 from qkv.train.loop import automatic_threads
 from qkv.train.progress import usable_cores
 
@@ -41,15 +41,29 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--prompt: not valid UTF-8 ({problem[0]} at character {problem[1] + 1})")
 
 
+def _check_checkpoint(path: str) -> None:
+    """One line for what is not a language model trained by qkv train."""
+    kind, what = describe(path)
+    if checkpoint_file(path) is None:
+        raise UserError(f"{path}: {what}, not a checkpoint of qkv train (`qkv generate` reads it)")
+    if kind != CAUSAL_LM:
+        raise UserError(
+            f"{path}: {what}, not a language model trained on text (gpt or llama); a "
+            "translator's is read by `qkv translate`"
+        )
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """Print the prompt and ``--tokens`` new tokens of the checkpoint's model."""
     _check_args(args)
     try:  # one token a step: threads on cores that other work holds wait for it
-        load = os.getloadavg()[0]
-        torch.set_num_threads(automatic_threads(load, usable_cores(), torch.get_num_threads()))
+        load_average = os.getloadavg()[0]
+        threads = automatic_threads(load_average, usable_cores(), torch.get_num_threads())
+        torch.set_num_threads(threads)
     except OSError:  # no load average here: torch's own choice
         pass
-    loaded = load_language_model(args.checkpoint)
+    _check_checkpoint(args.checkpoint)
+    loaded = load(args.checkpoint)
     tokenizer = loaded.tokenizer
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
@@ -61,7 +75,7 @@ def run_cli(args: argparse.Namespace) -> int:
             unknown,
             len(prompt),
         )
-    positions = model_positions(loaded.model)
+    positions = loaded.context
     if positions is not None and len(prompt) > positions:
         log.warning("the prompt's first %d tokens are past the context", len(prompt) - positions)
     if hasattr(sys.stdout, "reconfigure"):  # UTF-8 out, whatever the locale
@@ -69,14 +83,25 @@ def run_cli(args: argparse.Namespace) -> int:
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
     start = time.perf_counter()
-    tokens = stream_sample(
-        loaded.model, prompt, args.tokens, args.temperature, args.top_k, args.seed
+    stream = generate(
+        loaded.model,
+        tokenizer,
+        prompt,
+        args.tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        context="crop",
     )
-    made = write_text(tokens, tokenizer.decode)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
     seconds = time.perf_counter() - start
+    made, threads = len(stream.token_ids), torch.get_num_threads()
     print(
-        f"{len(made)} tokens in {seconds:.2f} s: {len(made) / max(seconds, 1e-9):.1f} tokens/s "
-        f"({loaded.path}, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)})",
+        f"{made} tokens in {seconds:.2f} s: {made / max(seconds, 1e-9):.1f} tokens/s "
+        f"({loaded.path}, {threads} thread{'s' * (threads != 1)})",
         file=sys.stderr,
     )
     return 0

@@ -9,7 +9,7 @@ in a :class:`CorpusReport`.
 Files are read with a bound: only regular files (a device such as ``/dev/zero`` never
 ends), at most :data:`MAX_CORPUS_BYTES`, and the first chunk is checked for text (NUL
 bytes, bytes that are not UTF-8, gzip data) before the rest is read; a stream (stdin) is
-read by :func:`read_stream` under the same bound.
+read by :func:`read_stream` under the same bound (stdin's lines: :func:`read_stdin`).
 
 Lines are split on ``"\\n"`` only (a trailing ``"\\r"`` is dropped), never with
 ``str.splitlines``, which would also split on characters such as U+2028 that occur in
@@ -18,15 +18,18 @@ real sentences and would break the alignment of the two sides.
 
 from __future__ import annotations
 
+import io
 import logging
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.errors import CorpusError
 
 __all__ = ["CorpusError", "CorpusReport", "ParallelCorpus", "read_lines", "read_parallel"]
-__all__ += ["read_tsv", "filter_pairs", "decode_lines", "read_stream", "MAX_CORPUS_BYTES"]
+__all__ += ["read_tsv", "filter_pairs", "decode_lines", "read_stream", "read_stdin"]
+__all__ += ["MAX_CORPUS_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +204,26 @@ def decode_lines(data: bytes, name: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_stdin(what: str = "the sentences") -> list[str]:
+    """stdin as UTF-8 lines, read with the corpus bound (:func:`read_stream`): endless or
+    binary input (``< /dev/zero``) is refused from its first chunk; bytes that are not
+    UTF-8 are an error naming line and byte.
+
+    Args:
+        what: what the lines are, for the message when stdin is closed.
+
+    Raises:
+        CorpusError: stdin closed (``<&-``), or what :func:`read_stream` and
+            :func:`decode_lines` refuse.
+    """
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise CorpusError(f"stdin: is closed; give {what} on stdin, one per line")
+    stream = getattr(sys.stdin, "buffer", None)  # None when stdin was replaced by a text stream
+    if stream is None:
+        stream = io.BytesIO(sys.stdin.read().encode("utf-8"))
+    return decode_lines(read_stream(stream, "stdin"), "stdin")
 
 
 def filter_pairs(

@@ -32,6 +32,8 @@ __all__ = [
     "CharTokenizer",
     "WordTokenizer",
     "BPETokenizer",
+    "bytes_to_unicode",
+    "token_label",
     "tokenizer_from_json",
     "train_tokenizers",
 ]
@@ -393,3 +395,56 @@ def train_tokenizers(
         tok = train(list(src_texts) + list(tgt_texts))
         return tok, tok
     return train(src_texts), train(tgt_texts)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's spelling of bytes (byte-level BPE): printable Latin-1 bytes stand for
+    themselves, the other 68 (controls, space, ...) get the characters from U+0100 on, in
+    byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += range(ord("®"), ord("ÿ") + 1)
+    spelling = {b: chr(b) for b in keep}
+    others = [b for b in range(256) if b not in spelling]
+    spelling |= {b: chr(256 + i) for i, b in enumerate(others)}
+    return dict(sorted(spelling.items()))
+
+
+_BYTE_OF_CHAR = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_label(tokenizer: Any, token_id: int) -> str:
+    """What one token stands for, to label it in a view: its text, a line break as ``↵``
+    and a tab as ``→``. A byte-level piece that holds part of a character (a Hangul
+    syllable or an emoji split over tokens) decodes alone to U+FFFD, the same for every
+    such piece; its bytes are shown instead, e.g. ``'‹ED 95›'``, after the text of the
+    whole characters it holds.
+
+    Args:
+        tokenizer: a Hugging Face ``tokenizers.Tokenizer`` or a qkv :class:`Tokenizer`.
+        token_id: the token.
+    """
+    hf = tokenizer.hf if isinstance(tokenizer, BPETokenizer) else tokenizer
+    if isinstance(tokenizer, Tokenizer) and hf is tokenizer:  # characters, words
+        special = token_id < len(SPECIAL_TOKENS)
+        text = tokenizer.id_to_token(token_id) if special else tokenizer.decode([token_id])
+    else:
+        text = hf.decode([token_id], skip_special_tokens=False)
+        piece = hf.id_to_token(token_id)
+        if "\ufffd" in text and piece is not None and set(piece) <= _BYTE_OF_CHAR.keys():
+            text = _bytes_label(bytes(_BYTE_OF_CHAR[c] for c in piece))
+    return text.replace("\n", "↵").replace("\t", "→")
+
+
+def _bytes_label(raw: bytes) -> str:
+    """The text of ``raw``, each run of bytes that is no whole UTF-8 character as its hex
+    digits between ``‹›``."""
+    out = []
+    while raw:
+        try:
+            out.append(raw.decode("utf-8"))
+            break
+        except UnicodeDecodeError as err:  # the text before the bad bytes, then the bytes
+            out.append(raw[: err.start].decode("utf-8"))
+            out.append(f"‹{raw[err.start : err.end].hex(' ').upper()}›")
+            raw = raw[err.end :]
+    return "".join(out)

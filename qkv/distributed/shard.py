@@ -1,10 +1,11 @@
 """A batch of token windows split along the sequence for sequence parallelism.
 
-With ``sequence_group`` set on a model's attention (``MultiHeadAttention``,
-``LlamaAttention``), each process of the group holds a part of every window and the
-attention runs through :func:`~qkv.distributed.ring.ring_attention`. Everything else in a
-decoder works token by token (embeddings, norms, feed-forward, the loss), so a process
-only needs its own tokens, its own targets and the global positions of those tokens:
+With ``sequence_group`` set on a decoder's attention (``CausalSelfAttention``, the
+attention of GPT and the LLaMA family), each process of the group holds a part of every
+window and the attention runs through :func:`~qkv.distributed.ring.ring_attention`.
+Everything else in a decoder works token by token (embeddings, norms, feed-forward, the
+loss), so a process only needs its own tokens, its own targets and the global positions
+of those tokens:
 
 .. code-block:: text
 
@@ -111,7 +112,7 @@ def sequence_shard(
 
 def set_sequence_group(model: torch.nn.Module, group: dist.ProcessGroup | None) -> int:
     """Set ``sequence_group`` on every attention module of ``model`` that has one
-    (``MultiHeadAttention``, ``LlamaAttention``): ``group`` splits their sequence across
+    (:class:`~qkv.modules.CausalSelfAttention`): ``group`` splits their sequence across
     its processes, ``None`` turns sequence parallelism off. Returns how many were set."""
     count = 0
     for module in model.modules():

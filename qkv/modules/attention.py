@@ -6,6 +6,9 @@
 
 Grouped-query attention (Ainslie et al. 2023) uses ``Hkv < H`` key/value heads, each
 shared by ``H / Hkv`` query heads; ``Hkv = 1`` is multi-query attention (Shazeer 2019).
+
+Compatibility with ``torch.nn.MultiheadAttention`` (its extra keys and ``from_torch``) is
+an adapter beside this module: :class:`~qkv.modules.torch_compat.TorchMultiheadAttention`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.distributed import ring_attention
-from qkv.functional import causal_mask, combine_masks, scaled_dot_product_attention
+from qkv.functional import combine_masks, scaled_dot_product_attention
 from qkv.kernels.dispatch import check_attention_budget, get_backend
 from qkv.modules.cache import KVCache, LayerKV
 from qkv.modules.positional import AttentionPositional
@@ -42,19 +42,7 @@ class MultiHeadAttention(nn.Module):
         positional: a :class:`~qkv.modules.positional.AttentionPositional` (RoPE, ALiBi)
             applied inside self-attention.
         scale: factor on the scores ``QK^T`` (default ``1/sqrt(D)``).
-        add_bias_kv: append one learned key and value to every sequence of keys.
-        add_zero_attn: append one all-zero key and value (after the learned one).
-            Both as in ``torch.nn.MultiheadAttention``: every query may attend to these
-            extra keys whatever the masks say, and the weights have a column for each.
         backend: attention backend (``"auto"``, ``"sdpa"``, ``"reference"``, ...).
-        sequence_group: sequence parallelism: a ``torch.distributed`` process group whose
-            processes each hold a part of the sequence (zig-zag for causal attention:
-            :func:`qkv.distributed.sequence_shard`); self-attention then runs through
-            :func:`qkv.distributed.ring_attention` and returns this process's rows.
-            ``None`` (the default) is off; a settable attribute too
-            (:func:`qkv.distributed.set_sequence_group`). It takes no mask, cache,
-            weights, dropout, positional module or extra keys: positions belong to the
-            model, which knows the global positions of its part.
 
     Shape:
         query ``(B, Tq, E)``, key ``(B, Tk, kdim)``, value ``(B, Tk, vdim)``;
@@ -77,10 +65,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         positional: AttentionPositional | None = None,
         scale: float | None = None,
-        add_bias_kv: bool = False,
-        add_zero_attn: bool = False,
         backend: str = "auto",
-        sequence_group: dist.ProcessGroup | None = None,
     ):
         super().__init__()
         _check_sizes(embed_dim=embed_dim, num_heads=num_heads, kdim=kdim, vdim=vdim)
@@ -102,14 +87,9 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.positional = positional
         self.scale = scale
-        # torch draws them with xavier_normal_ on (1, 1, width): a std of width ** -0.5
-        self.bias_k = nn.Parameter(torch.randn(kv_width) * kv_width**-0.5) if add_bias_kv else None
-        self.bias_v = nn.Parameter(torch.randn(kv_width) * kv_width**-0.5) if add_bias_kv else None
-        self.add_zero_attn = add_zero_attn
         if backend != "auto":
             get_backend(backend)  # an unknown name is refused here, not at the first call
         self.backend = backend
-        self.sequence_group = sequence_group
 
     def forward(
         self,
@@ -146,19 +126,17 @@ class MultiHeadAttention(nn.Module):
         layer = _layer(cache, self_attn)
         past = layer.length if (layer is not None and self_attn) else 0
 
-        # 1) project and split heads; 2) one mask for user mask, padding and positions
+        # 1) project and split heads: (B, T, E) -> (B, H, T, D), rotated, cached
         q, k, v = self._project(query, key, value, layer, self_attn, past)
-        full, causal = self._one_mask(q, k, mask, key_mask, causal, past, self_attn)
         tq = q.shape[-2]
-        k, v = self._extra_keys(k, v)
 
-        # 3) attend in every head at once (across the processes of a split sequence: the ring)
+        # 2) one mask for the user's mask, key padding and positions; then the keys a
+        # subclass appends, with their columns of the mask (none here: the identity)
+        full = self._one_mask(q, k, mask, key_mask, past, self_attn)
+        k, v, full, causal = self._extra_keys(q, k, v, full, causal)
+
+        # 3) attend in every head at once
         dropout_p = self.dropout if self.training else 0.0
-        if self.sequence_group is not None:
-            self._check_ring(self_attn, full, layer, need_weights, dropout_p)
-            out = ring_attention(q, k, v, causal, self.sequence_group, scale=self.scale)
-            out = out.transpose(1, 2).reshape(query.shape[0], tq, self.embed_dim)
-            return self.out_proj(out), None
         if self.backend != "auto":  # auto checks the budget where it dispatches
             check_attention_budget(q, k)
         result = scaled_dot_product_attention(
@@ -193,49 +171,29 @@ class MultiHeadAttention(nn.Module):
             k, v = layer.append(k, v) if self_attn else layer.set_static(k, v)
         return q, k, v
 
-    def _one_mask(self, q, k, mask, key_mask, causal: bool, past: int, self_attn: bool):
-        """2) One mask: the user's mask, key padding and positional bias, widened for the
-        extra keys of ``add_bias_kv``/``add_zero_attn`` (visible to every query, so the
-        causal limit then becomes part of the mask); returns it and the causal flag left."""
+    def _one_mask(self, q, k, mask, key_mask, past: int, self_attn: bool) -> Tensor | None:
+        """2) One mask: the user's mask, key padding and positional bias (the causal limit
+        stays a flag, for the backend)."""
         tq, tk = q.shape[-2], k.shape[-2]
         bias = self._bias(tq, tk, past, q) if self_attn else None
         target = (q.shape[0], self.num_heads, tq, tk)
-        full = combine_masks(_as_4d(mask, target), _key_mask(key_mask, target), bias)
-        extra = int(self.bias_k is not None) + int(self.add_zero_attn)
-        if extra:
-            if causal:  # causal over the real keys only; the extra ones stay visible
-                full, causal = combine_masks(full, causal_mask(tq, tk, device=q.device)), False
-            full = _visible(full, tk, extra)
-        return full, causal
+        return combine_masks(_as_4d(mask, target), _key_mask(key_mask, target), bias)
 
-    def _check_ring(self, self_attn, mask, layer, need_weights, dropout_p: float) -> None:
-        """``ValueError`` naming what ring attention (``sequence_group``) cannot take."""
-        refused = [
-            (not self_attn, "cross-attention"),
-            (mask is not None, "a mask or key_mask"),
-            (layer is not None, "a KV cache"),
-            (bool(need_weights), "need_weights"),
-            (dropout_p > 0, f"dropout {dropout_p}"),
-            (self.positional is not None, "a positional module (give the model positions)"),
-            (self.bias_k is not None or self.add_zero_attn, "add_bias_kv or add_zero_attn"),
-        ]
-        named = [what for bad, what in refused if bad]
-        if named:
-            raise ValueError(
-                "MultiHeadAttention with a sequence_group (ring attention over a split "
-                f"sequence) takes self-attention only, without {', '.join(named)}"
-            )
+    def _extra_keys(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+        """2) Keys and values beyond those of the input, with the mask and causal flag
+        that cover them: the one step a subclass overrides. Here, the identity: no extra
+        keys. :class:`~qkv.modules.torch_compat.TorchMultiheadAttention` appends
+        ``torch.nn.MultiheadAttention``'s ``add_bias_kv`` and ``add_zero_attn`` keys.
 
-    def _extra_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append the learned and the zero key/value (``add_bias_kv``, ``add_zero_attn``)."""
-        b, hkv, _, d = k.shape
-        if self.bias_k is not None:
-            k = torch.cat([k, self.bias_k.view(1, hkv, 1, d).expand(b, -1, -1, -1)], dim=2)
-            v = torch.cat([v, self.bias_v.view(1, hkv, 1, d).expand(b, -1, -1, -1)], dim=2)
-        if self.add_zero_attn:
-            k = torch.cat([k, k.new_zeros(b, hkv, 1, d)], dim=2)
-            v = torch.cat([v, v.new_zeros(b, hkv, 1, d)], dim=2)
-        return k, v
+        Shape:
+            q ``(B, H, Tq, D)``, k and v ``(B, Hkv, Tk, D)``, mask as
+            :func:`qkv.functional.scaled_dot_product_attention` or ``None``. Returns k
+            and v ``(B, Hkv, Tk + n, D)``, the mask widened to ``Tk + n`` keys (or
+            ``None``) and the causal flag left, for ``n`` extra keys (here 0).
+        """
+        return k, v, mask, causal
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
@@ -276,44 +234,6 @@ class MultiHeadAttention(nn.Module):
                     f"MultiHeadAttention's weights are {weight.dtype} on {weight.device}, "
                     f"but its {name} is {x.dtype} on {x.device}: move one to the other"
                 )
-
-    @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
-        """A qkv module with the weights of ``torch.nn.MultiheadAttention`` ``m``.
-
-        Packed (``in_proj_weight``) and separate (``q/k/v_proj_weight``, when kdim/vdim
-        differ) layouts are both copied, and so are ``add_bias_kv``'s key and value and
-        the train/eval mode. Feed batch-first inputs, and translate masks with
-        :func:`qkv.functional.from_torch_masks`.
-        """
-        w = m.out_proj.weight
-        new = cls(
-            m.embed_dim,
-            m.num_heads,
-            kdim=m.kdim,
-            vdim=m.vdim,
-            bias=m.in_proj_bias is not None,
-            dropout=m.dropout,
-            add_bias_kv=m.bias_k is not None,
-            add_zero_attn=m.add_zero_attn,
-        ).to(device=w.device, dtype=w.dtype)
-        new.train(m.training)  # an eval-mode module must not come back dropping weights
-        if m._qkv_same_embed_dim:
-            wq, wk, wv = m.in_proj_weight.detach().chunk(3)
-        else:
-            wq, wk, wv = (p.detach() for p in (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight))
-        with torch.no_grad():
-            for proj, weight in zip((new.q_proj, new.k_proj, new.v_proj), (wq, wk, wv)):
-                proj.weight.copy_(weight)
-            if m.in_proj_bias is not None:
-                for proj, b in zip((new.q_proj, new.k_proj, new.v_proj), m.in_proj_bias.chunk(3)):
-                    proj.bias.copy_(b)
-                new.out_proj.bias.copy_(m.out_proj.bias)
-            new.out_proj.weight.copy_(m.out_proj.weight)
-            if m.bias_k is not None:
-                new.bias_k.copy_(m.bias_k.flatten())
-                new.bias_v.copy_(m.bias_v.flatten())
-        return new
 
 
 def _check_sizes(**sizes: int | None) -> None:
@@ -370,14 +290,6 @@ def _as_4d(mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | N
             f"B={b}, H={h}, Tq={tq}, Tk={tk}; got {tuple(mask.shape)}"
         )
     return full
-
-
-def _visible(mask: Tensor | None, tk: int, extra: int) -> Tensor | None:
-    """Widen a mask over ``tk`` keys by ``extra`` key columns that every query may see."""
-    if mask is None:
-        return None
-    allow = True if mask.dtype == torch.bool else 0.0
-    return F.pad(mask.expand(*mask.shape[:-1], tk), (0, extra), value=allow)
 
 
 def _key_mask(key_mask: Tensor | None, target: tuple[int, int, int, int]) -> Tensor | None:

@@ -23,9 +23,10 @@ from torch import Tensor, nn
 
 from qkv.kernels.cpu.dropout import Dropout
 from qkv.modules.attention import MultiHeadAttention
-from qkv.modules.cache import DecoderCache, LayerCache
-from qkv.modules.feedforward import FeedForward, layer_from_torch, layer_norm, residual
+from qkv.modules.cache import DecoderCache, LayerCache, LayerKV
+from qkv.modules.feedforward import FeedForward, layer_norm
 from qkv.modules.positional import AttentionPositional
+from qkv.modules.torch_compat import TorchMultiheadAttention, layer_from_torch
 
 __all__ = [
     "Decoder",
@@ -103,14 +104,27 @@ class EncoderLayer(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """One encoder layer; returns ``(x, self-attention weights | None)``."""
-
-        def attend(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            out, w = self.self_attn(h, mask=mask, key_mask=key_mask, need_weights=need_weights)
-            return self.dropout1(out), w
-
-        x, weights = residual(x, attend, self.norm1, self.norm_first)
-        x, _ = residual(x, lambda h: (self.dropout2(self.ff(h)), None), self.norm2, self.norm_first)
+        # 1) self-attention, 2) feed-forward, each in a residual branch
+        if self.norm_first:  # pre-LN: x + Sublayer(LN(x))
+            h, weights = self._self_block(self.norm1(x), mask, key_mask, need_weights)
+            x = x + h
+            x = x + self._ff_block(self.norm2(x))
+        else:  # post-LN: LN(x + Sublayer(x))
+            h, weights = self._self_block(x, mask, key_mask, need_weights)
+            x = self.norm1(x + h)
+            x = self.norm2(x + self._ff_block(x))
         return x, weights
+
+    def _self_block(
+        self, h: Tensor, mask: Tensor | None, key_mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention and its dropout: ``(B, T, E)`` and the weights or ``None``."""
+        out, weights = self.self_attn(h, mask=mask, key_mask=key_mask, need_weights=need_weights)
+        return self.dropout1(out), weights
+
+    def _ff_block(self, h: Tensor) -> Tensor:
+        """The feed-forward block and its dropout: ``(B, T, E)`` -> ``(B, T, E)``."""
+        return self.dropout2(self.ff(h))
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderLayer:
@@ -205,39 +219,65 @@ class DecoderLayer(nn.Module):
         self_kv = layer_cache.self_kv if layer_cache is not None else None
         cross_kv = layer_cache.cross_kv if layer_cache is not None else None
 
-        def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            out, w = self.self_attn(
-                h,
-                mask=self_mask,
-                key_mask=key_mask,
-                causal=True,
-                need_weights=need_weights,
-                cache=self_kv,
-            )
-            return self.dropout1(out), w
-
-        def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            out, w = self.cross_attn(
-                h, memory, key_mask=memory_key_mask, need_weights=need_weights, cache=cross_kv
-            )
-            return self.dropout2(out), w
-
-        def ff_block(h: Tensor) -> tuple[Tensor, None]:
-            return self.dropout3(self.ff(h)), None
-
+        # 1) causal self-attention, 2) cross-attention over the memory (if any),
+        # 3) feed-forward, each in a residual branch
         cross_w = None
-        x, self_w = residual(x, self_block, self.norm1, self.norm_first)
-        if self.cross_attn is not None:
-            x, cross_w = residual(x, cross_block, self.norm2, self.norm_first)
-        x, _ = residual(x, ff_block, self.norm3, self.norm_first)
+        if self.norm_first:  # pre-LN: x + Sublayer(LN(x))
+            h, self_w = self._self_block(self.norm1(x), self_mask, key_mask, need_weights, self_kv)
+            x = x + h
+            if self.cross_attn is not None:
+                h, cross_w = self._cross_block(
+                    self.norm2(x), memory, memory_key_mask, need_weights, cross_kv
+                )
+                x = x + h
+            x = x + self._ff_block(self.norm3(x))
+        else:  # post-LN: LN(x + Sublayer(x))
+            h, self_w = self._self_block(x, self_mask, key_mask, need_weights, self_kv)
+            x = self.norm1(x + h)
+            if self.cross_attn is not None:
+                h, cross_w = self._cross_block(x, memory, memory_key_mask, need_weights, cross_kv)
+                x = self.norm2(x + h)
+            x = self.norm3(x + self._ff_block(x))
         return x, self_w, cross_w
+
+    def _self_block(
+        self,
+        h: Tensor,
+        mask: Tensor | None,
+        key_mask: Tensor | None,
+        need_weights: bool,
+        cache: LayerKV | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Causal self-attention and its dropout: ``(B, T, E)`` and the weights or ``None``."""
+        out, weights = self.self_attn(
+            h, mask=mask, key_mask=key_mask, causal=True, need_weights=need_weights, cache=cache
+        )
+        return self.dropout1(out), weights
+
+    def _cross_block(
+        self,
+        h: Tensor,
+        memory: Tensor,
+        memory_key_mask: Tensor | None,
+        need_weights: bool,
+        cache: LayerKV | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Cross-attention over the memory and its dropout: ``(B, T, E)`` and the weights."""
+        out, weights = self.cross_attn(
+            h, memory, key_mask=memory_key_mask, need_weights=need_weights, cache=cache
+        )
+        return self.dropout2(out), weights
+
+    def _ff_block(self, h: Tensor) -> Tensor:
+        """The feed-forward block and its dropout: ``(B, T, E)`` -> ``(B, T, E)``."""
+        return self.dropout3(self.ff(h))
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderLayer:
         """A qkv layer with the weights and options of ``torch.nn.TransformerDecoderLayer``."""
         cross = layer.multihead_attn
         new = layer_from_torch(cls, layer, ["norm1", "norm2", "norm3"], memory_dim=cross.kdim)
-        new.cross_attn = MultiHeadAttention.from_torch(cross)
+        new.cross_attn = TorchMultiheadAttention.from_torch(cross)
         return new
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from qkv.data.prepare import Prepared
 from qkv.errors import ConfigError
+from qkv.models.memory import free_memory
 from qkv.train.recipe import Recipe
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "check_loss",
     "check_memory",
     "finished",
-    "free_memory",
     "summary",
 ]
 
@@ -52,21 +51,6 @@ def check_memory(build: Callable[[], nn.Module], device: torch.device) -> None:
             f"gradients and AdamW's two moments){also}, more than the {free / 2**30:,.1f} "
             f"GiB free on {device.type}"
         )
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Bytes free on ``device`` (CPU: the kernel's MemAvailable), or None if unknown."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def check_lengths(model: nn.Module, data: Prepared) -> None:

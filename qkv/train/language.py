@@ -38,9 +38,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,30 +47,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.data.text_lm import TextSplits, text_splits, window_starts, windows
-from qkv.data.tokenizers import BPETokenizer, Tokenizer, tokenizer_from_json
 from qkv.distributed import sequence_shard, set_sequence_group
-from qkv.errors import CheckpointError, ConfigError
-from qkv.files import parse_json
+from qkv.engine import DecodingRules, steps
+from qkv.errors import ConfigError
 from qkv.kernels.dispatch import check_attention_budget
-from qkv.models.checkpoint import build_model, load_checkpoint
-from qkv.models.pretrained.generation import sample_next
-from qkv.models.tensor_file import TensorFile
+from qkv.models.checkpoint import build_model
 from qkv.train.distributed import ParallelGroups
 from qkv.train.recipe import Recipe
 
-__all__ = [
-    "LANGUAGE_MODELS",
-    "LanguageModel",
-    "LanguageTask",
-    "TextBatch",
-    "language_attention",
-    "language_checkpoint",
-    "language_splits",
-    "load_language_model",
-    "model_positions",
-    "stream_sample",
-    "token_text",
-]
+__all__ = ["LANGUAGE_MODELS", "LanguageTask", "TextBatch", "language_splits", "model_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -271,14 +254,11 @@ class LanguageTask:
             model.eval()
             set_sequence_group(model, None)  # rank 0 alone: the ring refuses the cache
             try:
-                new = list(
-                    stream_sample(
-                        model,
-                        prompt,
-                        self.recipe.train.sample_tokens,
-                        temperature=SAMPLE_TEMPERATURE,
-                        seed=_seed(self.recipe.train.seed, "sample", step),
-                    )
+                new = _sample(
+                    model,
+                    prompt,
+                    self.recipe.train.sample_tokens,
+                    _seed(self.recipe.train.seed, "sample", step),
                 )
             finally:
                 set_sequence_group(model, self.sequence_group)
@@ -292,158 +272,14 @@ class LanguageTask:
         return {"src": tokenizer, "tgt": tokenizer}
 
 
-@torch.no_grad()
-def stream_sample(
-    model: nn.Module,
-    prompt: list[int],
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    seed: int | None = None,
-) -> Iterator[int]:
-    """Yield each new token of a causal LM as soon as it is drawn (nanoGPT's ``generate``).
-
-    Within the model's positions the key/value cache feeds one token a step; past them
-    (a GPT's ``max_len``) the context is the latest ``max_len`` tokens, recomputed each
-    step, as nanoGPT crops it to ``block_size``.
-
-    Args:
-        model: a :class:`~qkv.models.GPT` or :class:`~qkv.models.Llama` (in eval mode).
-        prompt: at least one token id.
-        max_new_tokens: tokens to draw.
-        temperature: logits are divided by it; 0 picks the most likely token.
-        top_k: draw among the ``k`` most likely tokens only.
-        seed: seed of a private random generator (the same seed, the same tokens).
-    """
-    if not prompt:
-        raise ValueError("the prompt needs at least one token")
+def _sample(model: nn.Module, prompt: list[int], tokens: int, seed: int) -> list[int]:
+    """``tokens`` new tokens drawn at :data:`SAMPLE_TEMPERATURE` after ``prompt`` by the
+    generation loop (past a GPT's positions, the latest ``max_len`` tokens, as nanoGPT's
+    ``generate`` crops them); a generator of its own, the training's random state
+    untouched."""
     device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-    limit = model_positions(model)
-    ids = list(prompt[-limit:] if limit else prompt)
-    cache = model.new_cache()
-    logits = model(torch.tensor([ids], device=device), cache=cache).logits[:, -1]  # (1, V)
-    for _ in range(max_new_tokens):
-        token = sample_next(logits.float(), temperature, top_k, None, generator)  # (1,)
-        ids.append(int(token))
-        yield int(token)
-        if limit is None or cache.length < limit:
-            logits = model(token.view(1, 1), cache=cache).logits[:, -1]
-        else:  # the positions are full: the latest max_len tokens, without the cache
-            window = torch.tensor([ids[-limit:]], device=device)
-            logits = model(window).logits[:, -1]
-
-
-@dataclass
-class LanguageModel:
-    """A language model trained by ``qkv train`` and the tokenizer it reads text with."""
-
-    model: nn.Module
-    tokenizer: Tokenizer
-    path: Path
-
-
-def load_language_model(path: str | Path) -> LanguageModel:
-    """The model (in eval mode) and tokenizer of a checkpoint of a text recipe.
-
-    ``path`` is a checkpoint file, or a run folder (its ``best.safetensors``, else its
-    ``last.safetensors``).
-
-    Raises:
-        CheckpointError: no such file, not a qkv checkpoint, not a language model (a
-            translator's or image classifier's), or no readable tokenizer.
-    """
-    path = Path(path)
-    if path.is_dir():
-        found = [path / f"{name}.safetensors" for name in ("best", "last")]
-        found = [p for p in found if p.is_file()]
-        if not found:
-            raise CheckpointError(f"{path}: a folder without best.safetensors or last.safetensors")
-        path = found[0]
-    ckpt = load_checkpoint(path, training_state=False)
-    if ckpt.model_type not in LANGUAGE_MODELS:
-        raise CheckpointError(
-            f"{path}: a {ckpt.model_type} checkpoint, not a language model trained on text "
-            f"({' or '.join(LANGUAGE_MODELS)}); a translator's is read by `qkv translate`"
-        )
-    try:
-        tokenizer = tokenizer_from_json(ckpt.tokenizers["tgt"])
-    except KeyError:
-        raise CheckpointError(f"{path}: the checkpoint holds no tokenizer") from None
-    except (ValueError, ModuleNotFoundError) as err:
-        raise CheckpointError(f"{path}: unreadable tokenizer ({err})") from None
-    if tokenizer.vocab_size != ckpt.model.config.vocab_size:
-        raise CheckpointError(
-            f"{path}: the tokenizer has {tokenizer.vocab_size} ids, the model "
-            f"{ckpt.model.config.vocab_size}"
-        )
-    return LanguageModel(ckpt.model.eval(), tokenizer, path)
-
-
-def language_checkpoint(path: str | Path) -> Path | None:
-    """The checkpoint of a language model trained by ``qkv train`` that ``path`` names (the
-    file, or a run folder's best or last checkpoint), read from its header alone; ``None``
-    for anything else (a Hugging Face folder, a translator's checkpoint, no file)."""
-    path = Path(path)
-    if path.is_dir():
-        found = [path / f"{name}.safetensors" for name in ("best", "last")]
-        path = next((p for p in found if p.is_file()), path)
-    if not path.is_file():
-        return None
-    try:
-        header = parse_json(TensorFile(path).metadata.get("qkv", "null"))
-    except (CheckpointError, ValueError, TypeError, OSError):
-        return None
-    kind = header.get("model_type") if isinstance(header, dict) else None
-    return path if kind in LANGUAGE_MODELS else None
-
-
-def token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    """What one token stands for, to label it: its text, a line break as ``↵`` and a tab
-    as ``→``; a byte-level piece inside a UTF-8 character as its bytes (``‹E2 80›``)."""
-    if isinstance(tokenizer, BPETokenizer):
-        piece = tokenizer.id_to_token(token_id)
-        raw = bytes(_BYTE_OF_CHAR.get(c, 0x3F) for c in piece)
-        text = raw.decode("utf-8", errors="replace")
-        if "\ufffd" in text:
-            text = f"‹{raw.hex(' ').upper()}›"
-    else:
-        text = tokenizer.decode([token_id]) if token_id >= 4 else tokenizer.id_to_token(token_id)
-    return text.replace("\n", "↵").replace("\t", "→")
-
-
-def _byte_of_char() -> dict[str, int]:
-    """GPT-2's byte-level alphabet reversed: the byte each character of a piece stands for."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    others = [b for b in range(256) if b not in printable]
-    table = {chr(b): b for b in printable}
-    table.update({chr(256 + k): b for k, b in enumerate(others)})
-    return table
-
-
-_BYTE_OF_CHAR = _byte_of_char()
-
-
-@torch.no_grad()
-def language_attention(loaded: LanguageModel, text: str) -> tuple[Tensor, list[str]]:
-    """Every layer's and head's attention probabilities on ``text``, from one forward pass.
-
-    Returns:
-        ``(maps, tokens)``: maps ``(L, H, T, T)`` float (causal: each row a distribution
-        over the tokens up to it), and the ``T`` tokens' labels (:func:`token_text`).
-
-    Raises:
-        ValueError: no token, or more tokens than the model's positions.
-    """
-    ids = loaded.tokenizer.encode(text)
-    if not ids:
-        raise ValueError(f"{text!r} gives no token")
-    positions = model_positions(loaded.model)
-    if positions is not None and len(ids) > positions:
-        raise ValueError(
-            f"the text has {len(ids)} tokens, the model reads at most {positions} (model.max_len)"
-        )
-    device = next(loaded.model.parameters()).device
-    out = loaded.model(torch.tensor([ids], device=device), need_weights=True)
-    maps = torch.stack([a[0] for a in out.attentions]).float().cpu()  # (L, H, T, T)
-    return maps, [token_text(loaded.tokenizer, i) for i in ids]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.tensor([prompt], device=device)
+    rules = DecodingRules(temperature=SAMPLE_TEMPERATURE)
+    made = steps(model, ids, tokens, rules, generator=generator, context="crop")
+    return [int(step.tokens[0]) for step in made]

@@ -1,4 +1,5 @@
-"""A training progress bar (rich): step, loss, target tokens per second and ETA.
+"""A training progress bar (rich): step, loss, target tokens per second and ETA; bars of
+steps (:func:`steps_progress`) and of sentences translated (:func:`terminal_progress`).
 
 The bars go to stderr, as tqdm's do: stdout keeps the results (``qkv train > result.txt``
 still shows the bar, and the file holds only the summary line).
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -22,6 +24,7 @@ __all__ = [
     "console",
     "stderr_bar",
     "steps_progress",
+    "terminal_progress",
     "usable_cores",
 ]
 
@@ -86,6 +89,20 @@ def steps_progress(label: str, total: int) -> Iterator[Callable[[], None]]:
             bar.refresh()
 
         yield advance
+
+
+@contextlib.contextmanager
+def terminal_progress(label: str, unit: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A bar of ``total`` ``unit`` (``"sentences"``) on stderr when stderr is a terminal;
+    yields the function that takes how many are done. A log file of stderr gets no bar
+    (stdout holds only the results), nor does a ``total`` of 0: the function then does
+    nothing."""
+    if sys.stderr is None or not sys.stderr.isatty() or not total:
+        yield lambda done: None
+        return
+    with stderr_bar(unit) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.update(task, completed=done)
 
 
 class TrainingProgress:

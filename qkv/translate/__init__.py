@@ -1,2 +1,3 @@
-"""Translating with a trained model: greedy and beam search, batched translation, and
-scoring with sacreBLEU and chrF."""
+"""Translating with a trained model: greedy and beam search, batched translation,
+scoring with sacreBLEU and chrF, and a translator loaded from its checkpoint
+(:mod:`qkv.translate.translator`)."""

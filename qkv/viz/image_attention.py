@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from qkv.models.pretrained.vit import ViT
 from qkv.viz.maps import to_numpy
 from qkv.viz.rollout import attention_rollout
 
-__all__ = ["ImageAttention", "image_attention", "patch_pixels"]
+__all__ = ["ImageAttention", "image_attention", "image_attention_of", "patch_pixels"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,41 @@ def image_attention(
         special=special,
         labels=tuple(str(label) for label in labels),
         probabilities=probs,
+        truth=truth,
+        source=source,
+    )
+
+
+@torch.no_grad()
+def image_attention_of(
+    model: ViT,
+    pixels: np.ndarray,
+    labels: tuple[str, ...],
+    *,
+    truth: str | None = None,
+    source: str = "",
+) -> ImageAttention:
+    """Run the ViT on one ``(H, W)`` grey image; its attention and class probabilities.
+
+    Args:
+        model: a ViT with a classification head, in eval mode.
+        pixels: ``(H, W)`` grey values in [0, 1], given to every channel.
+        labels: the class names.
+        truth, source: as in :func:`image_attention`.
+    """
+    c = model.config
+    x = torch.as_tensor(pixels, dtype=torch.float32)[None, None]  # (1, 1, H, W)
+    x = x.expand(1, c.num_channels, *x.shape[-2:])  # grey to every channel
+    out = model(x, need_weights=True)
+    maps = torch.stack([a[0] for a in out.attentions]).double()  # (L, H, T, T)
+    probs = out.logits[0].double().softmax(-1)
+    return image_attention(
+        pixels,
+        maps,
+        c.patch_hw,
+        probs,
+        labels,
+        special=c.num_special_tokens,
         truth=truth,
         source=source,
     )

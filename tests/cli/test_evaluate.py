@@ -99,7 +99,7 @@ def test_evaluate_tokenize_option(ckpt, tmp_path, monkeypatch, capsys):
     if importlib.util.find_spec("MeCab") is None:  # sacreBLEU's ja-mecab needs mecab-python3
         bad.append(("ja-mecab", "--tokenize ja-mecab: Japanese tokenization requires"))
     for name, match in bad:
-        monkeypatch.setattr("qkv.cli.translate.translate_texts", None)  # must not translate
+        monkeypatch.setattr("qkv.translate.translator.translate_texts", None)  # must not translate
         code, out, err = run_main(
             monkeypatch, capsys, "evaluate", ckpt, "--src", src, "--ref", ref, "--tokenize", name
         )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qkv.cli import main
-from qkv.cli.generate import stream_tokens
+from qkv.engine import generate
 from qkv.errors import ModelFileError
 from qkv.models import Llama
 from qkv.models.pretrained.gguf import read_gguf, smollm2_path
@@ -60,15 +60,16 @@ def test_streamed_tokens_are_generates_from_the_last_positions_logits(tiny):
     """The prompt and each step ask the model for the last position's logits only (not a
     product over the whole vocabulary at every position of the prompt), there is no step
     after the last token, and the tokens are those of ``generate``."""
-    model = Llama.from_pretrained(tiny)
+    model, tok = Llama.from_pretrained(tiny), read_gguf(tiny).tokenizer
     kept = []
     model.register_forward_hook(
         lambda m, args, kwargs, out: kept.append(kwargs.get("logits_to_keep")), with_kwargs=True
     )
     ids = torch.randint(3, 200, (1, 9))
-    streamed = list(stream_tokens(model, ids, 6))
+    stream = generate(model, tok, ids[0].tolist(), 6, eos_token_id=[], runner="forward")
+    list(stream)
     assert kept == [1] * 6
-    assert streamed == model.generate(ids, 6, eos_token_id=[])[0, 9:].tolist()
+    assert stream.token_ids == model.generate(ids, 6, eos_token_id=[])[0, 9:].tolist()
 
 
 def test_prompt_from_stdin_and_sampling_with_a_seed(tiny, monkeypatch, capsys):

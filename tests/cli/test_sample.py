@@ -1,6 +1,6 @@
 """``qkv sample``: a language model trained by ``qkv train`` streams text to stdout (the
-tokens of :func:`qkv.train.language.stream_sample`), the same with the same seed, and bad
-checkpoints or arguments give one line, exit 2."""
+tokens of the generation loop, :mod:`qkv.engine.loop`), the same with the same seed, and
+bad checkpoints or arguments give one line, exit 2."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from qkv.cli import main
-from qkv.train.language import load_language_model, stream_sample
+from qkv.engine import DecodingRules, steps
+from qkv.models.load import load
 from qkv.train.loop import train
 from qkv.train.recipe import recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
@@ -47,9 +48,14 @@ def test_the_same_seed_draws_the_same_text_streamed(run, monkeypatch):
         outputs.append(recorder.getvalue())
         assert len(recorder.writes) >= 30  # the prompt, then the tokens one by one
     assert outputs[0] == outputs[1]
-    loaded = load_language_model(run)
+    loaded = load(run)
     prompt = loaded.tokenizer.encode("the ")
-    drawn = list(stream_sample(loaded.model, prompt, 30, temperature=0.8, seed=7))
+    generator = torch.Generator().manual_seed(7)
+    rules = DecodingRules(temperature=0.8)
+    made = steps(
+        loaded.model, torch.tensor([prompt]), 30, rules, generator=generator, context="crop"
+    )
+    drawn = [int(step.tokens[0]) for step in made]
     assert outputs[0] == "the " + loaded.tokenizer.decode(drawn) + "\n"
     other = Recorder()
     monkeypatch.setattr(sys, "stdout", other)
@@ -63,7 +69,7 @@ def test_temperature_0_is_the_most_likely_token_each_step(run, monkeypatch, caps
         "--tokens", "5", "--prompt", "a",
     )  # fmt: skip
     assert code == 0
-    loaded = load_language_model(run / "best.safetensors")
+    loaded = load(run / "best.safetensors")
     ids = loaded.tokenizer.encode("a")
     with torch.no_grad():
         for _ in range(5):

@@ -1,7 +1,7 @@
 """qkv show --digit / --image on a ViT trained a few steps by ``qkv train
 configs/digits-vit.yaml``: the page holds the attention and probabilities of the same
-forward pass, the PNG reader gives back a digit drawn dark on white, and bad input is
-one line with exit code 2."""
+forward pass, and bad input is one line with exit code 2 (the PNG reader itself:
+tests/data/test_images.py)."""
 
 from __future__ import annotations
 
@@ -78,17 +78,6 @@ def test_digit_as_a_grid_of_heads(checkpoints, tmp_path, monkeypatch, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_png_drawn_dark_on_white_reads_back_as_the_digit(tmp_path):
-    from qkv.cli.show_image import read_png
-
-    digit = load_digit_splits(0)["test"].images[3, 0].double().numpy()
-    path = tmp_path / "three.png"
-    _digit_png(path, digit)
-    got = read_png(path, 8)
-    want = (digit - digit.min()) / (digit.max() - digit.min())
-    np.testing.assert_allclose(got, want, atol=2 / 255)
-
-
 def test_image_page_escapes_the_file_name(checkpoints, tmp_path, monkeypatch, capsys):
     digit = load_digit_splits(0)["test"].images[3, 0].double().numpy()
     name = "<img src=x onerror=alert(1)>.png"
@@ -122,7 +111,7 @@ def test_bad_images_are_one_line(checkpoints, tmp_path, monkeypatch, capsys, mak
         monkeypatch, capsys, "show", "--image", path, "--model", checkpoints["vit"]
     )
     one_line_error(code, err, match)
-    assert err.startswith("qkv show: error: ")
+    assert err.startswith(f"qkv show: error: --image {path}: ")
 
 
 @pytest.mark.parametrize(

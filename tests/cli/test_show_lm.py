@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.train.language import language_attention, load_language_model
+from qkv.models.load import load
 from qkv.train.loop import train
 from qkv.train.recipe import recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
@@ -24,8 +24,8 @@ def run(request, tmp_path_factory):
 
 
 def test_the_maps_are_causal_distributions_of_every_layer_and_head(run):
-    loaded = load_language_model(run)
-    maps, tokens = language_attention(loaded, "the\ncat ")
+    loaded = load(run)
+    maps, tokens = loaded.attention("the\ncat ")
     assert maps.shape == (2, 2, 8, 8) and tokens[3] == "↵" and tokens[7] == " "
     assert torch.allclose(maps.sum(-1), torch.ones(2, 2, 8))
     assert torch.all(maps.triu(1) == 0)

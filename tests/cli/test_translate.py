@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import qkv.cli.translate
+import qkv.translate.translator
 from qkv.cli import main
 from qkv.cli.translate import run_translate
 from qkv.data.tokenizers import WordTokenizer, tokenizer_from_json
@@ -113,10 +113,10 @@ def _written(nbest: list[list[Translation]], n_best: int) -> str:
     out = io.StringIO()
     with (
         mock.patch("qkv.cli.translate.load_translator", return_value=(None, None, None, {})),
-        mock.patch("qkv.cli.translate._check_search_memory"),
+        mock.patch("qkv.translate.translator._check_search_memory"),
         mock.patch("qkv.cli.translate.warn_unknown_tokens"),
         mock.patch("qkv.cli.translate.read_stdin", return_value=["x"] * len(nbest)),
-        mock.patch("qkv.cli.translate.translate_texts", return_value=nbest),
+        mock.patch("qkv.translate.translator.translate_texts", return_value=nbest),
         mock.patch("sys.stdout", out),
     ):
         assert run_translate(args) == 0
@@ -198,7 +198,7 @@ def test_translations_are_written_as_utf8_whatever_the_locale(ckpt, monkeypatch,
     def korean(model, src_tok, tgt_tok, lines, **options):
         return [[Translation("고양이", [], -1.0, None)] * n_best for _ in lines]
 
-    monkeypatch.setattr(qkv.cli.translate, "translate_texts", korean)
+    monkeypatch.setattr(qkv.translate.translator, "translate_texts", korean)
     buffer = io.BytesIO()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x\n"), encoding="utf-8"))
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buffer, encoding="ascii"))
@@ -341,7 +341,7 @@ def test_a_beam_whose_scores_exceed_free_memory_is_refused(
     ckpt, tmp_path, monkeypatch, capsys, command
 ):
     """``--beam 100000000`` ended in the allocator's RuntimeError traceback (exit 1)."""
-    monkeypatch.setattr("qkv.cli.translate.free_memory", lambda device: 2**30)
+    monkeypatch.setattr("qkv.translate.translator.free_memory", lambda device: 2**30)
     stdin = SENTENCES.encode()
     files = _evaluate_args(tmp_path) if command == "evaluate" else []
     code, out, err = run_main(
@@ -365,7 +365,7 @@ def test_running_out_of_memory_while_searching_is_one_line(
             "38400000000 bytes. Error code 12 (Cannot allocate memory)"
         )
 
-    monkeypatch.setattr("qkv.cli.translate.translate_texts", fail)
+    monkeypatch.setattr("qkv.translate.translator.translate_texts", fail)
     stdin = SENTENCES.encode()
     files = _evaluate_args(tmp_path) if command == "evaluate" else []
     code, out, err = run_main(monkeypatch, capsys, command, ckpt, *files, "--beam", 7, stdin=stdin)
@@ -380,7 +380,7 @@ def test_other_runtime_errors_are_not_taken_for_memory(ckpt, monkeypatch, capsys
     def fail(*args, **kwargs):
         raise RuntimeError("something else")
 
-    monkeypatch.setattr("qkv.cli.translate.translate_texts", fail)
+    monkeypatch.setattr("qkv.translate.translator.translate_texts", fail)
     with pytest.raises(RuntimeError, match="something else"):
         run_main(monkeypatch, capsys, "translate", ckpt, stdin=SENTENCES.encode())
 
@@ -581,7 +581,7 @@ def test_tokens_outside_the_vocabulary_are_warned_line_by_line(ckpt, monkeypatch
     one emoji changed a translation, both silently: each line with tokens the source
     vocabulary lacks (read as <unk>) now gets a warning naming them."""
     stdin = "the cat caught the mouse\n고양이가 쥐를 잡았다\n고양이가 쥐를 잡았다😀\n".encode()
-    with caplog.at_level(logging.WARNING, logger="qkv.cli.translate"):
+    with caplog.at_level(logging.WARNING, logger="qkv.translate.translator"):
         code, out, _ = run_main(monkeypatch, capsys, "translate", ckpt, stdin=stdin)
     assert code == 0 and len(out.splitlines()) == 3
     assert [r.getMessage() for r in caplog.records] == [
@@ -591,7 +591,7 @@ def test_tokens_outside_the_vocabulary_are_warned_line_by_line(ckpt, monkeypatch
         "read as <unk>; the translation may be meaningless",
     ]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="qkv.cli.translate"):
+    with caplog.at_level(logging.WARNING, logger="qkv.translate.translator"):
         code, _, _ = run_main(monkeypatch, capsys, "translate", ckpt, "쥐를 잡았다", "hello")
     assert code == 0
     assert [r.getMessage()[:40] for r in caplog.records] == [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from qkv.data.corpus import (
     filter_pairs,
     read_lines,
     read_parallel,
+    read_stdin,
     read_stream,
     read_tsv,
 )
@@ -232,3 +234,28 @@ def test_the_bound_and_the_text_check_on_streams(tmp_path):
         decode_lines(b"a\0b\n", "stdin")
     with pytest.raises(CorpusError, match=r"^stdin: line 1, byte 2: not valid UTF-8"):
         decode_lines("a가".encode()[:-1], "stdin")  # cut at the very end: still an error
+
+
+def test_stdin_is_read_as_lines_with_the_corpus_bound(monkeypatch):
+    """stdin's bytes (its ``buffer``) are read as a file is: CRLF and a BOM dropped, a
+    NUL byte or bytes that are not UTF-8 refused naming line and byte; a closed stdin
+    (``<&-``: ``sys.stdin`` is None) names what the lines should have been."""
+    raw = "\ufeff고양이\r\n\u2028 dog\n\n".encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
+    assert read_stdin() == ["고양이", "\u2028 dog", ""]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n"))  # a text stream, no buffer
+    assert read_stdin() == ["a", "b"]
+    for data, message in (
+        (b"a\nb \xff c\n", "stdin: line 2, byte 3: not valid UTF-8 (byte 0xff)"),
+        (b"\0" * 100, "stdin: not text: a NUL byte at line 1, byte 1"),
+    ):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+        with pytest.raises(CorpusError) as info:
+            read_stdin()
+        assert str(info.value).startswith(message)
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(CorpusError) as info:
+        read_stdin("the reference translations")
+    assert str(info.value) == (
+        "stdin: is closed; give the reference translations on stdin, one per line"
+    )

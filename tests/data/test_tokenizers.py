@@ -14,6 +14,7 @@ from qkv.data.tokenizers import (
     BPETokenizer,
     CharTokenizer,
     WordTokenizer,
+    bytes_to_unicode,
     tokenizer_from_json,
     train_tokenizers,
 )
@@ -267,3 +268,9 @@ def test_other_stored_tokenizers_that_cannot_load_say_why(toy_bpe):
         tokenizer_from_json(json.dumps(good))
     with pytest.raises(ValueError, match=r"^unknown tokenizer kind 'sentencepiece'; expected"):
         train_tokenizers("sentencepiece", ["ab"], ["ab"])
+
+
+def test_bytes_to_unicode_spells_every_byte_once():
+    spelling = bytes_to_unicode()
+    assert len(set(spelling.values())) == 256 and spelling[ord("A")] == "A"
+    assert spelling[ord(" ")] == "Ġ" and spelling[ord("\n")] == "Ċ"  # GPT-2's space, newline

@@ -1,6 +1,6 @@
-"""One LLaMA layer for one token in C (:mod:`qkv.kernels.decode_layer`): against its
-torch reference in float64 on every shape, the cache positions it writes, and what it
-refuses."""
+"""One LLaMA layer for one token in C (:mod:`qkv.kernels.decode_layer`): against the
+model's own block (:class:`qkv.modules.DecoderBlock` with RMSNorm, rotary attention and
+SwiGLU) in float64 on every shape, the cache positions it writes, and what it refuses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.kernels import decode_layer, matvec
-from qkv.kernels.decode_layer import FusedLayer, LayerWeights, layer_reference
+from qkv.kernels.decode_layer import FusedLayer, LayerWeights
+from qkv.modules import LayerKV, RMSNorm, SwiGLU
+from qkv.modules.decoder import CausalSelfAttention, DecoderBlock
 
 pytestmark = pytest.mark.skipif(
     matvec.why_unavailable() is not None, reason=f"matvec kernel: {matvec.why_unavailable()}"
@@ -30,6 +32,56 @@ def _layer(g, e, h, hkv, d, f, bias) -> LayerWeights:
         *(1 + t(e), t(h * d, e), b(h * d), t(hkv * d, e), b(hkv * d), t(hkv * d, e)),
         *(b(hkv * d), t(e, h * d), b(e), 1 + t(e), t(f, e), b(f), t(f, e), b(f), t(e, f), b(e)),
     )
+
+
+def _block(w: LayerWeights, eps: float, window: int | None, heads: int) -> DecoderBlock:
+    """The model's decoder block holding the weights ``w`` (in their dtype)."""
+    e, f, hkv_d = w.wq.shape[1], w.wg.shape[0], w.wk.shape[0]
+    d = w.wq.shape[0] // heads
+    bias = w.bq is not None
+    attention = CausalSelfAttention(
+        e, heads, num_kv_heads=hkv_d // d, head_dim=d, qkv_bias=bias, out_bias=bias, window=window
+    )
+    block = DecoderBlock(RMSNorm(e, eps), attention, RMSNorm(e, eps), SwiGLU(e, f, bias=bias))
+    a, ff = block.self_attn, block.ff
+    params = {
+        "attn_norm": block.attn_norm.weight, "wq": a.q_proj.weight, "bq": a.q_proj.bias,
+        "wk": a.k_proj.weight, "bk": a.k_proj.bias, "wv": a.v_proj.weight, "bv": a.v_proj.bias,
+        "wo": a.out_proj.weight, "bo": a.out_proj.bias, "ff_norm": block.ff_norm.weight,
+        "wg": ff.gate_proj.weight, "bg": ff.gate_proj.bias, "wu": ff.up_proj.weight,
+        "bu": ff.up_proj.bias, "wd": ff.down_proj.weight, "bd": ff.down_proj.bias,
+    }  # fmt: skip
+    for name, tensor in w._asdict().items():
+        if tensor is not None:
+            params[name].data = tensor
+    return block.eval()
+
+
+class _StoredAs(LayerKV):
+    """A float64 cache whose new entries are rounded to ``dtype`` as they are written, as
+    the kernel's bfloat16 cache stores them (float32: exact)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def append(self, k, v):
+        return super().append(k.to(self.dtype).double(), v.to(self.dtype).double())
+
+
+def _block_reference(x, w, cos, sin, k_cache, v_cache, length, window, eps, heads):
+    """The block's forward in float64 for one token at position ``length`` after the
+    caches' first ``length`` positions; the output ``(E,)`` and the key and value it
+    wrote ``(Hkv, D)`` each."""
+    kv = _StoredAs(k_cache.dtype)
+    if length:
+        kv.append(k_cache[:, :, :length], v_cache[:, :, :length])
+    w64 = LayerWeights(*(None if t is None else t.double() for t in w))
+    with torch.no_grad():
+        out, _ = _block(w64, eps, window, heads)(
+            x.double().view(1, 1, -1), (cos.double(), sin.double()), cache=kv
+        )
+    return out.view(-1), kv.k[0, :, length], kv.v[0, :, length]
 
 
 def _rotation(g, d, position):
@@ -56,10 +108,10 @@ def test_the_layer_equals_its_float64_reference(
 ):
     """Any width, head size (blocks of 16 and a tail), grouping of query heads, cache
     length, room and window, float32 or bfloat16 weights and caches: the output and the
-    written key and value equal the torch reference in float64 (from the same weights and
+    written key and value equal the model's block in float64 (from the same weights and
     cache entries), and no other cache position changes.
 
-    A bfloat16 entry is the reference's rounding of it, but for the rare entry that the
+    A bfloat16 entry is the block's value rounded, but for the rare entry that the
     float32 sums put on the other side of a rounding boundary (about one in 4,000 on a
     SmolLM2-sized layer), which then is one bfloat16 step away, and shifts the output by
     its weight in it; an entry whose sums cancel to near zero (a rotated key of 7e-7 from
@@ -74,14 +126,9 @@ def test_the_layer_equals_its_float64_reference(
     k_cache = torch.randn(1, hkv, length + room, d, generator=g).to(dtype)
     v_cache = torch.randn(1, hkv, length + room, d, generator=g).to(dtype)
 
-    # float64 arithmetic; bfloat16 caches keep their type, so the written entries are rounded
-    k64, v64 = k_cache.double(), v_cache.double()
-    if bfloat16:
-        k64, v64 = k_cache.clone(), v_cache.clone()
-    w64 = LayerWeights(*(None if t is None else t.double() for t in w))
-    exact = layer_reference(
-        x.double(), w64, cos.double(), sin.double(), k64, v64, length, window, 1e-5
-    )
+    exact, key, value = _block_reference(
+        x, w, cos, sin, k_cache, v_cache, length, window, 1e-5, h
+    )  # float64 arithmetic; a bfloat16 cache's new entries rounded as they are written
 
     assert decode_layer.supports(w)
     before_k, before_v = k_cache.clone(), v_cache.clone()
@@ -89,16 +136,15 @@ def test_the_layer_equals_its_float64_reference(
     assert out.data_ptr() == x.data_ptr()  # in place
     scale = exact.abs().max().item() + 1.0
     assert (out.double() - exact).abs().max().item() <= (2e-3 if bfloat16 else 1e-5) * scale
+    written = torch.cat([k_cache[0, :, length], v_cache[0, :, length]]).double()
+    rounded = torch.cat([key, value])
     if bfloat16:
-        written = torch.cat([k_cache[0, :, length], v_cache[0, :, length]]).double()
-        rounded = torch.cat([k64[0, :, length], v64[0, :, length]]).double()
         apart = written != rounded
         assert apart.sum().item() <= 1 + 0.01 * apart.numel()
         # one step, or float32's error of the sums where they cancel to near zero
         assert torch.all((written - rounded).abs() <= rounded.abs() * 2**-7 + 1e-5)
     else:
-        torch.testing.assert_close(k_cache, k64.float(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(v_cache, v64.float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(written, rounded, rtol=1e-5, atol=1e-5)
     others = torch.ones(length + room, dtype=torch.bool)
     others[length] = False
     assert torch.equal(k_cache[:, :, others], before_k[:, :, others])

@@ -1,15 +1,17 @@
 """The steps between a LLaMA layer's products in C (:mod:`qkv.kernels.layer_steps`):
-each against its torch reference in float64 on every shape, in place, and what they
-refuse."""
+each against the model's own step in float64 on every shape (``RMSNorm``,
+``apply_rotary``, SwiGLU's ``SiLU(gate) * up``), in place, and what they refuse."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.kernels import layer_steps, matvec
+from qkv.modules import RMSNorm, apply_rotary
 
 pytestmark = pytest.mark.skipif(
     matvec.why_unavailable() is not None, reason=f"matvec kernel: {matvec.why_unavailable()}"
@@ -30,7 +32,10 @@ def test_rms_norm_rows_equals_the_float64_reference(rows, n, scale, eps, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n, generator=g) * scale
     gain = 1 + torch.randn(n, generator=g) * 0.3
-    want = layer_steps.rms_norm_reference(x.double(), gain.double(), eps)
+    norm = RMSNorm(n, eps).double()
+    norm.weight.data.copy_(gain)
+    with torch.no_grad():
+        want = norm(x.double())
     out = torch.full_like(x, float("nan"))
     assert layer_steps.rms_norm_rows(x, gain, eps, out) is out
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-6)
@@ -56,9 +61,7 @@ def test_rotate_rows_equals_the_float64_reference(b, t, heads, half, shared, see
     angles = torch.rand(1 if shared else b, t, half, generator=g) * 20
     angles = torch.cat([angles, angles], dim=-1)
     cos, sin = angles.cos(), angles.sin()
-    want = layer_steps.rotate_reference(
-        v.double(), cos[:, :, None].double(), sin[:, :, None].double()
-    )
+    want = apply_rotary(v.double(), cos[:, :, None].double(), sin[:, :, None].double())
     assert layer_steps.rotate_rows(v, cos, sin) is v
     torch.testing.assert_close(v.double(), want, rtol=1e-5, atol=1e-6)
 
@@ -74,7 +77,7 @@ def test_silu_times_equals_the_float64_reference(n, scale, seed):
     exponential's overflow) and far above it."""
     g = torch.Generator().manual_seed(seed)
     gate, up = torch.randn(n, generator=g) * scale, torch.randn(n, generator=g)
-    want = layer_steps.silu_times_reference(gate.double(), up.double())
+    want = F.silu(gate.double()) * up.double()  # SwiGLU's gate (qkv.modules.SwiGLU)
     assert layer_steps.silu_times(gate, up) is gate
     torch.testing.assert_close(gate.double(), want, rtol=1e-5, atol=1e-6)
 
@@ -82,7 +85,7 @@ def test_silu_times_equals_the_float64_reference(n, scale, seed):
 def test_silu_times_keeps_nan_and_infinities_as_torch_does():
     gate = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0] + [1.0] * 16)
     up = torch.ones_like(gate)
-    want = layer_steps.silu_times_reference(gate, up)
+    want = F.silu(gate) * up
     torch.testing.assert_close(layer_steps.silu_times(gate.clone(), up), want, equal_nan=True)
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from qkv.data.tokenizers import WordTokenizer
-from qkv.models import checkpoint
+from qkv.models import GPT, GPTConfig, checkpoint
 from qkv.models.checkpoint import (
     CheckpointError,
     build_model,
@@ -403,3 +403,34 @@ def test_tensors_that_are_not_needed_are_never_read(tmp_path):
     loaded, refused = run.stdout.splitlines()
     assert loaded == "TransformerSeq2Seq"
     assert refused.startswith(f"{files[1]}: corrupt checkpoint: optimiser tensor 'optim.0.exp_avg'")
+
+
+def test_a_gpt_checkpoint_of_the_old_block_layout_loads_its_weights(tmp_path):
+    """GPT's blocks were ``decoder.layers.<i>.norm1/norm3/self_attn/ff`` and
+    ``decoder.final_norm`` before GPT and Llama shared one decoder block: such a file's
+    weights load under today's names; its optimiser state, in the old order of the
+    parameters, is refused in one line."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, max_len=16, num_layers=2, num_heads=2, dim=16))
+    path = tmp_path / "gpt.safetensors"
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randint(0, 40, (1, 5))).logits.sum().backward()
+    optimizer.step()
+    save_checkpoint(path, model, optimizer=optimizer)
+    old = {
+        name.replace("model.layers.", "model.decoder.layers.")
+        .replace(".attn_norm.", ".norm1.")
+        .replace(".ff_norm.", ".norm3.")
+        .replace("model.final_norm.", "model.decoder.final_norm."): t
+        for name, t in load_file(path).items()
+    }
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    assert any(".norm1." in k for k in old) and "model.decoder.final_norm.weight" in old
+    save_file(old, path, metadata=metadata)
+    loaded = load_checkpoint(path, training_state=False).model
+    ids = torch.randint(0, 40, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    with pytest.raises(CheckpointError, match="optimiser state, kept in the old order"):
+        load_checkpoint(path)

@@ -62,7 +62,7 @@ def _torch_masks(kind, b, tq, tk):
 def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv, extras):
     kdim, vdim = (10, 14) if kv == "kdim-vdim" else (None, None)
     ref = _torch_mha(batch_first, kdim, vdim, **EXTRAS[extras])
-    ours = qkv.MultiHeadAttention.from_torch(ref)
+    ours = qkv.TorchMultiheadAttention.from_torch(ref)
     b, tq, tk = 3, 5, 7 if kv != "self" else 5
     x = torch.randn(b, tq, E, dtype=torch.float64)
     key = x if kv == "self" else torch.randn(b, tk, kdim or E, dtype=torch.float64)
@@ -114,7 +114,7 @@ def test_from_torch_matches_outputs_weights_and_gradients(batch_first, masks, kv
 
 def test_from_torch_float32_fast_path_and_no_bias():
     ref = nn.MultiheadAttention(E, H, batch_first=True, bias=False).eval()
-    ours = qkv.MultiHeadAttention.from_torch(ref).eval()
+    ours = qkv.TorchMultiheadAttention.from_torch(ref).eval()
     x = torch.randn(2, 9, E)
     kpm = torch.zeros(2, 9, dtype=torch.bool)
     kpm[1, 6:] = True
@@ -128,7 +128,7 @@ def test_from_torch_float32_fast_path_and_no_bias():
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_from_torch_keeps_train_or_eval_mode(training):
     ref = nn.MultiheadAttention(E, H, dropout=0.5, batch_first=True).train(training)
-    ours = qkv.MultiHeadAttention.from_torch(ref)
+    ours = qkv.TorchMultiheadAttention.from_torch(ref)
     assert ours.training == training
     if not training:  # an eval-mode copy must not drop weights at random
         x = torch.randn(2, 5, E)
@@ -139,7 +139,7 @@ def test_from_torch_keeps_train_or_eval_mode(training):
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
 def test_extra_keys_with_causal_and_cache(backend):
     """Causal attention over the real keys, and cached decoding, beside the extra keys."""
-    ours = qkv.MultiHeadAttention(E, H, add_bias_kv=True, add_zero_attn=True, backend=backend)
+    ours = qkv.TorchMultiheadAttention(E, H, add_bias_kv=True, add_zero_attn=True, backend=backend)
     ours = ours.double().requires_grad_(False)
     nn.init.normal_(ours.bias_k)
     nn.init.normal_(ours.bias_v)
@@ -332,8 +332,9 @@ def test_bad_inputs_raise_value_errors_with_shapes(kwargs, call, match):
     """One ValueError naming the shapes, not a broadcasting or matmul RuntimeError
     from inside torch (as masks combined with key padding, ALiBi or extra keys gave), nor
     an AttributeError for a mask given as a list."""
+    module = qkv.TorchMultiheadAttention if "add_bias_kv" in kwargs else qkv.MultiHeadAttention
     with pytest.raises(ValueError, match=match):
-        call(qkv.MultiHeadAttention(E, H, **kwargs))
+        call(module(E, H, **kwargs))
 
 
 def test_dtype_check_leaves_autocast_alone():

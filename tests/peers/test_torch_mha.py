@@ -1,6 +1,6 @@
 """PyTorch's ``nn.MultiheadAttention`` tests (``pytorch/pytorch``,
 ``test/nn/test_multihead_attention.py``, and the MHA tests of ``test/test_transformers.py``)
-ported to ``qkv.MultiHeadAttention.from_torch`` on every CPU backend.
+ported to ``qkv.TorchMultiheadAttention.from_torch`` on every CPU backend.
 
 torch's module is the peer: both run on the same weights and the same inputs, torch's
 masks translated by ``qkv.from_torch_masks`` (torch's boolean ``True`` = do not attend).
@@ -26,8 +26,8 @@ from tests.peers.peer_helpers import CPU_BACKENDS, dtype_id
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 
 
-def _ours(mha: nn.MultiheadAttention, backend: str) -> qkv.MultiHeadAttention:
-    ours = qkv.MultiHeadAttention.from_torch(mha)
+def _ours(mha: nn.MultiheadAttention, backend: str) -> qkv.TorchMultiheadAttention:
+    ours = qkv.TorchMultiheadAttention.from_torch(mha)
     ours.backend = backend
     return ours
 

@@ -14,8 +14,9 @@ from torch import nn
 
 from qkv.cli import main
 from qkv.models.checkpoint import build_model, load_checkpoint
+from qkv.models.memory import free_memory
 from qkv.train import checks as train_checks
-from qkv.train.checks import check_lengths, check_memory, free_memory
+from qkv.train.checks import check_lengths, check_memory
 from qkv.train.loop import train
 from qkv.train.recipe import ConfigError, recipe_from_dict
 from tests.train.helpers import CONFIG_FOLDER, logged_rows, run_cli, tiny_dict

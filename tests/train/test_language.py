@@ -13,9 +13,10 @@ import torch.nn.functional as F
 import yaml
 
 from qkv.data.text_lm import read_text_files, split_text, text_splits, windows
+from qkv.engine import DecodingRules, steps
 from qkv.errors import ConfigError, CorpusError
 from qkv.models.checkpoint import load_checkpoint
-from qkv.train.language import LanguageTask, language_splits, stream_sample
+from qkv.train.language import LanguageTask, language_splits
 from qkv.train.loop import parameter_groups, train
 from qkv.train.recipe import load_yaml, recipe_from_dict
 from tests.cli.helpers import one_line_error, run_main
@@ -190,6 +191,14 @@ def test_gpt_without_biases_has_none(tmp_path):
     assert names == {n for n, _ in biased.named_parameters() if not n.endswith(".bias")}
     assert any(n.endswith(".bias") for n, _ in biased.named_parameters())
     assert plain.config.to_dict()["bias"] is False
+
+
+def stream_sample(lm, prompt, n, temperature=1.0, seed=None):
+    """The generation loop's tokens with ``context="crop"``, as the training samples draw."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    rules = DecodingRules(temperature=temperature)
+    made = steps(lm, torch.tensor([prompt]), n, rules, generator=generator, context="crop")
+    return [int(step.tokens[0]) for step in made]
 
 
 def test_sampling_past_the_positions_crops_the_context(tmp_path):

@@ -1,13 +1,16 @@
-"""Progress of runs in other processes: each bar follows its own run's log."""
+"""Progress of runs in other processes: each bar follows its own run's log; a bar of
+sentences only on a terminal's stderr; slow steps named once."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
+import sys
 
 import yaml
 
-from qkv.train.progress import LogProgress, StepTimes
+from qkv.train.progress import LogProgress, StepTimes, terminal_progress
 from tests.train.helpers import run_cli, tiny_dict
 
 
@@ -100,3 +103,24 @@ def test_no_step_is_judged_before_the_window_is_full(caplog):
     with caplog.at_level("WARNING", logger="qkv.train.progress"):
         _timed([3.0, 0.1, 0.1, 2.0, *[0.1] * 6], window=10, factor=5)
     assert caplog.records == []
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_bar_of_items_shows_on_a_terminal_only(monkeypatch):
+    total = random.randint(3, 9)
+    for stderr, total_shown, shown in (
+        (_Terminal(), total, True),
+        (io.StringIO(), total, False),  # a log file of stderr
+        (_Terminal(), 0, False),  # nothing to count
+    ):
+        monkeypatch.setattr(sys, "stderr", stderr)
+        with terminal_progress("translate", "sentences", total_shown) as progress:
+            for done in range(1, total + 1):
+                progress(done)
+        written = stderr.getvalue()
+        assert (f"{total}/{total}" in written and "sentences" in written) == shown, written
+        assert ("translate" in written) == shown

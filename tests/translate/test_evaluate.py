@@ -12,42 +12,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.data.tokenizers import WordTokenizer, tokenizer_from_json, train_tokenizers
+from qkv.data.tokenizers import tokenizer_from_json, train_tokenizers
 from qkv.lab.common import num_threads
 from qkv.models.checkpoint import load_checkpoint
 from qkv.models.translators.config import TransformerSeq2SeqConfig
 from qkv.models.translators.transformer import TransformerSeq2Seq
 from qkv.translate.evaluate import bleu, chrf, translate_texts
 from tests.train.helpers import SENTENCES, trained_translator
+from tests.translate.helpers import WORDS, tiny_translator
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     """A Transformer of 16 positions, trained for two steps."""
     return trained_translator(tmp_path_factory.mktemp("tiny"))
-
-
-WORDS = ["고양이가", "쥐를", "개가", "잡았다", "잤다", "먹었다", "새가", "물고기를"]
-
-
-def _model_and_tokenizers(seed: int):
-    src = WordTokenizer(WORDS)
-    tgt = WordTokenizer(["the", "cat", "dog", "bird", "fish", "caught", "slept", "ate"])
-    torch.manual_seed(seed)
-    cfg = TransformerSeq2SeqConfig(
-        src.vocab_size,
-        tgt.vocab_size,
-        d_model=16,
-        num_heads=2,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        ff_dim=16,
-        max_len=16,
-        pad_id=0,
-        bos_id=2,
-        eos_id=3,
-    )
-    return TransformerSeq2Seq(cfg), src, tgt
 
 
 def _texts(gen: torch.Generator) -> list[str]:
@@ -72,7 +50,7 @@ def _same(got, want) -> None:
 @pytest.mark.parametrize("beam, n_best", [(1, 1), (3, 2)], ids=["greedy", "beam3-nbest2"])
 def test_any_batch_size_gives_each_text_its_own_translations(beam, n_best):
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
-    model, src, tgt = _model_and_tokenizers(int(torch.randint(0, 2**31, (), generator=gen)))
+    model, src, tgt = tiny_translator(int(torch.randint(0, 2**31, (), generator=gen)))
     texts = _texts(gen)
     texts[int(torch.randint(0, len(texts), (), generator=gen))] = "   "  # at least one blank
     with num_threads(1):

@@ -18,11 +18,11 @@ import json
 from datetime import datetime
 from typing import Any
 
+from qkv.data.tokenizers import bytes_to_unicode
 from qkv.errors import ModelFileError
 from qkv.models.pretrained.hf import optional_import
 
 __all__ = [
-    "bytes_to_unicode",
     "chat_template_of",
     "render_chat",
     "special_tokens_of",
@@ -51,17 +51,6 @@ PRE_TOKENIZER_SPLITS = {
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's spelling of bytes: printable Latin-1 bytes stand for themselves, the other 68
-    (controls, space, ...) get the characters from U+0100 on, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    keep += range(ord("®"), ord("ÿ") + 1)
-    spelling = {b: chr(b) for b in keep}
-    others = [b for b in range(256) if b not in spelling]
-    spelling |= {b: chr(256 + i) for i, b in enumerate(others)}
-    return dict(sorted(spelling.items()))
 
 
 def _token_of(meta: dict[str, Any], key: str) -> str | None:

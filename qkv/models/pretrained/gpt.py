@@ -1,11 +1,11 @@
 """GPT: a decoder-only Transformer language model (GPT-2 layout).
 
 Radford et al. 2019, "Language Models are Unsupervised Multitask Learners". Token and
-learned position embeddings feed pre-LN causal decoder layers (GELU-tanh feed-forward); a
+learned position embeddings feed pre-LN causal decoder blocks (GELU-tanh feed-forward); a
 final layer norm and the transposed token embedding (tied weights) give the logits:
 
 .. math::
-    h_0 = E_{tok}[x] + E_{pos}[p],\\quad h_l = \\mathrm{DecoderLayer}(h_{l-1}),\\quad
+    h_0 = E_{tok}[x] + E_{pos}[p],\\quad h_l = \\mathrm{Block}_l(h_{l-1}),\\quad
     \\mathrm{logits} = \\mathrm{LN}(h_L)\\, E_{tok}^\\top
 
 ``GPT.generate`` (from :class:`~qkv.models.pretrained.causal_lm.CausalLM`) decodes
@@ -16,30 +16,23 @@ recomputing the whole prefix, up to end tokens if any.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
-from qkv.models.inputs import check_position_ids, check_token_ids
-from qkv.models.pretrained.causal_lm import CausalLM, real_token_positions
-from qkv.models.pretrained.gen_defaults import (
-    read_generation_defaults,
-)
-from qkv.models.pretrained.generation import CausalLMOutput
+from qkv.models.pretrained.causal_lm import CausalLM
+from qkv.models.pretrained.gen_defaults import read_generation_defaults
 from qkv.models.pretrained.gpt_hf import gpt2_config_values, gpt2_weights
 from qkv.models.pretrained.hf import check_values, config_errors, load_checked, read_config
-from qkv.modules.feedforward import layer_norm
+from qkv.modules.decoder import CausalLMOutput, CausalSelfAttention, DecoderBlock
+from qkv.modules.feedforward import FeedForward, layer_norm
+from qkv.modules.linear import Linear
 from qkv.modules.positional import LearnedPositionalEncoding
-from qkv.modules.transformer import Decoder, DecoderCache, DecoderLayer
 
 __all__ = ["GPT", "GPTConfig", "GPTOutput"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -132,12 +125,14 @@ GPTOutput = CausalLMOutput  # logits, attentions, cache: as every causal LM here
 
 
 class GPT(CausalLM):
-    """Decoder-only language model (GPT-2): learned positions, pre-LN, tied embeddings.
+    """Decoder-only language model (GPT-2): learned positions, LayerNorm, GELU feed-forward,
+    tied embeddings: the :class:`~qkv.models.pretrained.causal_lm.CausalLM` stack with
+    these parts.
 
     Args:
         config: a :class:`GPTConfig`.
 
-    ``generate`` and ``generation_defaults`` come from :class:`CausalLM`.
+    ``forward``, ``generate`` and ``generation_defaults`` come from :class:`CausalLM`.
 
     Shape:
         input_ids ``(B, T)``; attention_mask ``(B, Tk)`` with ``Tk = cache.length + T``,
@@ -146,33 +141,30 @@ class GPT(CausalLM):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.config = config
-        c = config
+        self.config = c = config
 
-        def layer() -> DecoderLayer:
-            new = DecoderLayer(
+        def norm() -> nn.LayerNorm:
+            return layer_norm(c.dim, c.layer_norm_eps, c.bias)
+
+        def block(i: int) -> DecoderBlock:
+            attention = CausalSelfAttention(
                 c.dim,
                 c.num_heads,
-                c.ff_dim or 4 * c.dim,
+                qkv_bias=c.bias,
+                out_bias=c.bias,
+                scale=c.attention_scale(i),
                 dropout=c.dropout,
-                activation=c.activation,
-                norm_first=True,
-                layer_norm_eps=c.layer_norm_eps,
-                cross=False,
-                bias=c.bias,
             )
-            new.ff.dropout.p = 0.0  # GPT-2 has no dropout inside the feed-forward block
-            return new
+            # GPT-2 drops out the residual branches, not inside the feed-forward block
+            ff = FeedForward(c.dim, c.ff_dim or 4 * c.dim, c.activation, 0.0, c.bias)
+            return DecoderBlock(norm(), attention, norm(), ff, dropout=c.dropout)
 
         self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
         self.pos_emb = LearnedPositionalEncoding(c.max_len, c.dim)
         self.drop = nn.Dropout(c.dropout)
-        self.decoder = Decoder(
-            layer, c.num_layers, final_norm=layer_norm(c.dim, c.layer_norm_eps, c.bias)
-        )
-        for i, layer in enumerate(self.decoder.layers):
-            layer.self_attn.scale = c.attention_scale(i)
-        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.layers = nn.ModuleList(block(i) for i in range(c.num_layers))
+        self.final_norm = norm()
+        self.lm_head = Linear(c.dim, c.vocab_size, bias=False)
         self.apply(self._init_weights)
         if c.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -183,70 +175,6 @@ class GPT(CausalLM):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-
-    @property
-    def max_positions(self) -> int:
-        """The learned positions: prompts and new tokens together fit in these."""
-        return self.config.max_len
-
-    def new_cache(self) -> DecoderCache:
-        """An empty key/value cache for incremental decoding."""
-        return self.decoder.new_cache()
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        cache: DecoderCache | None = None,
-        need_weights: bool = False,
-        position_ids: Tensor | None = None,
-        logits_to_keep: int = 0,
-    ) -> GPTOutput:
-        """Next-token logits for every position.
-
-        Positions, unless ``position_ids`` gives them, count real tokens only: with
-        ``attention_mask``, token ``t`` of a row is at position ``(number of real tokens up
-        to t) - 1``, so a left-padded prompt starts at position 0 (as Hugging Face
-        ``generate`` does); without it, positions are ``cache.length + arange(T)``.
-
-        Args:
-            input_ids: token ids ``(B, T)`` (only the new ones when ``cache`` is given).
-            attention_mask: ``(B, cache.length + T)``, 1/True for real tokens.
-            cache: from :meth:`new_cache`; updated in place and returned.
-            need_weights: also return every layer's attention weights.
-            position_ids: ``(B, T)`` or ``(1, T)`` (shared by the rows), the position of
-                each token of ``input_ids`` in ``0 .. max_len - 1``, as Hugging Face
-                ``GPT2LMHeadModel`` takes them. With sequence parallelism (the attention's
-                ``sequence_group``), the global positions of this process's part:
-                :func:`qkv.distributed.sequence_shard` gives both.
-            logits_to_keep: the logits of the last this many positions only (0: all), as
-                in transformers; generation needs the last one.
-        """
-        b, t = input_ids.shape
-        past = cache.length if cache is not None else 0
-        key_mask = None
-        if attention_mask is not None:
-            if attention_mask.shape != (b, past + t):
-                raise ValueError(
-                    f"attention_mask must be (B, cache length + T) = {(b, past + t)}, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            key_mask = attention_mask.bool()  # (B, Tk)
-        if position_ids is None:
-            if past + t > self.config.max_len:
-                raise ValueError(
-                    f"sequence length {past + t} exceeds max_len {self.config.max_len}"
-                )
-            position_ids = real_token_positions(key_mask, past, b, t, input_ids.device)
-        else:
-            check_position_ids(position_ids, b, t, self.config.max_len)
-        check_token_ids(input_ids, self.config.vocab_size)
-
-        x = self.tok_emb(input_ids) + F.embedding(position_ids, self.pos_emb.weight)  # (B, T, E)
-        out = self.decoder(self.drop(x), key_mask=key_mask, need_weights=need_weights, cache=cache)
-        hidden = out.hidden[:, -logits_to_keep:] if logits_to_keep else out.hidden
-        logits = self.lm_head(hidden)  # (B, T or logits_to_keep, V)
-        return GPTOutput(logits=logits, attentions=out.self_attentions, cache=cache)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str | None = None) -> GPT:

@@ -91,8 +91,8 @@ def gpt2_weights(hf: dict[str, Tensor], tie_embeddings: bool) -> dict[str, Tenso
     top = {
         "wte.weight": "tok_emb.weight",
         "wpe.weight": "pos_emb.weight",
-        "ln_f.weight": "decoder.final_norm.weight",
-        "ln_f.bias": "decoder.final_norm.bias",
+        "ln_f.weight": "final_norm.weight",
+        "ln_f.bias": "final_norm.bias",
     }
     for name, tensor in hf.items():
         if name == "lm_head.weight":
@@ -106,7 +106,7 @@ def gpt2_weights(hf: dict[str, Tensor], tie_embeddings: bool) -> dict[str, Tenso
         if len(parts) != 3 or parts[0] != "h":
             state[name] = tensor  # unknown: reported by the name check
             continue
-        prefix, rest = f"decoder.layers.{parts[1]}.", parts[2]
+        prefix, rest = f"layers.{parts[1]}.", parts[2]
         if rest in ("attn.bias", "attn.masked_bias"):
             continue  # causal-mask buffers of old checkpoints
         for new_name, value in _convert_block_weight(rest, tensor).items():
@@ -117,8 +117,8 @@ def gpt2_weights(hf: dict[str, Tensor], tie_embeddings: bool) -> dict[str, Tenso
 def _convert_block_weight(rest: str, tensor: Tensor) -> dict[str, Tensor]:
     """One weight of a GPT-2 block: ``Conv1D`` ``(in, out)`` -> ``nn.Linear`` ``(out, in)``."""
     simple = {
-        "ln_1": "norm1",
-        "ln_2": "norm3",
+        "ln_1": "attn_norm",
+        "ln_2": "ff_norm",
         "attn.c_proj": "self_attn.out_proj",
         "mlp.c_fc": "ff.linear1",
         "mlp.c_proj": "ff.linear2",

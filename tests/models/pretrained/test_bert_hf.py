@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors.torch import save_file  # noqa: E402
 
-from qkv.cli.show import encoder_attention  # noqa: E402
 from qkv.models import BertModel, load_tokenizer, minilm_path  # noqa: E402
+from qkv.models.load import load  # noqa: E402
 from qkv.models.pretrained.bert import relative_buckets  # noqa: E402
 from qkv.models.pretrained.bert_hf import layer_groups  # noqa: E402
 
@@ -234,9 +234,7 @@ def _roberta_folder(path):
 def test_show_maps_of_a_roberta_folder_match_transformers(tmp_path):
     peer, peer_tokenizer = _roberta_folder(tmp_path)
     text = "Each query weighs the keys, and values follow."
-    maps, tokens = encoder_attention(
-        BertModel.from_pretrained(tmp_path), load_tokenizer(tmp_path), text
-    )
+    maps, tokens = load(tmp_path).attention(text)
     ids = peer_tokenizer(text, return_tensors="pt")
     assert tokens == peer_tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
     with torch.no_grad():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from qkv.data.tokenizers import bytes_to_unicode
 from qkv.errors import ModelFileError, UserError
 from qkv.models.pretrained.gguf import (
     SUPPORTED_TYPES,
@@ -19,7 +20,6 @@ from qkv.models.pretrained.gguf import (
     read_gguf_metadata,
     unpermute_rows,
 )
-from qkv.models.pretrained.gguf_tokenizer import bytes_to_unicode
 
 gguf = pytest.importorskip("gguf", reason="needs the gguf package: pip install 'qkv[llm]'")
 

@@ -45,8 +45,8 @@ def test_loading_old_names_and_listing_wrong_ones(folder, ours, tmp_path):
     torch.save(old, tmp_path / "pytorch_model.bin")
     with pytest.raises(ValueError) as info:
         GPT.from_pretrained(tmp_path)
-    assert "decoder.layers.1.ff.linear1.bias" in str(info.value)
-    assert "decoder.layers.2.attn.rotary" in str(info.value)
+    assert "layers.1.ff.linear1.bias" in str(info.value)
+    assert "layers.2.attn.rotary" in str(info.value)
 
 
 @pytest.mark.parametrize("safe", [True, False])
@@ -141,12 +141,12 @@ def test_dropout_for_fine_tuning_is_gpt2s(folder, tmp_path, p):
         block.mlp.dropout.p,
         0.0,
     ]
-    layer = ours.decoder.layers[0]
+    layer = ours.layers[0]
     got = [
         ours.drop.p,
         layer.self_attn.dropout,
-        layer.dropout1.p,
-        layer.dropout3.p,
+        layer.drop.p,  # the attention branch's
+        layer.drop.p,  # and the feed-forward branch's
         layer.ff.dropout.p,
     ]
     assert got == want

@@ -19,8 +19,8 @@ from tests.models.pretrained.gpt_helpers import random_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 
+from qkv.engine import filter_logits  # noqa: E402
 from qkv.models import GPT, sample_next  # noqa: E402
-from qkv.models.pretrained.generation import filter_logits  # noqa: E402
 
 VOCAB, T, N = 500, 15, 24
 PAD = 7

@@ -1,8 +1,8 @@
-"""Decoding a language model token by token, with the rules of Hugging Face ``generate``.
+"""How each new token is chosen, by the rules of Hugging Face ``generate``.
 
-Each step turns the logits of every row's last position into one new token. First the
-rules that look at the row so far change the logits, in the order transformers applies
-them:
+Each step of :mod:`qkv.engine.loop` turns the logits of every row's last position into
+one new token. First the rules that look at the row so far change the logits, in the
+order transformers applies them:
 
 1. **repetition penalty** (Keskar et al. 2019, CTRL): every token already in the row
    (the prompt's too, but not its padding) has its logit divided by the penalty when
@@ -21,43 +21,18 @@ once every row has finished.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = [
-    "CausalLMOutput",
-    "DecodingRules",
-    "adjust_logits",
-    "decode",
-    "filter_logits",
-    "prompt_mask",
-    "sample_next",
-]
-
-
-@dataclass
-class CausalLMOutput:
-    """What a causal language model (:class:`~qkv.models.GPT`, :class:`~qkv.models.Llama`)
-    returns from ``forward``.
-
-    Attributes:
-        logits: ``(B, T, V)``.
-        attentions: one ``(B, H, T, Tk)`` per layer when ``need_weights``, else empty.
-        cache: the updated cache that was passed in (the model's ``new_cache()``), or
-            ``None``.
-    """
-
-    logits: Tensor
-    attentions: list[Tensor] = field(default_factory=list)
-    cache: Any = None
+__all__ = ["DecodingRules", "adjust_logits", "filter_logits", "prompt_mask", "sample_next"]
 
 
 @dataclass(frozen=True)
 class DecodingRules:
-    """How :func:`decode` picks each token (see the module docstring).
+    """How the generation loop (:func:`qkv.engine.loop.steps`) picks each token (see the
+    module docstring).
 
     Args:
         temperature: 0 picks the most likely token (greedy); otherwise logits are divided
@@ -205,64 +180,3 @@ def sample_next(
         return logits.argmax(-1)
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-@torch.no_grad()
-def decode(
-    model,
-    input_ids: Tensor,
-    max_new_tokens: int,
-    rules: DecodingRules,
-    *,
-    attention_mask: Tensor | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    num_return_sequences: int = 1,
-) -> Tensor:
-    """Greedy or sampled decoding of a causal language model (see :meth:`GPT.generate`).
-
-    ``model(ids, attention_mask, cache=..., logits_to_keep=1)`` must return an object
-    with ``logits`` ``(B, 1, V)`` (those of the last position), and ``model.new_cache()``
-    an empty key/value cache. With sampling,
-    ``num_return_sequences`` draws continue each prompt: ``(B * num_return_sequences, ...)``
-    rows, each prompt's together (transformers' order).
-    """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if num_return_sequences != 1:
-        if num_return_sequences < 1 or rules.temperature <= 0:
-            raise ValueError(
-                f"greedy decoding gives one continuation per prompt, not {num_return_sequences}:"
-                " sample (temperature > 0) or search with num_beams >= num_return_sequences"
-            )
-        input_ids = input_ids.repeat_interleave(num_return_sequences, 0)
-        if attention_mask is not None:
-            attention_mask = attention_mask.repeat_interleave(num_return_sequences, 0)
-    ends = torch.tensor(rules.end_ids, dtype=torch.long, device=input_ids.device)
-    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-    # Without padding no mask at all (the same positions and attention; each step then
-    # skips building and checking an all-true one, ~15% of a cached step here).
-    padded = attention_mask is not None and not bool(attention_mask.all())
-    mask = attention_mask.bool() if padded else None
-    cache = model.new_cache() if use_cache else None
-    ids = step_ids = input_ids
-    for step in range(max_new_tokens):
-        out = model(step_ids if use_cache else ids, mask, cache=cache, logits_to_keep=1)
-        logits = out.logits[:, -1]
-        if step == 0 and len(ends) and not 0 <= rules.padding < logits.shape[-1]:
-            raise ValueError(  # finished rows feed it to the model: say so before they do
-                f"pad_token_id {rules.padding} is outside the vocabulary "
-                f"(0..{logits.shape[-1] - 1}): finished rows continue with it"
-            )
-        logits = adjust_logits(logits, ids, step, rules, mask)
-        token = sample_next(logits, rules.temperature, rules.top_k, rules.top_p, generator)
-        if len(ends):
-            token = token.masked_fill(done, rules.padding)
-            done |= torch.isin(token, ends)
-        ids = torch.cat([ids, token[:, None]], dim=1)
-        if mask is not None:
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        step_ids = token[:, None]  # (B, 1)
-        if len(ends) and bool(done.all()):
-            break
-    return ids

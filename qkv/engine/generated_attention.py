@@ -20,27 +20,25 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from qkv.models.pretrained.generation import sample_next
+from qkv.engine.loop import steps
+from qkv.engine.sampling import DecodingRules
 
 __all__ = ["generate_with_attention", "sink_and_previous_shares"]
 
 
-@torch.no_grad()
 def generate_with_attention(
     model: nn.Module,
     input_ids: Tensor,
     max_new_tokens: int,
     eos_token_id: Sequence[int] = (),
 ) -> tuple[list[int], Tensor]:
-    """Greedy decoding with the KV cache, keeping the attention weights of every pass.
-
-    The prefill pass gives the prompt's rows and each step one row; the last new token
-    is fed once more (its logits unused) so that it has its row too.
+    """Greedy decoding with the KV cache (:func:`qkv.engine.loop.steps`), keeping the
+    attention weights of every pass: the prompt's rows, then one row per new token (the
+    last one fed once more for its own row).
 
     Args:
-        model: a decoder whose ``forward(ids, cache=..., need_weights=True)`` returns
-            ``.logits`` and ``.attentions`` (one ``(B, H, T, Tk)`` per layer) and that has
-            ``new_cache()``: :class:`qkv.models.Llama` or :class:`qkv.models.GPT`.
+        model: a decoder-only language model (:class:`qkv.models.Llama`,
+            :class:`qkv.models.GPT`).
         input_ids: the prompt ``(1, T)``.
         max_new_tokens: N >= 1.
         eos_token_id: tokens that end the generation (kept as the last new token).
@@ -59,26 +57,21 @@ def generate_with_attention(
         raise ValueError(f"input_ids must be one prompt (1, T >= 1), got {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    cache = model.new_cache()
-    out = model(input_ids, cache=cache, need_weights=True, logits_to_keep=1)  # the prompt
-    rows = [[a[0].float()] for a in out.attentions]  # L lists of (H, t, Tk)
+    rules = DecodingRules(eos_token_id=list(eos_token_id) or None)
     new_ids: list[int] = []
-    while True:
-        token = sample_next(out.logits[:, -1].float())  # (1,): argmax
-        new_ids.append(int(token))
-        out = model(token.view(1, 1), cache=cache, need_weights=True, logits_to_keep=1)
-        for layer, a in zip(rows, out.attentions):
-            layer.append(a[0].float())  # (H, 1, Tk)
-        if len(new_ids) == max_new_tokens or new_ids[-1] in eos_token_id:
-            break
+    rows: list[list[Tensor]] = []  # per pass, per layer: (H, t, Tk)
+    for step in steps(model, input_ids, max_new_tokens, rules, need_weights=True):
+        new_ids += step.tokens.tolist()
+        rows.append([a[0].float() for a in step.attentions])
     total = input_ids.shape[1] + len(new_ids)
-    maps = torch.zeros(len(rows), rows[0][0].shape[0], total, total)  # (L, H, T, T)
-    for layer, pieces in enumerate(rows):
-        start = 0
-        for a in pieces:  # (H, t, Tk): rows start..start+t, keys 0..Tk
-            t, tk = a.shape[1], a.shape[2]
+    layers, heads = len(rows[0]), rows[0][0].shape[0]
+    maps = torch.zeros(layers, heads, total, total)  # (L, H, T, T)
+    start = 0
+    for passed in rows:  # each pass's rows start..start+t over keys 0..Tk
+        t, tk = passed[0].shape[1], passed[0].shape[2]
+        for layer, a in enumerate(passed):
             maps[layer, :, start : start + t, :tk] = a
-            start += t
+        start += t
     return new_ids, maps
 
 

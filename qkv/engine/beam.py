@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.models.pretrained.generation import DecodingRules, adjust_logits
+from qkv.engine.loop import next_logits
+from qkv.engine.sampling import DecodingRules, adjust_logits
 
 __all__ = ["beam_decode"]
 
@@ -64,13 +65,15 @@ def beam_decode(
     early_stopping: bool | str = False,
     num_return_sequences: int = 1,
     attention_mask: Tensor | None = None,
+    runner: str = "auto",
 ) -> Tensor:
     """The best continuations of each prompt: ``(B * num_return_sequences, T + N)``.
 
-    ``model`` is called as in :func:`~qkv.models.pretrained.generation.decode`, always with a cache,
-    which must have ``reorder(index)``. Rows are the prompts' continuations, best first;
-    shorter ones end with padding (``rules.padding``; transformers 5 pads with the first
-    end id instead when ``pad_token_id`` is 0), and ``N`` is the longest one returned.
+    Each step is the generation loop's forward pass (:func:`~qkv.engine.loop.next_logits`,
+    through ``runner``), always with a cache, which must have ``reorder(index)``. Rows are
+    the prompts' continuations, best first; shorter ones end with padding
+    (``rules.padding``; transformers 5 pads with the first end id instead when
+    ``pad_token_id`` is 0), and ``N`` is the longest one returned.
     """
     _check(max_new_tokens, num_beams, num_return_sequences, early_stopping, rules)
     if max_new_tokens == 0:  # nothing to search: the prompts, as greedy decoding gives
@@ -88,7 +91,7 @@ def beam_decode(
     open_rows = torch.ones(b, dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         flat = running.reshape(b * n, -1)
-        logits = model(step_ids.reshape(b * n, -1), mask, cache=cache).logits[:, -1]
+        logits, _ = next_logits(model, step_ids.reshape(b * n, -1), mask, cache, runner=runner)
         logp = adjust_logits(torch.log_softmax(logits.float(), -1), flat, step, rules, mask)
         top, source, token, cand = _candidates(running, logp.view(b, n, -1), run_scores, k)
         last = step + 1 == max_new_tokens
