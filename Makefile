@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench lint format clean
+.PHONY: setup demo test bench docs lint format clean
 
 setup: $(STAMP)
 
@@ -25,13 +25,16 @@ test: setup
 bench: setup
 	$(VENV)/bin/qkv bench
 
+docs: setup  # the documentation site (MkDocs, Material; the API from the docstrings) in site/
+	$(VENV)/bin/mkdocs build --strict
+
 lint: setup
-	$(VENV)/bin/ruff check qkv tests benchmarks
-	$(VENV)/bin/ruff format --check qkv tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
 format: setup
-	$(VENV)/bin/ruff check --fix qkv tests benchmarks
-	$(VENV)/bin/ruff format qkv tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "qkv"
-DOC = ROOT.parent / "docs" / "architecture.md"
+REPOSITORY = Path(__file__).resolve().parent.parent
+ROOT = REPOSITORY / "src" / "qkv"
+DOC = REPOSITORY / "docs" / "architecture.md"
 TOP_LEVEL_FILES = {
     "__init__.py",
     "__main__.py",
@@ -49,7 +50,7 @@ def _documented_floors() -> dict[str, int]:
         match = re.match(r"floor (\d+)\s+(.*)$", line)
         assert match, f"not a floor line in docs/architecture.md: {line!r}"
         for path in match.group(2).split():
-            name = path.rstrip("/").removesuffix(".py").replace("/", ".")
+            name = path.removeprefix("src/").rstrip("/").removesuffix(".py").replace("/", ".")
             floors["qkv" if name == "qkv.__init__" else name] = int(match.group(1))
     return floors
 
@@ -202,7 +203,7 @@ def test_every_name_of_the_concept_table_is_in_its_file():
     assert len(rows) >= 30
     missing = []
     for concept, file, names in rows:
-        path = ROOT.parent / file.strip("`")
+        path = REPOSITORY / file.strip("`")
         assert path.is_file(), f"{concept}: no file {file}"
         defined = _defined(path)
         found = re.findall(r"`([\w.]+)`", names)
@@ -217,15 +218,15 @@ def test_every_module_without_a_test_of_its_own_is_listed_with_its_tests():
         if path.name in ("__init__.py", "__main__.py"):
             continue
         relative = path.relative_to(ROOT)
-        if not (ROOT.parent / "tests" / relative.parent / f"test_{path.stem}.py").is_file():
-            unmirrored.add(f"qkv/{relative.as_posix()}")
+        if not (REPOSITORY / "tests" / relative.parent / f"test_{path.stem}.py").is_file():
+            unmirrored.add(f"src/qkv/{relative.as_posix()}")
     listed = {module.strip("`"): files for module, files in _table("Tests", 2)}
     assert set(listed) == unmirrored
     absent = [
         f"{module}: {name}"
         for module, files in listed.items()
         for name in re.findall(r"`([^`]+)`", files)
-        if not (ROOT.parent / name).is_file()
+        if not (REPOSITORY / name).is_file()
     ]
     assert absent == []
 

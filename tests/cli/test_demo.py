@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from qkv.cli.demo import (
     STEPS,
     _report,
     demo_recipes,
+    qkv_command,
     run_demo,
 )
 from qkv.data.tokenizers import tokenizer_from_json
@@ -26,9 +28,16 @@ from qkv.translate.evaluate import translate_texts
 from qkv.viz.html import decode_payload, extract_payload
 
 
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    """The output folder of one quick demo, and what it returned."""
+    out = tmp_path_factory.mktemp("demo")
+    return out, run_demo(out, quick=True, progress=False)
+
+
 @pytest.mark.slow
-def test_quick_demo_writes_consistent_results(tmp_path):
-    summary = run_demo(tmp_path, quick=True, progress=False)
+def test_quick_demo_writes_consistent_results(quick_demo):
+    tmp_path, summary = quick_demo
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved == json.loads(json.dumps(summary, ensure_ascii=False))
     assert [s["name"] for s in saved["scores"]] == ["rnn-luong", "transformer", "rnn-none"]
@@ -149,5 +158,50 @@ def test_every_score_names_its_search_and_the_demo_its_time(tmp_path, capsys):
     rows = {line.split()[1]: line for line in printed.splitlines() if "98.2" in line}
     assert "98.2% (greedy)" in rows["transformer"] and "98.2 (greedy)" in rows["transformer"]
     assert "98.2% (beam 5)" in rows["rnn-none"] and "98.2 (beam 5)" in rows["rnn-none"]
-    assert f"decoding: {greedy}" in printed
+    assert f"decoding of transformer: {greedy}" in printed
+    assert "decoding of rnn-none: beam 5, length ..." in printed  # each setting names its models
     assert "The demo took 3 min 47 s." in printed
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def test_the_commands_it_prints_run_as_printed(quick_demo, tmp_path, monkeypatch, capsys):
+    """'Next, try:' named a sentences.txt that nothing wrote, and `qkv`, which a fresh
+    set-up does not put on the PATH. Every command printed now runs as printed, from the
+    folder `make demo` runs in, in a shell whose PATH lacks qkv (the train command's run
+    made short and kept out of the repository)."""
+    out, summary = quick_demo
+    venv_qkv = str(Path(sys.executable).parent / "qkv")
+    monkeypatch.chdir(REPOSITORY)
+    monkeypatch.setattr(sys, "argv", [venv_qkv, "demo"])  # as `make demo` starts it
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if "venv" not in p)
+    monkeypatch.setenv("PATH", path)
+    _report(out, summary, qkv_command())
+    printed = capsys.readouterr().out.splitlines()
+    start = printed.index("Next, try:") + 1
+    commands = [line.strip() for line in printed[start:] if line.startswith("  ")]
+    assert len(commands) == 4 and any("sentences.txt" in c for c in commands)
+    assert printed[-1].startswith("(qkv is not on this shell's PATH; `source ")
+    for command in commands:
+        if " train " in command:
+            command += f" --set train.steps=2 --set train.eval_every=2 --out {tmp_path / 'toy'}"
+        run = subprocess.run(
+            ["bash", "-c", command], cwd=REPOSITORY, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, (command, run.stderr[-2000:])
+    assert (out / "try.html").stat().st_size > 1000
+
+
+def test_the_qkv_it_prints_is_the_one_that_runs(monkeypatch, tmp_path):
+    """`qkv` when the shell finds this qkv, else the path it was started by, else
+    `python -m qkv`."""
+    venv_qkv = Path(sys.executable).parent / "qkv"
+    monkeypatch.setattr(sys, "argv", [str(venv_qkv), "demo"])
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert qkv_command() == shlex.quote(str(venv_qkv))
+    monkeypatch.setenv("PATH", str(venv_qkv.parent))
+    assert qkv_command() == "qkv"
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert qkv_command() == f"{shlex.quote(sys.executable)} -m qkv"

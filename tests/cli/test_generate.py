@@ -118,3 +118,31 @@ def test_chat_on_smollm2(monkeypatch, capsys):
     # the instruct model answers (the template's assistant turn), not the system prompt again
     assert out.strip() and "<|im_start|>" not in out and "SmolLM" not in out[:20]
     assert "tokens/s" in err
+
+
+def test_help_says_what_the_default_model_is_and_what_to_expect(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "SmolLM2-135M-Instruct" in said and "135M parameters" in said
+    assert "often wrong on facts" in said
+
+
+def test_a_hub_id_is_told_that_qkv_reads_local_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(monkeypatch, capsys, "generate", "HuggingFaceTB/SmolLM2-1.7B", "hi")
+    one_line_error(code, err, "qkv reads local files and folders only")
+
+
+class _Terminal(io.StringIO):
+    """stdin that is a terminal: someone types the prompt."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_prompt_typed_at_a_terminal_is_told_how_to_end(tiny, monkeypatch, capsys):
+    """`qkv generate --chat -` in a terminal waited silently until Ctrl-D."""
+    monkeypatch.setattr(sys, "stdin", _Terminal("to tok"))
+    assert main(["generate", str(tiny), "-", "--max-new-tokens", "2"]) == 0
+    assert "reading the prompt; end it with Ctrl-D" in capsys.readouterr().err

@@ -80,9 +80,8 @@ def test_version_prints_the_version(capsys):
 
 
 def test_words_after_the_options_of_translate_are_sentences_and_options_stay_checked():
-    parse = build_parser().parse_known_args
-    args, extra = parse(["translate", "m.safetensors", "--beam", "2", "a b", "c"])
-    assert args.sentences == [] and extra == ["a b", "c"]  # what argparse alone gives
+    args = _parse(build_parser(), ["translate", "m.safetensors", "--beam", "2", "a b", "c"])
+    assert args.sentences == ["a b", "c"] and args.beam == 2
     assert _parse(build_parser(), ["translate", "m", "a", "--beam", "2", "b"]).sentences == [
         "a",
         "b",
@@ -110,3 +109,29 @@ def test_a_process_of_torchrun_exits_with_all_its_output_and_its_code(tmp_path):
     bad = _python_m_qkv("train", str(tmp_path / "none.yaml"), world_size="2")
     assert bad.returncode == 2
     assert bad.stderr == f"qkv train: error: {tmp_path / 'none.yaml'}: no such config file\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["generate", "DIR", "--chat", "Write"], {"model": "DIR", "prompt": "Write", "chat": True}),
+        (["chat", "--system", "be brief", "M"], {"model": "M", "system": "be brief"}),
+        (["show", "A", "--out", "x.html", "B"], {"text": "A", "text_b": "B", "out": "x.html"}),
+        (["translate", "C", "S1", "--beam", "2", "S2"], {"sentences": ["S1", "S2"], "beam": 2}),
+        (["evaluate", "--beam", "2", "C", "--split", "test"], {"checkpoint": "C", "beam": 2}),
+        (["train", "--set", "a=1", "C.yaml", "--set", "b=2"], {"config": "C.yaml"}),
+        (["sample", "--tokens", "3", "C", "--seed", "1"], {"checkpoint": "C", "tokens": 3}),
+        (["walkthrough", "--heads", "2", "S S"], {"sentence": "S S", "heads": 2}),
+        (["lab", "--quick", "heads"], {"name": "heads", "quick": True}),
+        (["bench", "--quick", "llama"], {"name": "llama", "quick": True}),
+        (["data", "download", "--cache", "X", "multi30k"], {"name": "multi30k", "cache": "X"}),
+        (["demo", "--quick"], {"quick": True}),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else "",
+)
+def test_every_command_takes_its_options_anywhere(argv, expected):
+    """`qkv generate DIR --chat "Write ..."` was 'unrecognized arguments': argparse stops a
+    command's positional arguments at its first option. Each command now reads its
+    arguments intermixed."""
+    args = vars(_parse(build_parser(), argv))
+    assert {key: args[key] for key in expected} == expected

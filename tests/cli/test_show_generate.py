@@ -53,9 +53,30 @@ def test_page_holds_prompt_and_marked_generated_tokens(tiny, tmp_path, monkeypat
     np.testing.assert_allclose(weights, maps.double().numpy(), atol=1e-4)
     sink, previous = sink_and_previous_shares(maps)
     line = f"h1 sink {sink[1, 1]:.2f} prev {previous[1, 1]:.2f}"
-    assert line in stdout and line in page
+    assert line in page  # every head's shares, a line per layer, on the page
     layer_lines = [s for s in stdout.splitlines() if s.startswith("layer ")]
-    assert len(layer_lines) == model.config.num_layers
+    assert layer_lines == []  # the terminal: the notable heads only
+    heads = model.config.num_layers * model.config.num_heads
+    sinks = [
+        (l, h) for l in range(sink.shape[0]) for h in range(sink.shape[1]) if sink[l, h] >= 0.5
+    ]
+    assert (
+        f"{len(sinks)} of {heads} heads put at least half of their attention on the first" in stdout
+    )
+    for l, h in sinks[:12]:
+        assert f"L{l}h{h} {sink[l, h]:.2f}" in stdout
+
+
+def test_a_line_break_token_reads_as_a_return_sign(tiny, tmp_path, monkeypatch, capsys):
+    """A token that is a line break showed as a blank label on the page."""
+    path, _, tok = tiny
+    out = tmp_path / "lines.html"
+    code, _, err = run_main(
+        monkeypatch, capsys, "show", "--model", path, "to\ntok", "--generate", "2", "--out", out
+    )
+    assert code == 0, err
+    tokens = extract_payload(out.read_text(encoding="utf-8"))["queryTokens"]
+    assert "↵" in tokens and "\n" not in "".join(tokens)
 
 
 @pytest.mark.parametrize(

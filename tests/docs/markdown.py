@@ -60,8 +60,8 @@ def links(page: Page):
 
 def check_links(path: Path, page: Page) -> int:
     """Assert that every relative link of ``page`` (read from ``path``) points at a file
-    that exists, an image at a non-empty PNG or SVG, an anchor at one of its headings;
-    return how many images it shows."""
+    that exists, an image at a non-empty PNG or SVG, an anchor at one of the headings of
+    its page (this one, or the Markdown page linked); return how many images it shows."""
     anchors = {slug(text) for _, text in page.headings}
     images = 0
     for number, image, _, target in links(page):
@@ -74,6 +74,9 @@ def check_links(path: Path, page: Page) -> int:
             continue
         file = (path.parent / target_path).resolve()
         assert file.exists(), f"{where}: no such file"
+        if anchor and file.suffix == ".md":  # an anchor into another page: one of its headings
+            other = {slug(text) for _, text in read_page(file).headings}
+            assert anchor in other, f"{where}: no heading with that anchor in {file.name}"
         if image:
             assert file.suffix in (".png", ".svg") and file.stat().st_size > 0, where
             images += 1

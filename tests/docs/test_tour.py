@@ -10,7 +10,7 @@ The rules the tour is written to (its introduction says the same):
   terminal may wrap a long line). A ```python block runs in that folder too, and the
   ```text block right after it quotes its output. ```bash, ```sh and ```shell blocks are
   refused: a command there would never be run.
-* A link to code names the file and the lines in its text (``qkv/attention.py L27–L100``,
+* A link to code names the file and the lines in its text (``src/qkv/attention.py L27–L100``,
   anchor ``#L27-L100``) and one or more names in backticks; each name must occur within
   those lines.
 * Every relative link and image points at a file that exists; an anchor at a heading.
@@ -107,7 +107,7 @@ def test_code_links_point_at_the_lines_that_hold_the_named_code(page):
     checked = 0
     for number, image, text, target in links(page):
         path, _, anchor = target.partition("#")
-        if image or not path.startswith("../qkv/") or not anchor:
+        if image or not path.startswith("../src/qkv/") or not anchor:
             continue
         where = f"tour.md line {number}, {target}"
         file = (TOUR.parent / path).resolve()

@@ -134,3 +134,16 @@ def test_sample_next_respects_top_k_and_top_p():
     chosen = probs.gather(-1, picks[:, None])
     mass_above = (probs * (probs > chosen)).sum(-1)  # more likely tokens than the pick
     assert (mass_above < 0.5).all()
+
+
+def test_suppressed_tokens_are_never_chosen():
+    from qkv.engine import DecodingRules, adjust_logits
+
+    logits = torch.zeros(2, 6)
+    logits[:, 1] = 50.0  # by far the most likely
+    rules = DecodingRules(temperature=1.0, suppress_tokens=(1, 3))
+    adjusted = adjust_logits(logits, torch.zeros(2, 1, dtype=torch.long), 0, rules)
+    assert torch.isinf(adjusted[:, [1, 3]]).all() and torch.isfinite(adjusted[:, [0, 2]]).all()
+    generator = torch.Generator().manual_seed(0)
+    draws = sample_next(adjusted.repeat(100, 1), 1.0, generator=generator)
+    assert not bool(torch.isin(draws, torch.tensor([1, 3])).any())

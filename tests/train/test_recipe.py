@@ -7,6 +7,7 @@ import json
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.cli import main
+from qkv.data.download import DATASETS
 from qkv.train.recipe import ConfigError, DataConfig, OptimConfig, load_yaml, recipe_from_dict
 from tests.train.helpers import CONFIG_FOLDER, TINY, tiny_dict
 
@@ -40,8 +42,15 @@ def test_the_expected_configs_exist():
 def test_config_is_valid(path):
     recipe = load_yaml(path)
     assert recipe.name == path.stem
-    if recipe.data.kind == "files":
-        assert all(f.startswith("../shared/data/") for f in recipe.data.train + recipe.data.valid)
+    # real data is read where `qkv data download NAME` puts it, and every file is one it fetches
+    raw = yaml.safe_load(path.read_text())["data"]
+    if "root" in raw:
+        corpus = Path(raw["root"]).name
+        assert raw["root"] == f"~/.cache/qkv/{corpus}"
+        fetched = {spec.local for spec in DATASETS[corpus].files}
+        named = raw.get("train", []) + raw.get("valid", []) + raw.get("test", [])
+        named += raw.get("files", []) + ([raw["path"]] if "path" in raw else [])
+        assert named and set(named) <= fetched
 
 
 def test_unknown_keys_and_bad_values_name_the_key():

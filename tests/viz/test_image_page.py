@@ -157,3 +157,31 @@ def test_names_are_text_and_nothing_leaves_the_page(image_page):
     p.page.hover("#qkv-image .qkv-patch[data-patch='3']")
     assert p.requests == [p.url]
     assert not p.dialogs and not p.errors
+
+
+def _luminance(rgb) -> float:
+    """WCAG's relative luminance of an sRGB colour (0-255 channels)."""
+    channels = [c / 255 for c in rgb]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _contrast(a, b) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_the_strongest_heat_stands_out_from_paper_and_from_ink():
+    """An orange heat over black ink was nearly invisible on the ViT page: under the heat
+    the ink is now drawn faint, and the heat's colour at its strongest contrasts with the
+    paper and with that ink at least 3:1 (WCAG's rule for graphics), on the page and in
+    the figure, which share the colours."""
+    from qkv.viz import image_figure, image_page
+
+    paper = (255, 255, 255)
+    ink = tuple(round(255 * (1 - image_page.INK_UNDER_HEAT)) for _ in range(3))
+    for under in (paper, ink):
+        a = image_page.HEAT_MAX_ALPHA
+        top = tuple(a * h + (1 - a) * u for h, u in zip(image_page.HEAT_RGB, under))
+        assert _contrast(top, under) >= 3.0, (under, top)
+    assert image_figure._HEAT == tuple(c / 255 for c in image_page.HEAT_RGB)

@@ -104,6 +104,7 @@ def write_llama_gguf(
     arch: str = "llama",
     ffn: int | None = None,
     rng=None,
+    chat_template: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Write ``weights`` (Hugging Face order) as llama.cpp does: Q and K rows permuted,
     matrices in ``qtype``, vectors in F32, a tiny byte-level vocabulary.
@@ -131,6 +132,8 @@ def write_llama_gguf(
     w.add_token_merges(["t o", "to k"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     stored = {}
     for name, value in weights.items():
         if ".q_proj." in name:
